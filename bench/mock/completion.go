@@ -1,0 +1,378 @@
+package mock
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// maxOutputTokens bounds one response; beyond it a non-streaming body would
+// be unreasonably large and a streaming one would effectively never end.
+const maxOutputTokens = 1 << 20
+
+// maxOverrideMillis bounds the timing override headers (one hour), far above
+// any test need, so a typo cannot park a handler for days.
+const maxOverrideMillis = 3_600_000
+
+// kind distinguishes the chat and legacy completion endpoints, which share
+// parsing, scheduling and content but differ in wire format.
+type kind int
+
+const (
+	kindChat kind = iota
+	kindText
+)
+
+// label is the endpoint label value of infergate_mock_requests_total.
+func (k kind) label() string {
+	if k == kindChat {
+		return "chat_completions"
+	}
+	return "completions"
+}
+
+func (k kind) idPrefix() string {
+	if k == kindChat {
+		return "chatcmpl-"
+	}
+	return "cmpl-"
+}
+
+// request holds the fields of a completion request the mock acts on; any
+// other field is ignored and, importantly, does not influence the response.
+type request struct {
+	Model               string          `json:"model"`
+	Messages            json.RawMessage `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           int             `json:"max_tokens"`
+	MaxCompletionTokens int             `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// requestError is a client error found while interpreting a request.
+type requestError struct {
+	code    string
+	message string
+}
+
+func parseRequest(body []byte) (request, *requestError) {
+	var req request
+	if err := json.Unmarshal(body, &req); err != nil {
+		return request{}, &requestError{"invalid_json", "invalid JSON body: " + err.Error()}
+	}
+	if req.Model == "" {
+		return req, &requestError{"missing_model", "you must provide a model parameter"}
+	}
+	return req, nil
+}
+
+// params are the cadence settings for one request: the server config with
+// any x-mock-* header overrides applied.
+type params struct {
+	ttft           time.Duration
+	itl            time.Duration
+	tokensPerEvent int
+	tokens         int // output tokens forced by x-mock-tokens; 0 = from the request
+	status         int // status injected by x-mock-status; 0 = complete normally
+}
+
+func (s *Server) parseParams(h http.Header) (params, error) {
+	p := params{ttft: s.cfg.TTFT, itl: s.cfg.ITL, tokensPerEvent: s.cfg.TokensPerEvent}
+	if v, ok, err := intHeader(h, "x-mock-ttft-ms", 0, maxOverrideMillis); err != nil {
+		return p, err
+	} else if ok {
+		p.ttft = time.Duration(v) * time.Millisecond
+	}
+	if v, ok, err := intHeader(h, "x-mock-itl-ms", 0, maxOverrideMillis); err != nil {
+		return p, err
+	} else if ok {
+		p.itl = time.Duration(v) * time.Millisecond
+	}
+	if v, ok, err := intHeader(h, "x-mock-tokens-per-event", 1, maxOutputTokens); err != nil {
+		return p, err
+	} else if ok {
+		p.tokensPerEvent = v
+	}
+	if v, ok, err := intHeader(h, "x-mock-tokens", 1, maxOutputTokens); err != nil {
+		return p, err
+	} else if ok {
+		p.tokens = v
+	}
+	if v, ok, err := intHeader(h, "x-mock-status", 400, 599); err != nil {
+		return p, err
+	} else if ok {
+		p.status = v
+	}
+	return p, nil
+}
+
+// intHeader parses an optional integer header within [lo, hi].
+func intHeader(h http.Header, name string, lo, hi int) (v int, ok bool, err error) {
+	raw := h.Get(name)
+	if raw == "" {
+		return 0, false, nil
+	}
+	v, err = strconv.Atoi(strings.TrimSpace(raw))
+	if err != nil || v < lo || v > hi {
+		return 0, false, fmt.Errorf("invalid %s header %q: want an integer in [%d, %d]", name, raw, lo, hi)
+	}
+	return v, true, nil
+}
+
+// completion is everything needed to render one response, fixed before the
+// first byte is written.
+type completion struct {
+	kind           kind
+	id             string
+	created        int64
+	model          string
+	promptTokens   int
+	outputTokens   int
+	tokensPerEvent int
+	includeUsage   bool
+	wordSeed       uint64
+	sched          schedule
+}
+
+func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*completion, *requestError) {
+	output := cfg.MaxTokens
+	switch {
+	case p.tokens > 0:
+		output = p.tokens
+	case req.MaxCompletionTokens > 0:
+		output = req.MaxCompletionTokens
+	case req.MaxTokens > 0:
+		output = req.MaxTokens
+	}
+	if output > maxOutputTokens {
+		return nil, &requestError{"invalid_max_tokens", fmt.Sprintf("max tokens %d exceeds the mock's limit of %d", output, maxOutputTokens)}
+	}
+
+	var (
+		input  any
+		prompt int
+		ok     bool
+	)
+	if k == kindChat {
+		input, prompt, ok = messagesInput(req.Messages)
+		if !ok {
+			return nil, &requestError{"invalid_messages", "messages must be an array of message objects"}
+		}
+	} else {
+		input, prompt, ok = promptInput(req.Prompt)
+		if !ok {
+			return nil, &requestError{"invalid_prompt", "prompt must be a string, an array of strings or an array of token ids"}
+		}
+	}
+	prompt = max(prompt, 1)
+
+	sum := digest(k, req.Model, input, output)
+	first := t0.Add(p.ttft + time.Duration(prompt)*cfg.TTFTPerPromptToken)
+	return &completion{
+		kind:           k,
+		id:             k.idPrefix() + hex.EncodeToString(sum[:12]),
+		created:        1_700_000_000 + int64(binary.BigEndian.Uint64(sum[0:8])%1_000_000),
+		model:          req.Model,
+		promptTokens:   prompt,
+		outputTokens:   output,
+		tokensPerEvent: p.tokensPerEvent,
+		includeUsage:   req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		wordSeed:       binary.BigEndian.Uint64(sum[8:16]),
+		sched: schedule{
+			t0:     t0,
+			first:  first,
+			itl:    p.itl,
+			jitter: cfg.Jitter,
+			seed:   binary.BigEndian.Uint64(sum[16:24]),
+		},
+	}, nil
+}
+
+// events is the number of content events; the last may carry fewer than
+// tokensPerEvent tokens.
+func (c *completion) events() int {
+	return (c.outputTokens + c.tokensPerEvent - 1) / c.tokensPerEvent
+}
+
+func (c *completion) words() *wordSource {
+	return &wordSource{rng: splitMix64{state: c.wordSeed}}
+}
+
+// digest hashes the request's semantic content. Inputs are decoded and
+// re-encoded first: encoding/json sorts map keys and drops insignificant
+// whitespace, so a gateway that re-serializes the body (or injects fields
+// such as stream_options) does not change the id or the content.
+func digest(k kind, model string, input any, outputTokens int) [32]byte {
+	b, err := json.Marshal(struct {
+		Endpoint     string `json:"endpoint"`
+		Model        string `json:"model"`
+		Input        any    `json:"input"`
+		OutputTokens int    `json:"output_tokens"`
+	}{k.label(), model, input, outputTokens})
+	if err != nil {
+		// Unreachable: input was produced by json.Unmarshal into any.
+		panic("mock: encoding digest input: " + err.Error())
+	}
+	return sha256.Sum256(b)
+}
+
+// messagesInput canonicalizes chat messages and counts their prompt words.
+func messagesInput(raw json.RawMessage) (canonical any, words int, ok bool) {
+	if !isPresent(raw) {
+		return nil, 0, true
+	}
+	var msgs []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, 0, false
+	}
+	for _, m := range msgs {
+		words += contentWords(m.Content)
+	}
+	if err := json.Unmarshal(raw, &canonical); err != nil {
+		return nil, 0, false
+	}
+	return canonical, words, true
+}
+
+// contentWords counts words in a message content that is either a string or
+// an array of parts; only text parts count, other part types and shapes are
+// ignored rather than rejected, as the mock has no use for them.
+func contentWords(raw json.RawMessage) int {
+	if !isPresent(raw) {
+		return 0
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return len(strings.Fields(s))
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &parts) != nil {
+		return 0
+	}
+	n := 0
+	for _, p := range parts {
+		if p.Type == "text" {
+			n += len(strings.Fields(p.Text))
+		}
+	}
+	return n
+}
+
+// promptInput canonicalizes a legacy completions prompt and counts its
+// tokens: words for text prompts, one per id for pre-tokenized prompts.
+func promptInput(raw json.RawMessage) (canonical any, tokens int, ok bool) {
+	if !isPresent(raw) {
+		return nil, 0, true
+	}
+	var s string
+	var ss []string
+	var ids []int64
+	switch {
+	case json.Unmarshal(raw, &s) == nil:
+		tokens = len(strings.Fields(s))
+	case json.Unmarshal(raw, &ss) == nil:
+		for _, p := range ss {
+			tokens += len(strings.Fields(p))
+		}
+	case json.Unmarshal(raw, &ids) == nil:
+		tokens = len(ids)
+	default:
+		return nil, 0, false
+	}
+	if err := json.Unmarshal(raw, &canonical); err != nil {
+		return nil, 0, false
+	}
+	return canonical, tokens, true
+}
+
+// isPresent reports whether a raw field was set to something other than null.
+func isPresent(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
+// schedule maps content event k to its absolute emission deadline:
+// first + k·ITL, plus a per-event jitter that is a pure function of the
+// request, so a repeated request repeats its timing too.
+type schedule struct {
+	t0     time.Time
+	first  time.Time // t0 + TTFT + prefill
+	itl    time.Duration
+	jitter time.Duration
+	seed   uint64
+}
+
+func (s schedule) deadline(k int) time.Time {
+	d := s.first.Add(time.Duration(k) * s.itl)
+	if s.jitter <= 0 {
+		return d
+	}
+	// Random access by k (rather than one sequential PRNG) lets the
+	// non-streaming path compute the last deadline directly.
+	r := (&splitMix64{state: s.seed + uint64(k)*splitMixGamma}).next()
+	d = d.Add(time.Duration(r%uint64(2*s.jitter+1)) - s.jitter)
+	if d.Before(s.t0) {
+		d = s.t0
+	}
+	return d
+}
+
+// vocabulary is a read-only table of the words content is drawn from. Its
+// length is a power of two so that reducing a PRNG output modulo it is
+// unbiased, and no word needs JSON escaping.
+var vocabulary = [64]string{
+	"alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel",
+	"india", "juliet", "kilo", "lima", "mike", "november", "oscar", "papa",
+	"quebec", "romeo", "sierra", "tango", "uniform", "victor", "whiskey", "xray",
+	"yankee", "zulu", "amber", "basalt", "cobalt", "dune", "ember", "fjord",
+	"granite", "harbor", "island", "jasper", "kelp", "lagoon", "meadow", "nectar",
+	"orchid", "pebble", "quartz", "river", "saffron", "tundra", "umber", "valley",
+	"willow", "yarrow", "zephyr", "anchor", "beacon", "canyon", "drift", "estuary",
+	"forest", "glacier", "horizon", "inlet", "jetty", "knoll", "lantern", "mesa",
+}
+
+// wordSource yields the deterministic token sequence of one response. Each
+// token is a word plus a trailing space, so token counts are exact when the
+// content is split on whitespace.
+type wordSource struct {
+	rng splitMix64
+}
+
+func (w *wordSource) next(n int) string {
+	var b strings.Builder
+	b.Grow(n * 8)
+	for range n {
+		b.WriteString(vocabulary[w.rng.next()%uint64(len(vocabulary))])
+		b.WriteByte(' ')
+	}
+	return b.String()
+}
+
+const splitMixGamma = 0x9e3779b97f4a7c15
+
+// splitMix64 is a tiny PRNG with a fixed, documented algorithm. It is used
+// instead of math/rand so that content never changes with the Go version.
+type splitMix64 struct {
+	state uint64
+}
+
+func (s *splitMix64) next() uint64 {
+	s.state += splitMixGamma
+	z := s.state
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}

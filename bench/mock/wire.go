@@ -1,0 +1,177 @@
+package mock
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Wire types. Structs (not maps) keep the field order fixed, which the
+// byte-for-byte comparisons in end-to-end tests rely on.
+
+// OpenAI error types used by the mock.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeRateLimit      = "rate_limit_error"
+	typeServer         = "server_error"
+)
+
+const finishLength = "length"
+
+// envelope is the top level shared by every chunk and full response.
+type envelope struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	Model   string `json:"model"`
+	Choices any    `json:"choices"`
+	Usage   *usage `json:"usage,omitempty"`
+}
+
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+type chatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        chatDelta `json:"delta"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+// chatDelta uses a pointer for content so the role chunk can carry an
+// explicit "content":"" while the finish chunk's delta is an empty object.
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChoice struct {
+	Index        int         `json:"index"`
+	Message      chatMessage `json:"message"`
+	FinishReason string      `json:"finish_reason"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// textChoice serves both streaming and full legacy completions, which share
+// one shape; logprobs is always null as the mock never computes them.
+type textChoice struct {
+	Index        int       `json:"index"`
+	Text         string    `json:"text"`
+	Logprobs     *struct{} `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+}
+
+type modelList struct {
+	Object string  `json:"object"`
+	Data   []model `json:"data"`
+}
+
+type model struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+func (c *completion) envelope(object string, choices any) envelope {
+	return envelope{ID: c.id, Object: object, Created: c.created, Model: c.model, Choices: choices}
+}
+
+func (c *completion) usage() *usage {
+	return &usage{
+		PromptTokens:     c.promptTokens,
+		CompletionTokens: c.outputTokens,
+		TotalTokens:      c.promptTokens + c.outputTokens,
+	}
+}
+
+// roleChunk is the chat stream's opening chunk; it carries no token.
+func (c *completion) roleChunk() envelope {
+	empty := ""
+	return c.envelope("chat.completion.chunk", []chatChunkChoice{{
+		Delta: chatDelta{Role: "assistant", Content: &empty},
+	}})
+}
+
+func (c *completion) contentChunk(text string) envelope {
+	if c.kind == kindChat {
+		return c.envelope("chat.completion.chunk", []chatChunkChoice{{Delta: chatDelta{Content: &text}}})
+	}
+	return c.envelope("text_completion", []textChoice{{Text: text}})
+}
+
+func (c *completion) finishChunk() envelope {
+	reason := finishLength
+	if c.kind == kindChat {
+		return c.envelope("chat.completion.chunk", []chatChunkChoice{{FinishReason: &reason}})
+	}
+	return c.envelope("text_completion", []textChoice{{FinishReason: &reason}})
+}
+
+// usageChunk follows vLLM: usage rides on an extra chunk with no choices
+// instead of a "usage":null on every chunk.
+func (c *completion) usageChunk() envelope {
+	object := "text_completion"
+	if c.kind == kindChat {
+		object = "chat.completion.chunk"
+	}
+	e := c.envelope(object, []struct{}{})
+	e.Usage = c.usage()
+	return e
+}
+
+// fullResponse is the non-streaming body; its content is exactly the
+// concatenation of the streamed content events.
+func (c *completion) fullResponse() envelope {
+	text := c.words().next(c.outputTokens)
+	var e envelope
+	if c.kind == kindChat {
+		e = c.envelope("chat.completion", []chatChoice{{
+			Message:      chatMessage{Role: "assistant", Content: text},
+			FinishReason: finishLength,
+		}})
+	} else {
+		reason := finishLength
+		e = c.envelope("text_completion", []textChoice{{Text: text, FinishReason: &reason}})
+	}
+	e.Usage = c.usage()
+	return e
+}
+
+// writeJSON writes v with an explicit Content-Length and returns status, so
+// callers can record the code they sent in one expression.
+func writeJSON(w http.ResponseWriter, status int, v any) int {
+	b, err := json.Marshal(v)
+	if err != nil {
+		// Unreachable with the wire types above; fail loudly but validly.
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"message":"mock: encoding response","type":"server_error","param":null,"code":"internal_error"}}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+	return status
+}
+
+func writeError(w http.ResponseWriter, status int, typ, code, message string) int {
+	return writeJSON(w, status, apiError{Error: apiErrorBody{Message: message, Type: typ, Code: code}})
+}

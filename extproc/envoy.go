@@ -1,0 +1,118 @@
+package extproc
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/internal/openai"
+)
+
+// attributesKey is where Envoy puts the CEL attributes it was asked to send.
+const attributesKey = "envoy.filters.http.ext_proc"
+
+// headers is a request's or response's headers, keys lower-case.
+type headers map[string]string
+
+func headersFrom(hm *corev3.HeaderMap) headers {
+	h := make(headers, len(hm.GetHeaders()))
+	for _, hv := range hm.GetHeaders() {
+		v := hv.GetValue()
+		if v == "" {
+			v = string(hv.GetRawValue())
+		}
+		h[strings.ToLower(hv.GetKey())] = v
+	}
+	return h
+}
+
+// attributes returns the CEL attributes Envoy attached to a message.
+func attributes(req *extprocv3.ProcessingRequest) map[string]*structpb.Value {
+	if a := req.GetAttributes()[attributesKey]; a != nil {
+		return a.GetFields()
+	}
+	return nil
+}
+
+// headersFromAttribute reads the request.headers attribute (a map).
+func headersFromAttribute(v *structpb.Value) headers {
+	fields := v.GetStructValue().GetFields()
+	if fields == nil {
+		return nil
+	}
+	h := make(headers, len(fields))
+	for k, v := range fields {
+		h[strings.ToLower(k)] = v.GetStringValue()
+	}
+	return h
+}
+
+func attrString(attrs map[string]*structpb.Value, key string) string {
+	v, ok := attrs[key]
+	if !ok {
+		return ""
+	}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StringValue:
+		return k.StringValue
+	case *structpb.Value_NumberValue:
+		return strconv.FormatFloat(k.NumberValue, 'f', -1, 64)
+	}
+	return ""
+}
+
+func attrInt(attrs map[string]*structpb.Value, key string) int {
+	v, ok := attrs[key]
+	if !ok {
+		return 0
+	}
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_NumberValue:
+		return int(k.NumberValue)
+	case *structpb.Value_StringValue:
+		n, _ := strconv.Atoi(k.StringValue)
+		return n
+	}
+	return 0
+}
+
+// attrTime reads a timestamp attribute (request.time, RFC 3339).
+func attrTime(attrs map[string]*structpb.Value, key string) time.Time {
+	t, _ := time.Parse(time.RFC3339Nano, attrString(attrs, key))
+	return t
+}
+
+func setHeader(key, value string) *corev3.HeaderValueOption {
+	return &corev3.HeaderValueOption{
+		Header:       &corev3.HeaderValue{Key: key, RawValue: []byte(value)},
+		AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+	}
+}
+
+// immediate answers the request from the gate with an OpenAI-style error;
+// the upstream never sees it.
+func immediate(e *openai.Error, extra ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
+	hdrs := append([]*corev3.HeaderValueOption{
+		setHeader("content-type", "application/json"),
+		setHeader(errorHeader, e.Code),
+	}, extra...)
+	return &extprocv3.ProcessingResponse{
+		Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+			ImmediateResponse: &extprocv3.ImmediateResponse{
+				Status:  &typev3.HttpStatus{Code: typev3.StatusCode(e.Status)},
+				Headers: &extprocv3.HeaderMutation{SetHeaders: hdrs},
+				Body:    e.JSON(),
+				Details: "infergate_" + e.Code,
+			},
+		},
+	}
+}
+
+// errorHeader marks responses infergate wrote itself, so Envoy's local-reply
+// mapper leaves their bodies alone.
+const errorHeader = "x-infergate-error"

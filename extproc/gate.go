@@ -1,0 +1,305 @@
+package extproc
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3modes "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/internal/openai"
+)
+
+// ModelHeader is the routing header the gate sets from the body's model and
+// Envoy routes on. Clients cannot set it: every x-infergate-* header a
+// client sends is removed.
+const ModelHeader = "x-infergate-model"
+
+const reservedPrefix = "x-infergate-"
+
+// gateRequest is the gate's per-request state.
+type gateRequest struct {
+	started time.Time
+	headers headers
+	body    []byte
+	// eager: Envoy streams body chunks without waiting for the headers
+	// answer (request_body_mode STREAMED with
+	// send_body_without_waiting_for_header_response), so the gate answers
+	// headers and body together once it has read the body: one round trip.
+	eager       bool
+	headersOwed bool // a request_headers message awaits its answer
+	chunksOwed  int  // streamed body chunks await their answers
+	decided     bool
+}
+
+// gate runs the blocking filter for one request.
+//
+// Recommended Envoy config (envoy/snippet.yaml): request headers SEND, body
+// STREAMED, send_body_without_waiting_for_header_response. Envoy then sends
+// headers and body back to back and the gate answers them all at once: one
+// round trip, with the routing header set before Envoy picks a route. With
+// body BUFFERED instead, headers are answered first and the decision rides
+// on the body answer: two round trips.
+func (s *Server) gate(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer,
+	msg *extprocv3.ProcessingRequest, arrived time.Time) error {
+	pc := msg.GetProtocolConfig()
+	g := &gateRequest{
+		started: arrived,
+		eager: pc.GetSendBodyWithoutWaitingForHeaderResponse() &&
+			pc.GetRequestBodyMode() == extprocv3modes.ProcessingMode_STREAMED,
+	}
+	for {
+		for _, resp := range s.gateStep(ctx, g, msg) {
+			if err := stream.Send(resp); err != nil {
+				return err
+			}
+		}
+		var err error
+		if msg, err = stream.Recv(); err != nil {
+			return err
+		}
+	}
+}
+
+// gateStep takes one message and returns the answers now due. After the
+// decision anything else Envoy is configured to send passes untouched.
+func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.ProcessingRequest) []*extprocv3.ProcessingResponse {
+	switch m := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		g.headers = headersFrom(m.RequestHeaders.GetHeaders())
+		g.headersOwed = true
+		if m.RequestHeaders.GetEndOfStream() {
+			return s.decide(ctx, g)
+		}
+		if g.eager {
+			return nil // answer once the body is in
+		}
+		// The decision rides on the body answer; drop spoofed headers now.
+		g.headersOwed = false
+		return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
+				HeaderMutation: &extprocv3.HeaderMutation{RemoveHeaders: g.spoofed()},
+			}},
+		}}}
+	case *extprocv3.ProcessingRequest_RequestBody:
+		if g.decided {
+			return []*extprocv3.ProcessingResponse{bodyResponse(nil)}
+		}
+		g.body = append(g.body, m.RequestBody.GetBody()...)
+		if g.eager {
+			g.chunksOwed++
+		}
+		if m.RequestBody.GetEndOfStream() || len(g.body) > s.cfg.Gate.MaxBodyBytes {
+			return s.decide(ctx, g)
+		}
+		if !g.eager {
+			// A partial buffer (BUFFERED_PARTIAL) or a lazy STREAMED body:
+			// the route is already chosen, so nothing can be decided on.
+			e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_misconfigured", "",
+				"the gateway's request filter is not configured to read the request body")
+			return s.deny(ctx, g, "", Verdict{Deny: e, Reason: e.Code})
+		}
+		return nil
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}}
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}}
+	}
+	return nil
+}
+
+func bodyResponse(common *extprocv3.CommonResponse) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: common}}}
+}
+
+// spoofed lists the client's x-infergate-* headers: only the gate sets those.
+func (g *gateRequest) spoofed() []string {
+	var out []string
+	for k := range g.headers {
+		if strings.HasPrefix(k, reservedPrefix) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// decide validates the request, asks the policy, and either admits it
+// (routing header, body and header mutations, metadata for the meter) or
+// denies it with an immediate response. It returns every answer owed.
+func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
+	g.decided = true
+	h := g.headers
+	path, _, _ := strings.Cut(h[":path"], "?")
+	method := h[":method"]
+
+	req, verr := s.validate(path, method, h, g.body)
+	if verr != nil {
+		return s.deny(ctx, g, req.Model, Verdict{Deny: verr, Reason: verr.Code})
+	}
+	adm := &Admission{
+		RequestID:    h["x-request-id"],
+		Method:       method,
+		Path:         path,
+		Headers:      maps.Clone(h),
+		Request:      req,
+		PromptTokens: openai.EstimateTokens(req.PromptChars),
+	}
+	spoofed := g.spoofed()
+	for _, k := range spoofed {
+		delete(adm.Headers, k)
+	}
+	v := s.policy.Decide(ctx, adm)
+	if v.Deny != nil {
+		return s.deny(ctx, g, req.Model, v)
+	}
+
+	mutation := &extprocv3.HeaderMutation{
+		RemoveHeaders: spoofed,
+		SetHeaders:    []*corev3.HeaderValueOption{setHeader(ModelHeader, req.Model)},
+	}
+	var newBody []byte
+	if req.Stream && *s.cfg.Gate.InjectUsage && req.IncludeUsage == nil {
+		if b, err := openai.WithUsage(g.body); err == nil {
+			newBody = b
+			mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(b))))
+		}
+	}
+	gateTime := time.Since(g.started)
+	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("allow", v.Reason))
+	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
+	md, _ := structpb.NewStruct(map[string]any{MetadataNamespace: map[string]any{
+		"model":         req.Model,
+		"stream":        req.Stream,
+		"max_tokens":    req.MaxTokens,
+		"prompt_tokens": adm.PromptTokens,
+		"decision":      "allow",
+		"reason":        v.Reason,
+		"gate_us":       gateTime.Microseconds(),
+	}})
+	return g.admit(mutation, newBody, md)
+}
+
+// admit builds the answers that let the request through, in the order
+// Envoy expects them: headers first, then each held body chunk.
+func (g *gateRequest) admit(mutation *extprocv3.HeaderMutation, newBody []byte, md *structpb.Struct) []*extprocv3.ProcessingResponse {
+	var out []*extprocv3.ProcessingResponse
+	common := &extprocv3.CommonResponse{HeaderMutation: mutation, ClearRouteCache: true}
+	if g.headersOwed {
+		out = append(out, &extprocv3.ProcessingResponse{
+			Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}},
+		})
+		common = nil // header mutations on body answers are ignored in STREAMED mode
+	}
+	switch {
+	case g.chunksOwed > 0: // streamed: the first chunk carries the new body, the rest are cleared
+		for i := range g.chunksOwed {
+			c := &extprocv3.CommonResponse{}
+			switch {
+			case newBody == nil:
+			case i == 0:
+				c.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: newBody}}
+			default:
+				c.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_ClearBody{ClearBody: true}}
+			}
+			out = append(out, bodyResponse(c))
+		}
+	case !g.headersOwed: // buffered: one answer carries everything
+		if newBody != nil {
+			common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: newBody}}
+		}
+		out = append(out, bodyResponse(common))
+	}
+	g.headersOwed, g.chunksOwed = false, 0
+	out[0].DynamicMetadata = md
+	return out
+}
+
+// validate checks the request is a completion request the gate can decide
+// on. The returned Request is partial when an error is returned.
+func (s *Server) validate(path, method string, h headers, body []byte) (openai.Request, *openai.Error) {
+	if !contains(s.cfg.Gate.Paths, path) {
+		return openai.Request{}, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "unknown_url", "",
+			"Invalid URL ("+method+" "+path+")")
+	}
+	if method != http.MethodPost {
+		return openai.Request{}, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method_not_allowed", "",
+			"method "+method+" is not allowed on "+path+"; use POST")
+	}
+	if mt, _, err := mime.ParseMediaType(h["content-type"]); err != nil || mt != "application/json" {
+		return openai.Request{}, openai.NewError(http.StatusUnsupportedMediaType, openai.TypeInvalidRequest, "unsupported_media_type", "",
+			"content-type must be application/json")
+	}
+	if len(body) > s.cfg.Gate.MaxBodyBytes {
+		return openai.Request{}, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
+			"request body is "+strconv.Itoa(len(body))+" bytes; the limit is "+strconv.Itoa(s.cfg.Gate.MaxBodyBytes))
+	}
+	req, err := openai.ParseRequest(body)
+	var fe *openai.FieldError
+	switch {
+	case err == nil:
+		return req, nil
+	case errors.Is(err, openai.ErrMissingModel):
+		return req, openai.BadRequest("missing_model", "model", "you must provide a model parameter")
+	case errors.As(err, &fe):
+		return req, openai.BadRequest("invalid_value", fe.Param, fe.Error())
+	default:
+		return req, openai.BadRequest("invalid_json", "", "request body is not valid JSON: "+err.Error())
+	}
+}
+
+// deny answers with an immediate OpenAI-style error and stamps the request.
+func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdict) []*extprocv3.ProcessingResponse {
+	g.decided = true
+	gateTime := time.Since(g.started)
+	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("deny", v.Reason))
+	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
+	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
+		slog.String("request_id", g.headers["x-request-id"]), slog.Int("status", v.Deny.Status),
+		slog.String("code", v.Deny.Code), slog.String("message", v.Deny.Message))
+	s.record(ctx, &Stamp{
+		RequestID: g.headers["x-request-id"],
+		Model:     model,
+		Status:    v.Deny.Status,
+		Decision:  "deny",
+		Reason:    v.Reason,
+		Gateway:   GatewayTime{Total: gateTime, Gate: gateTime},
+		Complete:  true,
+	})
+	extra := make([]*corev3.HeaderValueOption, 0, len(v.Headers))
+	for k, val := range v.Headers {
+		extra = append(extra, setHeader(k, val))
+	}
+	return []*extprocv3.ProcessingResponse{immediate(v.Deny, extra...)}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func firstNonEmpty(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}

@@ -1,0 +1,233 @@
+package extproc
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/sse"
+)
+
+// maxJSONBody bounds how much of a non-streamed response the meter keeps to
+// read its usage; the response itself is never held (the meter sees copies).
+const maxJSONBody = 4 << 20
+
+// meterRequest is the meter's per-request state. Everything it holds is
+// bounded: the SSE carry-over, the kept gaps, the JSON body.
+type meterRequest struct {
+	stamp      Stamp
+	sentAt     time.Time // request headers reached the meter: the request left the gateway
+	envoyStart time.Time // Envoy's request.time
+	headersEnd bool
+	sse        bool
+	parser     sse.Parser
+	emit       func(sse.Event) // bound once: no closure per chunk
+	chunkAt    time.Time
+	first      time.Time
+	last       time.Time
+	gaps       []time.Duration
+	maxGaps    int
+	usage      *openai.Usage
+	badEvents  int
+	body       []byte
+}
+
+// meter runs the observing filter. Envoy sends copies and never waits for
+// an answer, so nothing here can slow or break the response; the meter
+// only reads until the response ends, then stamps the request.
+func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer,
+	msg *extprocv3.ProcessingRequest, arrived time.Time) error {
+	m := &meterRequest{maxGaps: s.cfg.Meter.MaxTrackedGaps}
+	m.parser.MaxLine = s.cfg.Meter.MaxEventBytes
+	m.emit = m.onEvent
+	s.metrics.MeterStreams.Add(ctx, 1)
+	defer s.metrics.MeterStreams.Add(ctx, -1)
+	for {
+		if done := m.observe(msg, arrived); done {
+			s.finish(ctx, m, arrived, true)
+			return nil
+		}
+		var err error
+		if msg, err = stream.Recv(); err != nil {
+			s.finish(ctx, m, s.now(), false)
+			return err
+		}
+		arrived = s.now()
+	}
+}
+
+// observe takes one message; it reports true when the response is complete.
+func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) bool {
+	switch r := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		m.sentAt = at
+		h := headersFrom(r.RequestHeaders.GetHeaders())
+		m.stamp.RequestID = h["x-request-id"]
+		m.stamp.Model = h[ModelHeader]
+		attrs := attributes(msg)
+		m.envoyStart = attrTime(attrs, "request.time")
+		m.fromGate(msg.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		h := headersFrom(r.ResponseHeaders.GetHeaders())
+		attrs := attributes(msg)
+		m.stamp.Status = attrInt(attrs, "response.code")
+		if m.stamp.Status == 0 {
+			m.stamp.Status = atoi(h[":status"])
+		}
+		m.stamp.Upstream = attrString(attrs, "upstream.address")
+		m.stamp.Pool = attrString(attrs, "xds.cluster_name")
+		m.stamp.Attempts = attrInt(attrs, "upstream.request_attempt_count")
+		m.sse = strings.HasPrefix(h["content-type"], "text/event-stream")
+		if r.ResponseHeaders.GetEndOfStream() {
+			m.chunkAt = at
+			return true
+		}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		m.chunkAt = at
+		body := r.ResponseBody.GetBody()
+		if m.sse {
+			m.parser.Feed(body, m.emit)
+		} else if len(m.body)+len(body) <= maxJSONBody {
+			m.body = append(m.body, body...)
+		}
+		return r.ResponseBody.GetEndOfStream()
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return true
+	}
+	return false
+}
+
+// fromGate reads what the gate decided, passed as dynamic metadata.
+func (m *meterRequest) fromGate(md *structpb.Struct) {
+	f := md.GetFields()
+	if f == nil {
+		return
+	}
+	if v := f["model"].GetStringValue(); v != "" {
+		m.stamp.Model = v
+	}
+	m.stamp.Stream = f["stream"].GetBoolValue()
+	m.stamp.Decision = f["decision"].GetStringValue()
+	m.stamp.Reason = f["reason"].GetStringValue()
+	m.stamp.Gateway.Gate = time.Duration(f["gate_us"].GetNumberValue()) * time.Microsecond
+	m.stamp.PromptTokens = int(f["prompt_tokens"].GetNumberValue())
+}
+
+// onEvent is the per-event hot path: decode the few fields needed, time
+// content-bearing events.
+func (m *meterRequest) onEvent(ev sse.Event) {
+	if ev.Done {
+		return
+	}
+	c, err := openai.ParseChunk(ev.Data)
+	if err != nil {
+		m.badEvents++
+		return
+	}
+	if c.Usage != nil {
+		u := *c.Usage
+		m.usage = &u
+	}
+	if c.Model != "" && m.stamp.ResponseModel == "" {
+		m.stamp.ResponseModel = c.Model
+	}
+	if !c.Content {
+		return
+	}
+	m.stamp.ContentEvents++
+	if m.first.IsZero() {
+		m.first = m.chunkAt
+	} else {
+		gap := m.chunkAt.Sub(m.last)
+		m.stamp.ITLMax = max(m.stamp.ITLMax, gap)
+		if len(m.gaps) < m.maxGaps {
+			m.gaps = append(m.gaps, gap)
+		}
+	}
+	m.last = m.chunkAt
+}
+
+// finish computes the stamp and hands it to the sinks.
+func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, complete bool) {
+	if m.sentAt.IsZero() {
+		return // never saw the request: nothing to stamp
+	}
+	st := &m.stamp
+	st.Complete = complete
+	if st.Decision == "" {
+		st.Decision = "allow"
+	}
+	if m.sse {
+		m.parser.Flush(m.emit)
+	} else if len(m.body) > 0 {
+		if c, err := openai.ParseChunk(m.body); err == nil {
+			m.usage = c.Usage
+			st.ResponseModel = c.Model
+			if c.Content {
+				st.ContentEvents = 1
+				m.first = end
+			}
+		}
+	}
+	st.E2E = end.Sub(m.sentAt)
+	if !m.first.IsZero() {
+		st.TTFT = m.first.Sub(m.sentAt)
+	}
+	if !m.envoyStart.IsZero() {
+		st.Gateway.Total = max(0, m.sentAt.Sub(m.envoyStart))
+	}
+	switch {
+	case m.usage != nil:
+		st.TokenSource = "usage"
+		st.PromptTokens = m.usage.PromptTokens
+		st.CompletionTokens = m.usage.CompletionTokens
+	case m.sse:
+		st.TokenSource = "events"
+		st.CompletionTokens = st.ContentEvents
+	}
+	if len(m.gaps) > 0 {
+		sorted := slices.Clone(m.gaps)
+		slices.Sort(sorted)
+		st.ITLP50 = percentile(sorted, 0.50)
+		st.ITLP95 = percentile(sorted, 0.95)
+		set := metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("gen_ai.request.model", st.Model), attribute.String("infergate.pool", st.Pool)))
+		for _, g := range m.gaps {
+			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
+		}
+	}
+	if m.badEvents > 0 {
+		s.metrics.MeterErrors.Add(ctx, int64(m.badEvents), metric.WithAttributes(attribute.String("reason", "bad_event")))
+	}
+	if m.parser.Dropped > 0 {
+		s.metrics.MeterErrors.Add(ctx, int64(m.parser.Dropped), metric.WithAttributes(attribute.String("reason", "line_too_long")))
+	}
+	if !complete {
+		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
+	}
+	s.record(ctx, st)
+}
+
+// percentile reads the q-quantile of sorted values (nearest rank).
+func percentile(sorted []time.Duration, q float64) time.Duration {
+	i := int(q*float64(len(sorted))+0.5) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}

@@ -1,0 +1,192 @@
+// Package cli is the infergate command line: `main` only calls Run, so every
+// subcommand runs in-process in tests with its own context and writers.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime"
+	"time"
+
+	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/config"
+)
+
+// Version is set at build time (-ldflags "-X ...cli.Version=v1.2.3").
+var Version = "dev"
+
+const usage = `infergate: an Envoy ext_proc plugin for LLM inference traffic.
+
+Envoy streams requests to your inference pools; infergate's "gate" filter
+checks and routes each request, its "meter" filter stamps each response with
+time to first token (TTFT), inter-token latency (ITL) and token counts.
+
+Usage:
+  infergate <command> [flags]
+
+Commands:
+  serve      run the ext_proc service and admin port (embedded default config)
+  extproc    run the ext_proc service alone (for scaled-out deployments)
+  mock       run a mock OpenAI-compatible upstream with a fixed token cadence
+  validate   check a config file and exit
+  version    print the version
+
+Examples:
+  infergate serve                              # ext_proc on :50051, admin on :9090
+  infergate serve --config infergate.yaml
+  infergate validate --config infergate.yaml
+  infergate mock --listen 127.0.0.1:8001 --ttft 200ms --itl 20ms
+
+Run 'infergate <command> --help' for a command's flags. Envoy wiring is in
+envoy/snippet.yaml; see README.md.
+`
+
+// ErrUsage marks a command-line mistake (exit status 2).
+var ErrUsage = errors.New("usage error")
+
+// Run executes one command line.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return ErrUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve", "extproc":
+		return runServe(ctx, cmd, rest, stdout, stderr)
+	case "mock":
+		return runMock(ctx, rest, stderr)
+	case "validate":
+		return runValidate(rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintf(stdout, "infergate %s (%s, Envoy API v3, tested with Envoy 1.40)\n", Version, runtime.Version())
+		return nil
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	fmt.Fprintf(stderr, "infergate: unknown command %q\n\n%s", cmd, usage)
+	return ErrUsage
+}
+
+func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "%s\n\nUsage: infergate %s [flags]\n\nFlags:\n", summary, name)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse maps flag errors to ErrUsage and --help to a clean exit.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return flag.ErrHelp
+		}
+		return ErrUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", fs.Arg(0))
+		return ErrUsage
+	}
+	return nil
+}
+
+func newLogger(w io.Writer, c config.Log) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func runServe(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
+	summary := "Run the ext_proc gRPC service (gate and meter filters) and the admin HTTP port."
+	fs := newFlagSet(name, summary, stderr)
+	path := fs.String("config", "", "YAML config file (default: the embedded default; see internal/config/default.yaml)")
+	extprocAddr := fs.String("extproc-listen", "", "override extproc.listen, e.g. 127.0.0.1:50051")
+	adminAddr := fs.String("admin-listen", "", "override admin.listen, e.g. 127.0.0.1:9090")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	if *extprocAddr != "" {
+		cfg.ExtProc.Listen = *extprocAddr
+	}
+	if *adminAddr != "" {
+		cfg.Admin.Listen = *adminAddr
+	}
+	logger := newLogger(stderr, cfg.Log)
+	svc, err := NewService(cfg, logger, stdout)
+	if err != nil {
+		return err
+	}
+	return svc.ListenAndServe(ctx)
+}
+
+func runValidate(args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("validate", "Check a config file without starting anything; exits non-zero on the first error, with its line.", stderr)
+	path := fs.String("config", "", "YAML config file to check (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		fmt.Fprintln(stderr, "validate: --config is required")
+		return ErrUsage
+	}
+	if _, err := config.Load(*path); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", *path)
+	return nil
+}
+
+func runMock(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlagSet("mock", `Run a mock OpenAI-compatible upstream (/v1/chat/completions, /v1/completions,
+/v1/models, /metrics). Output is deterministic per request; tokens stream on
+absolute deadlines t0 + ttft + prompt_tokens*ttft-per-prompt-token + k*itl.
+Per-request overrides: x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens,
+x-mock-tokens-per-event, x-mock-status.`, stderr)
+	listen := fs.String("listen", "127.0.0.1:8001", "address to listen on")
+	def := mock.Config{}.WithDefaults()
+	cfg := mock.Config{}
+	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "time to first content token")
+	fs.DurationVar(&cfg.TTFTPerPromptToken, "ttft-per-prompt-token", 0, "extra prefill time per prompt token")
+	fs.DurationVar(&cfg.ITL, "itl", def.ITL, "gap between content events")
+	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", def.TokensPerEvent, "tokens per content event")
+	fs.DurationVar(&cfg.Jitter, "jitter", 0, "uniform +/- jitter on each deadline (deterministic per request)")
+	fs.IntVar(&cfg.MaxTokens, "max-tokens", def.MaxTokens, "output tokens when a request sets no max_tokens")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	lis, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mock.New(cfg, logger).Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	logger.Info("mock upstream serving", "addr", lis.Addr().String(), "ttft", cfg.TTFT.String(), "itl", cfg.ITL.String())
+	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}

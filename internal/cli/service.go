@@ -1,0 +1,120 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/telemetry"
+)
+
+// drainTimeout bounds a graceful stop: in-flight streams (long LLM
+// responses) get this long before they are cut.
+const drainTimeout = 30 * time.Second
+
+// Service is the ext_proc gRPC server plus the admin HTTP server.
+type Service struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	metrics *telemetry.Metrics
+	grpc    *grpc.Server
+	ready   atomic.Bool
+}
+
+// NewService builds the service; stamps go to requests as JSON lines.
+func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*Service, error) {
+	metrics, err := telemetry.New()
+	if err != nil {
+		return nil, err
+	}
+	var sinks []extproc.Sink
+	if *cfg.Log.Requests {
+		sinks = append(sinks, extproc.LogSink{Logger: slog.New(slog.NewJSONHandler(requests, nil))})
+	}
+	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks})
+	g := grpc.NewServer(
+		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
+		grpc.MaxRecvMsgSize(cfg.Gate.MaxBodyBytes+1<<20),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	)
+	extprocv3.RegisterExternalProcessorServer(g, srv)
+	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g}, nil
+}
+
+// AdminHandler serves /metrics, /healthz and /readyz.
+func (s *Service) AdminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", s.metrics.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	return mux
+}
+
+// Serve runs until ctx is done, then drains: readiness goes false first so
+// load balancers stop sending, then in-flight streams get drainTimeout.
+func (s *Service) Serve(ctx context.Context, extprocLis, adminLis net.Listener) error {
+	admin := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 2)
+	go func() { errc <- s.grpc.Serve(extprocLis) }()
+	go func() {
+		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}()
+	s.ready.Store(true)
+	s.log.Info("infergate serving", "extproc", extprocLis.Addr().String(), "admin", adminLis.Addr().String())
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("server stopped: %w", err)
+	}
+	s.ready.Store(false)
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(drainTimeout):
+		s.grpc.Stop()
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = admin.Shutdown(shutdownCtx)
+	_ = s.metrics.Shutdown(shutdownCtx)
+	s.log.Info("infergate stopped")
+	return err
+}
+
+// ListenAndServe opens the configured listeners and serves.
+func (s *Service) ListenAndServe(ctx context.Context) error {
+	ep, err := net.Listen("tcp", s.cfg.ExtProc.Listen)
+	if err != nil {
+		return fmt.Errorf("extproc listener: %w", err)
+	}
+	ad, err := net.Listen("tcp", s.cfg.Admin.Listen)
+	if err != nil {
+		ep.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	return s.Serve(ctx, ep, ad)
+}

@@ -1,0 +1,245 @@
+// Package config loads infergate's YAML configuration: parse strictly, fill
+// defaults, validate once, and hand out an immutable value.
+package config
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Default is the embedded default configuration `infergate serve` runs with.
+//
+//go:embed default.yaml
+var Default []byte
+
+// Config is the whole configuration. Field names are the YAML keys.
+type Config struct {
+	ExtProc ExtProc `yaml:"extproc"`
+	Admin   Admin   `yaml:"admin"`
+	Gate    Gate    `yaml:"gate"`
+	Meter   Meter   `yaml:"meter"`
+	Log     Log     `yaml:"log"`
+}
+
+// ExtProc is the gRPC ExternalProcessor service Envoy calls.
+type ExtProc struct {
+	Listen string `yaml:"listen"`
+	// MaxConcurrentStreams bounds in-flight ext_proc streams per connection
+	// (two per HTTP request: gate and meter).
+	MaxConcurrentStreams uint32 `yaml:"maxConcurrentStreams"`
+}
+
+// Admin is the HTTP port for /metrics, /healthz and /readyz.
+type Admin struct {
+	Listen string `yaml:"listen"`
+}
+
+// Gate configures the blocking request filter.
+type Gate struct {
+	// MaxBodyBytes is the largest request body accepted (413 above it). Keep
+	// it at or below Envoy's per-connection buffer limit.
+	MaxBodyBytes int `yaml:"maxBodyBytes"`
+	// InjectUsage adds stream_options.include_usage to streaming requests
+	// that lack it, so token counts come from the model server.
+	InjectUsage *bool `yaml:"injectUsage"`
+	// Paths are the request paths the gate treats as completion requests
+	// (JSON bodies with a model). Other paths are denied with 404.
+	Paths []string `yaml:"paths"`
+}
+
+// Meter configures the observing response filter.
+type Meter struct {
+	// MaxEventBytes bounds one SSE line kept across chunks.
+	MaxEventBytes int `yaml:"maxEventBytes"`
+	// MaxTrackedGaps bounds the inter-token gaps kept per request for
+	// percentiles; later gaps still count toward max and metrics.
+	MaxTrackedGaps int `yaml:"maxTrackedGaps"`
+}
+
+// Log configures the process logger.
+type Log struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // json or text
+	// Requests writes one JSON line per request (the stamp).
+	Requests *bool `yaml:"requests"`
+}
+
+// Error is a configuration problem, located at a line when it is known.
+type Error struct {
+	Line int
+	Path string // dotted key, e.g. gate.maxBodyBytes
+	Msg  string
+}
+
+func (e *Error) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("line %d: %s: %s", e.Line, e.Path, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s", e.Path, e.Msg)
+}
+
+// Load reads a config file; an empty path means the embedded default.
+func Load(path string) (*Config, error) {
+	if path == "" {
+		return Parse(Default)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes, defaults and validates a YAML document. Unknown keys and
+// wrong types are errors, reported with their line.
+func Parse(b []byte) (*Config, error) {
+	var root yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(&root); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	c := &Config{}
+	if root.Kind != 0 {
+		dec := yaml.NewDecoder(bytes.NewReader(b))
+		dec.KnownFields(true)
+		if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
+			return nil, tidyYAMLError(err)
+		}
+	}
+	c.fillDefaults()
+	if err := c.validate(); err != nil {
+		var ce *Error
+		if errors.As(err, &ce) {
+			ce.Line = lineOf(&root, ce.Path)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Config) fillDefaults() {
+	setDefault(&c.ExtProc.Listen, ":50051")
+	if c.ExtProc.MaxConcurrentStreams == 0 {
+		c.ExtProc.MaxConcurrentStreams = 10000
+	}
+	setDefault(&c.Admin.Listen, ":9090")
+	if c.Gate.MaxBodyBytes == 0 {
+		c.Gate.MaxBodyBytes = 1 << 20
+	}
+	if c.Gate.InjectUsage == nil {
+		c.Gate.InjectUsage = ptr(true)
+	}
+	if c.Gate.Paths == nil {
+		c.Gate.Paths = []string{"/v1/chat/completions", "/v1/completions"}
+	}
+	if c.Meter.MaxEventBytes == 0 {
+		c.Meter.MaxEventBytes = 1 << 20
+	}
+	if c.Meter.MaxTrackedGaps == 0 {
+		c.Meter.MaxTrackedGaps = 16384
+	}
+	setDefault(&c.Log.Level, "info")
+	setDefault(&c.Log.Format, "json")
+	if c.Log.Requests == nil {
+		c.Log.Requests = ptr(true)
+	}
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	check := func(ok bool, path, format string, args ...any) {
+		if !ok {
+			errs = append(errs, &Error{Path: path, Msg: fmt.Sprintf(format, args...)})
+		}
+	}
+	check(validAddr(c.ExtProc.Listen), "extproc.listen", "%q is not host:port", c.ExtProc.Listen)
+	check(validAddr(c.Admin.Listen), "admin.listen", "%q is not host:port", c.Admin.Listen)
+	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",
+		"must be between 1 and 67108864, got %d", c.Gate.MaxBodyBytes)
+	for _, p := range c.Gate.Paths {
+		check(strings.HasPrefix(p, "/"), "gate.paths", "%q must start with /", p)
+	}
+	check(c.Meter.MaxEventBytes >= 1024, "meter.maxEventBytes", "must be at least 1024, got %d", c.Meter.MaxEventBytes)
+	check(c.Meter.MaxTrackedGaps > 0, "meter.maxTrackedGaps", "must be positive, got %d", c.Meter.MaxTrackedGaps)
+	check(oneOf(c.Log.Level, "debug", "info", "warn", "error"), "log.level",
+		"must be one of debug, info, warn, error; got %q", c.Log.Level)
+	check(oneOf(c.Log.Format, "json", "text"), "log.format", "must be json or text; got %q", c.Log.Format)
+	if len(errs) > 0 {
+		return errs[0] // the first, with its line; fix and re-run
+	}
+	return nil
+}
+
+// tidyYAMLError keeps yaml.v3's line-numbered messages but drops the Go type
+// names that mean nothing to a user.
+func tidyYAMLError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		m = strings.ReplaceAll(m, " in type config.", " in section ")
+		msgs[i] = m
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// lineOf finds the line of a dotted key path in the document, or 0.
+func lineOf(root *yaml.Node, path string) int {
+	n := root
+	if n.Kind == yaml.DocumentNode && len(n.Content) > 0 {
+		n = n.Content[0]
+	}
+	line := 0
+	for _, key := range strings.Split(path, ".") {
+		if n.Kind != yaml.MappingNode {
+			return line
+		}
+		found := false
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				line, n, found = n.Content[i].Line, n.Content[i+1], true
+				break
+			}
+		}
+		if !found {
+			return line
+		}
+	}
+	return line
+}
+
+func validAddr(a string) bool {
+	_, port, err := net.SplitHostPort(a)
+	return err == nil && port != ""
+}
+
+func oneOf(v string, options ...string) bool {
+	for _, o := range options {
+		if v == o {
+			return true
+		}
+	}
+	return false
+}
+
+func setDefault(s *string, v string) {
+	if *s == "" {
+		*s = v
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

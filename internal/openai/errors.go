@@ -1,0 +1,49 @@
+package openai
+
+import (
+	"encoding/json"
+	"net/http"
+)
+
+// Error is an OpenAI-style error, the body every infergate denial carries:
+// {"error":{"message":...,"type":...,"param":...,"code":...}}.
+type Error struct {
+	Status  int     `json:"-"`
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// Error types used by OpenAI's API.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeAuthentication = "authentication_error"
+	TypePermission     = "permission_error"
+	TypeRateLimit      = "rate_limit_error"
+	TypeServer         = "server_error"
+)
+
+// JSON renders the error body.
+func (e *Error) JSON() []byte {
+	b, _ := json.Marshal(struct {
+		Error *Error `json:"error"`
+	}{e})
+	return b
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// NewError builds an error; param may be empty.
+func NewError(status int, typ, code, param, msg string) *Error {
+	e := &Error{Status: status, Message: msg, Type: typ, Code: code}
+	if param != "" {
+		e.Param = &param
+	}
+	return e
+}
+
+// BadRequest is a 400 invalid_request_error.
+func BadRequest(code, param, msg string) *Error {
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, code, param, msg)
+}

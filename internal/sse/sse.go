@@ -1,0 +1,128 @@
+// Package sse splits a Server-Sent Events byte stream into events as chunks
+// arrive, without re-scanning what it has already seen.
+//
+// It is on the per-chunk path of every streamed response the meter observes,
+// so it keeps one carry-over buffer for a partial line and never allocates
+// per byte: callbacks receive slices into the chunk (or the carry-over) that
+// are only valid during the call.
+package sse
+
+import "bytes"
+
+// DefaultMaxLine bounds the carry-over buffer: a line longer than this is
+// dropped (and counted) rather than growing memory without limit.
+const DefaultMaxLine = 1 << 20
+
+// Parser turns chunks of an SSE stream into data payloads. The zero value is
+// ready to use with DefaultMaxLine.
+type Parser struct {
+	// MaxLine is the longest line kept across chunks; 0 means DefaultMaxLine.
+	MaxLine int
+
+	carry     []byte // the incomplete trailing line of the previous chunk
+	skipping  bool   // inside an overlong line being discarded
+	data      []byte // data lines of the event being assembled (multi-line data)
+	dataLines int
+	// Dropped counts overlong lines that were discarded.
+	Dropped int
+}
+
+// Event is one dispatched SSE event's data. Done reports the OpenAI
+// end-of-stream sentinel "[DONE]".
+type Event struct {
+	Data []byte
+	Done bool
+}
+
+var doneSentinel = []byte("[DONE]")
+
+// Feed parses chunk and calls emit for every event completed by it. Data
+// passed to emit must not be retained.
+func (p *Parser) Feed(chunk []byte, emit func(Event)) {
+	for len(chunk) > 0 {
+		i := bytes.IndexByte(chunk, '\n')
+		if i < 0 {
+			p.keep(chunk)
+			return
+		}
+		line := chunk[:i]
+		chunk = chunk[i+1:]
+		if p.skipping {
+			p.skipping = false
+			p.carry = p.carry[:0]
+			continue
+		}
+		if len(p.carry) > 0 {
+			p.carry = append(p.carry, line...)
+			line = p.carry
+		}
+		p.line(line, emit)
+		p.carry = p.carry[:0]
+	}
+}
+
+// Flush dispatches an event left pending at the end of the stream (a server
+// that closes without the final blank line).
+func (p *Parser) Flush(emit func(Event)) {
+	if len(p.carry) > 0 && !p.skipping {
+		p.line(p.carry, emit)
+	}
+	p.carry = p.carry[:0]
+	p.skipping = false
+	p.line(nil, emit)
+}
+
+func (p *Parser) keep(partial []byte) {
+	if p.skipping {
+		return
+	}
+	max := p.MaxLine
+	if max <= 0 {
+		max = DefaultMaxLine
+	}
+	if len(p.carry)+len(partial) > max {
+		p.carry = p.carry[:0]
+		p.skipping = true
+		p.Dropped++
+		return
+	}
+	p.carry = append(p.carry, partial...)
+}
+
+// line handles one complete line (without its '\n'); a blank line dispatches.
+func (p *Parser) line(line []byte, emit func(Event)) {
+	if n := len(line); n > 0 && line[n-1] == '\r' {
+		line = line[:n-1]
+	}
+	if len(line) == 0 {
+		p.dispatch(emit)
+		return
+	}
+	if line[0] == ':' { // comment / keep-alive
+		return
+	}
+	field, value := line, []byte(nil)
+	if i := bytes.IndexByte(line, ':'); i >= 0 {
+		field, value = line[:i], line[i+1:]
+		if len(value) > 0 && value[0] == ' ' {
+			value = value[1:]
+		}
+	}
+	if string(field) != "data" { // event, id, retry: not needed by the meter
+		return
+	}
+	if p.dataLines > 0 {
+		p.data = append(p.data, '\n')
+	}
+	p.data = append(p.data, value...)
+	p.dataLines++
+}
+
+func (p *Parser) dispatch(emit func(Event)) {
+	if p.dataLines == 0 {
+		return
+	}
+	emit(Event{Data: p.data, Done: bytes.Equal(p.data, doneSentinel)})
+	p.data = p.data[:0]
+	p.dataLines = 0
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Install everything the end-to-end tests need, pinned, into project-local
+# directories (nothing system-wide):
+#
+#   Envoy          <repo>/.tools/bin/envoy         (scripts/install-envoy.sh)
+#   Python client  <repo>/.tools/py-venv           (test/clients/requirements.txt)
+#   Node client    <repo>/test/clients/node_modules (test/clients/package-lock.json)
+#
+# Idempotent; when everything is already in place it takes well under a second.
+#
+# Output contract:
+#   stdout: shell assignments for the tests to use, e.g.
+#             eval "$(scripts/install-test-deps.sh)"
+#           ENVOY_BIN=...          absolute path of the Envoy binary
+#           TEST_PYTHON=...        python of the client venv
+#           TEST_NODE=...          node binary
+#           TEST_CLIENTS_DIR=...   directory holding stream_openai.{py,mjs}
+#   stderr: progress messages.
+#
+# Environment:
+#   ENVOY_BIN  passed through to install-envoy.sh (use this Envoy instead)
+#   PYTHON     interpreter used to create the client venv (default: python3)
+set -euo pipefail
+
+log() { printf '[install-test-deps] %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd -P)"
+ROOT="$(cd -- "$SCRIPT_DIR/.." && pwd -P)"
+TOOLS="$ROOT/.tools"
+CLIENTS="$ROOT/test/clients"
+
+# ---------------------------------------------------------------------------
+# Envoy
+# ---------------------------------------------------------------------------
+ENVOY_PATH="$("$SCRIPT_DIR/install-envoy.sh")"
+
+mkdir -p "$TOOLS"
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$TOOLS/.install-test-deps.lock"
+  flock 9
+fi
+
+# Content hash of a file, used to notice edited pin files.
+file_hash() { sha256sum "$1" | cut -d' ' -f1; }
+
+# ---------------------------------------------------------------------------
+# Python client: openai SDK in <repo>/.tools/py-venv
+# ---------------------------------------------------------------------------
+PY_VENV="$TOOLS/py-venv"
+PY_REQS="$CLIENTS/requirements.txt"
+PY_STAMP="$PY_VENV/.requirements.sha256"
+[[ -f "$PY_REQS" ]] || die "missing $PY_REQS"
+OPENAI_PY_VERSION="$(sed -n 's/^openai==\([^[:space:];]*\).*/\1/p' "$PY_REQS")"
+[[ -n "$OPENAI_PY_VERSION" ]] || die "no exact 'openai==' pin in $PY_REQS"
+
+# Full check: `import openai` works and reports the pinned version. Takes
+# about a second (the SDK is slow to import), so it runs after installing,
+# and its success is recorded in $PY_STAMP with the requirements file's hash.
+py_import_ok() {
+  "$PY_VENV/bin/python" - "$OPENAI_PY_VERSION" >/dev/null 2>&1 <<'EOF'
+import sys
+import openai
+sys.exit(0 if openai.__version__ == sys.argv[1] else 1)
+EOF
+}
+
+# Quick check for re-runs: the stamp matches the current requirements file,
+# the venv interpreter still runs, and the installed openai distribution is
+# the pinned version with its package present (no full import).
+py_quick_ok() {
+  [[ -f "$PY_STAMP" && "$(cat "$PY_STAMP")" == "$(file_hash "$PY_REQS")" ]] || return 1
+  "$PY_VENV/bin/python" - "$OPENAI_PY_VERSION" >/dev/null 2>&1 <<'EOF'
+import importlib.metadata, importlib.util, sys
+ok = (importlib.metadata.version("openai") == sys.argv[1]
+      and importlib.util.find_spec("openai") is not None)
+sys.exit(0 if ok else 1)
+EOF
+}
+
+if py_quick_ok; then
+  log "python openai==$OPENAI_PY_VERSION already in $PY_VENV"
+else
+  PYTHON="${PYTHON:-python3}"
+  command -v "$PYTHON" >/dev/null 2>&1 || die "'$PYTHON' not found; install Python >= 3.10 (Debian: apt-get install python3 python3-venv)"
+  "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
+    || die "the openai SDK needs Python >= 3.10"
+  if ! "$PY_VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
+    log "creating virtualenv $PY_VENV"
+    rm -rf "$PY_VENV"
+    "$PYTHON" -m venv "$PY_VENV" >&2 || die "could not create a virtualenv (Debian: apt-get install python3-venv)"
+  fi
+  rm -f "$PY_STAMP"
+  log "installing python openai==$OPENAI_PY_VERSION (+ pinned dependencies) into $PY_VENV"
+  "$PY_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+    -r "$PY_REQS" >&2
+  "$PY_VENV/bin/python" -m pip check >/dev/null || die "inconsistent dependencies in $PY_VENV"
+  py_import_ok || die "python openai==$OPENAI_PY_VERSION not importable from $PY_VENV after install"
+  file_hash "$PY_REQS" >"$PY_STAMP"
+fi
+
+# ---------------------------------------------------------------------------
+# Node client: openai npm package in <repo>/test/clients/node_modules
+# ---------------------------------------------------------------------------
+command -v node >/dev/null 2>&1 || die "node not found; install Node.js >= 20 (Debian: apt-get install nodejs npm)"
+NODE="$(command -v node)"
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)' \
+  || die "the Node client needs Node.js >= 20, found $(node --version)"
+
+NODE_MODULES="$CLIENTS/node_modules"
+NODE_LOCK="$CLIENTS/package-lock.json"
+NODE_STAMP="$NODE_MODULES/.infergate-lock.sha256"
+[[ -f "$CLIENTS/package.json" ]] || die "missing $CLIENTS/package.json"
+OPENAI_NODE_VERSION="$(node -p 'require(process.argv[1]).dependencies.openai' "$CLIENTS/package.json")"
+[[ "$OPENAI_NODE_VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] \
+  || die "openai must be pinned to an exact version in $CLIENTS/package.json, found '$OPENAI_NODE_VERSION'"
+
+node_ok() {
+  [[ -f "$NODE_LOCK" && -f "$NODE_STAMP" && "$(cat "$NODE_STAMP")" == "$(file_hash "$NODE_LOCK")" ]] || return 1
+  local have
+  have="$(node -p 'require(process.argv[1]).version' "$NODE_MODULES/openai/package.json" 2>/dev/null)" || return 1
+  [[ "$have" == "$OPENAI_NODE_VERSION" ]]
+}
+
+if node_ok; then
+  log "npm openai@$OPENAI_NODE_VERSION already in $NODE_MODULES"
+else
+  command -v npm >/dev/null 2>&1 || die "npm not found (Debian: apt-get install npm)"
+  if [[ -f "$NODE_LOCK" ]]; then
+    log "installing npm openai@$OPENAI_NODE_VERSION with 'npm ci' into $NODE_MODULES"
+    (cd "$CLIENTS" && npm ci --no-audit --no-fund --loglevel=error) >&2
+  else
+    log "no package-lock.json: installing npm openai@$OPENAI_NODE_VERSION with 'npm install' (commit the new lock file)"
+    (cd "$CLIENTS" && npm install --no-audit --no-fund --loglevel=error) >&2
+  fi
+  file_hash "$NODE_LOCK" >"$NODE_STAMP"
+  node_ok || die "npm openai@$OPENAI_NODE_VERSION not found in $NODE_MODULES after install"
+fi
+
+# ---------------------------------------------------------------------------
+# Redis: not needed yet.
+# When rate-limit / quota state moves to Redis, install a pinned redis-server
+# here (e.g. Debian's `redis-server` package via apt-get, or a project-local
+# build), keep the quick "already installed at the pinned version" check used
+# above, and print its path below as REDIS_SERVER=...
+# ---------------------------------------------------------------------------
+
+printf 'ENVOY_BIN=%q\n' "$ENVOY_PATH"
+printf 'TEST_PYTHON=%q\n' "$PY_VENV/bin/python"
+printf 'TEST_NODE=%q\n' "$NODE"
+printf 'TEST_CLIENTS_DIR=%q\n' "$CLIENTS"
