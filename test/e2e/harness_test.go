@@ -1,0 +1,452 @@
+// Package e2e runs infergate end to end against the real thing: the pinned
+// Envoy binary, the demo bootstrap from envoy/, infergate's service and the
+// mock upstream in-process, and the official OpenAI SDKs as clients.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/cli"
+	"github.com/infergate/infergate/internal/config"
+)
+
+// repoRoot is two levels up from this package.
+var repoRoot = func() string {
+	wd, _ := os.Getwd()
+	return filepath.Clean(filepath.Join(wd, "..", ".."))
+}()
+
+var (
+	envoyOnce sync.Once
+	envoyPath string
+	envoyErr  error
+)
+
+// envoyBinary finds Envoy the one way the project does: scripts/install-envoy.sh
+// (which honours ENVOY_BIN and installs the pinned version when missing).
+func envoyBinary(t *testing.T) string {
+	t.Helper()
+	envoyOnce.Do(func() {
+		out, err := exec.Command(filepath.Join(repoRoot, "scripts", "install-envoy.sh")).Output()
+		if err != nil {
+			envoyErr = fmt.Errorf("scripts/install-envoy.sh: %w", err)
+			return
+		}
+		envoyPath = strings.TrimSpace(string(out))
+	})
+	if envoyErr != nil {
+		t.Fatal(envoyErr)
+	}
+	return envoyPath
+}
+
+// pool is a mock inference pool listening on a random port.
+type pool struct {
+	*mock.Server
+	Addr string
+}
+
+func startPool(t *testing.T, cfg mock.Config) *pool {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := mock.New(cfg, slog.New(slog.DiscardHandler))
+	srv := &http.Server{Handler: m.Handler()}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	return &pool{Server: m, Addr: lis.Addr().String()}
+}
+
+// gateway is infergate in-process; Stamps reads its request log.
+type gateway struct {
+	ExtProcAddr string
+	AdminURL    string
+	requests    *syncBuffer
+	stop        context.CancelFunc
+	done        chan error
+	conns       *connTracker
+}
+
+func startInfergate(t *testing.T, yamlConfig string) *gateway {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yamlConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	requests := &syncBuffer{}
+	svc, err := cli.NewService(cfg, slog.New(slog.NewTextHandler(logs, nil)), requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ad, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracker := &connTracker{Listener: ep}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := &gateway{ExtProcAddr: ep.Addr().String(), AdminURL: "http://" + ad.Addr().String(),
+		requests: requests, stop: cancel, done: make(chan error, 1), conns: tracker}
+	go func() { g.done <- svc.Serve(ctx, tracker, ad) }()
+	t.Cleanup(func() {
+		g.Stop(t)
+		if t.Failed() {
+			t.Logf("infergate log:\n%s\nrequest log:\n%s", logs.String(), requests.String())
+		}
+	})
+	waitHTTP(t, g.AdminURL+"/readyz")
+	return g
+}
+
+// Stop shuts infergate down gracefully (idempotent).
+func (g *gateway) Stop(t *testing.T) {
+	g.stop()
+	g.conns.CloseAll() // don't wait out long streams on shutdown
+	select {
+	case <-g.done:
+		g.done <- nil
+	case <-time.After(10 * time.Second):
+		t.Error("infergate did not stop")
+	}
+}
+
+// Stamp is one request-log line.
+type Stamp struct {
+	RequestID        string  `json:"request_id"`
+	Model            string  `json:"model"`
+	Pool             string  `json:"pool"`
+	Upstream         string  `json:"upstream"`
+	Status           int     `json:"status"`
+	Attempts         int     `json:"attempts"`
+	Stream           bool    `json:"stream"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	CompletionTokens int     `json:"completion_tokens"`
+	TokenSource      string  `json:"token_source"`
+	TTFTms           float64 `json:"ttft_ms"`
+	ITLP50ms         float64 `json:"itl_p50_ms"`
+	ITLP95ms         float64 `json:"itl_p95_ms"`
+	ITLMaxms         float64 `json:"itl_max_ms"`
+	ContentEvents    int     `json:"content_events"`
+	E2Ems            float64 `json:"e2e_ms"`
+	Gatewayms        float64 `json:"gateway_ms"`
+	Gatems           float64 `json:"gate_ms"`
+	Decision         string  `json:"decision"`
+	Reason           string  `json:"reason"`
+	Complete         bool    `json:"complete"`
+}
+
+// stamp waits for the request log line of one request.
+func (g *gateway) stamp(t *testing.T, requestID string) Stamp {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		sc := bufio.NewScanner(strings.NewReader(g.requests.String()))
+		for sc.Scan() {
+			var s Stamp
+			if json.Unmarshal(sc.Bytes(), &s) == nil && s.RequestID == requestID {
+				return s
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no stamp for request %s in:\n%s", requestID, g.requests.String())
+	return Stamp{}
+}
+
+// envoy is a running Envoy with the demo bootstrap.
+type envoy struct {
+	URL      string // listener base URL
+	AdminURL string
+}
+
+// startEnvoy renders envoy/demo.yaml for the given ports and runs the
+// pinned Envoy on it. Its log is shown only when the test fails.
+func startEnvoy(t *testing.T, extprocAddr, poolA, poolB string) *envoy {
+	t.Helper()
+	bin := envoyBinary(t)
+	dir := t.TempDir()
+	tmpl, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "demo.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
+		"EXTPROC_PORT": port(t, extprocAddr), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
+	}
+	rendered := os.Expand(string(tmpl), func(k string) string {
+		v, ok := vars[k]
+		if !ok {
+			t.Fatalf("envoy/demo.yaml: unknown placeholder ${%s}", k)
+		}
+		return v
+	})
+	cfgPath := filepath.Join(dir, "envoy.yaml")
+	adminPath := filepath.Join(dir, "admin-address")
+	if err := os.WriteFile(cfgPath, []byte(rendered), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	cmd := exec.Command(bin, "-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
+		"-l", "warning", "--concurrency", "2")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("envoy log:\n%s", logs.String())
+		}
+	})
+	e := &envoy{}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(adminPath); err == nil && len(b) > 0 && e.AdminURL == "" {
+			e.AdminURL = "http://" + strings.TrimSpace(string(b))
+		}
+		if e.AdminURL != "" {
+			if addr := listenerAddr(e.AdminURL); addr != "" {
+				e.URL = "http://" + addr
+				waitHTTP(t, e.AdminURL+"/ready")
+				return e
+			}
+		}
+		if cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("envoy did not become ready; log:\n%s", logs.String())
+	return nil
+}
+
+// listenerAddr asks Envoy's admin for the port its listener bound.
+func listenerAddr(adminURL string) string {
+	resp, err := http.Get(adminURL + "/listeners?format=json")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var out struct {
+		ListenerStatuses []struct {
+			LocalAddress struct {
+				SocketAddress struct {
+					Address   string `json:"address"`
+					PortValue int    `json:"port_value"`
+				} `json:"socket_address"`
+			} `json:"local_address"`
+		} `json:"listener_statuses"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.ListenerStatuses) == 0 {
+		return ""
+	}
+	sa := out.ListenerStatuses[0].LocalAddress.SocketAddress
+	if sa.PortValue == 0 {
+		return ""
+	}
+	return net.JoinHostPort(sa.Address, strconv.Itoa(sa.PortValue))
+}
+
+func port(t *testing.T, addr string) string {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// waitHTTP polls until url answers 200.
+func waitHTTP(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s never became ready", url)
+}
+
+// stack is Envoy + infergate + two mock pools, the demo topology.
+type stack struct {
+	Envoy   *envoy
+	Gateway *gateway
+	PoolA   *pool
+	PoolB   *pool
+}
+
+const testConfig = `
+gate:
+  maxBodyBytes: 65536
+log:
+  level: debug
+`
+
+func startStack(t *testing.T) *stack {
+	t.Helper()
+	s := &stack{
+		PoolA:   startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
+		PoolB:   startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
+		Gateway: startInfergate(t, testConfig),
+	}
+	s.Envoy = startEnvoy(t, s.Gateway.ExtProcAddr, s.PoolA.Addr, s.PoolB.Addr)
+	return s
+}
+
+// served is the total number of completion requests the pools have seen.
+func (s *stack) served() int64 { return s.PoolA.Served() + s.PoolB.Served() }
+
+// event is one SSE event as the client received it.
+type event struct {
+	At   time.Duration // since the request was sent
+	Data string
+}
+
+// streamResult is a raw streamed response as the client saw it.
+type streamResult struct {
+	Status    int
+	Header    http.Header
+	Body      []byte
+	Events    []event
+	Reads     []time.Duration // arrival of each read that returned bytes
+	RequestID string
+}
+
+// stream POSTs body and records every byte with its arrival time.
+func stream(t *testing.T, url string, body string, hdr map[string]string) streamResult {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := streamResult{Status: resp.StatusCode, Header: resp.Header, RequestID: resp.Header.Get("x-request-id")}
+	buf := make([]byte, 64<<10)
+	var pending []byte
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			at := time.Since(start)
+			r.Reads = append(r.Reads, at)
+			r.Body = append(r.Body, buf[:n]...)
+			pending = append(pending, buf[:n]...)
+			for {
+				i := bytes.Index(pending, []byte("\n\n"))
+				if i < 0 {
+					break
+				}
+				r.Events = append(r.Events, event{At: at, Data: strings.TrimPrefix(string(pending[:i]), "data: ")})
+				pending = pending[i+2:]
+			}
+		}
+		if err == io.EOF {
+			return r
+		}
+		if err != nil {
+			t.Fatalf("reading stream: %v", err)
+		}
+	}
+}
+
+// contentEvents keeps the events that carry output text.
+func contentEvents(evs []event) []event {
+	var out []event
+	for _, e := range evs {
+		var c struct {
+			Choices []struct {
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(e.Data), &c) == nil && len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// connTracker remembers accepted connections so a test can cut them all,
+// the way a crashed process would.
+type connTracker struct {
+	net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func (c *connTracker) Accept() (net.Conn, error) {
+	conn, err := c.Listener.Accept()
+	if err == nil {
+		c.mu.Lock()
+		c.conns = append(c.conns, conn)
+		c.mu.Unlock()
+	}
+	return conn, err
+}
+
+// CloseAll closes the listener and every connection.
+func (c *connTracker) CloseAll() {
+	c.Listener.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, conn := range c.conns {
+		conn.Close()
+	}
+}
