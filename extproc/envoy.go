@@ -39,19 +39,6 @@ func attributes(req *extprocv3.ProcessingRequest) map[string]*structpb.Value {
 	return nil
 }
 
-// headersFromAttribute reads the request.headers attribute (a map).
-func headersFromAttribute(v *structpb.Value) headers {
-	fields := v.GetStructValue().GetFields()
-	if fields == nil {
-		return nil
-	}
-	h := make(headers, len(fields))
-	for k, v := range fields {
-		h[strings.ToLower(k)] = v.GetStringValue()
-	}
-	return h
-}
-
 func attrString(attrs map[string]*structpb.Value, key string) string {
 	v, ok := attrs[key]
 	if !ok {

@@ -294,12 +294,3 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
-
-func firstNonEmpty(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
-}

@@ -25,7 +25,6 @@ type meterRequest struct {
 	stamp      Stamp
 	sentAt     time.Time // request headers reached the meter: the request left the gateway
 	envoyStart time.Time // Envoy's request.time
-	headersEnd bool
 	sse        bool
 	parser     sse.Parser
 	emit       func(sse.Event) // bound once: no closure per chunk

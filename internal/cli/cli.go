@@ -33,6 +33,7 @@ Usage:
 Commands:
   serve      run the ext_proc service and admin port (embedded default config)
   extproc    run the ext_proc service alone (for scaled-out deployments)
+  bench      stream load at OpenAI-compatible targets and compare them side by side
   mock       run a mock OpenAI-compatible upstream with a fixed token cadence
   validate   check a config file and exit
   version    print the version
@@ -60,6 +61,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "serve", "extproc":
 		return runServe(ctx, cmd, rest, stdout, stderr)
+	case "bench":
+		return runBench(ctx, rest, stdout, stderr)
 	case "mock":
 		return runMock(ctx, rest, stderr)
 	case "validate":

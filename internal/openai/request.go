@@ -52,12 +52,25 @@ func (e *FieldError) Unwrap() error { return ErrInvalidField }
 // ParseRequest decodes the fields of a chat or text completion body that the
 // gate needs, and rejects bodies an upstream would reject anyway.
 func ParseRequest(body []byte) (Request, error) {
-	var raw rawRequest
-	if err := json.Unmarshal(body, &raw); err != nil {
+	// Decode into a map, not straight into rawRequest: encoding/json matches
+	// struct fields case-insensitively, so {"model":"a","MODEL":"b"} would be
+	// gated (and routed) as "b" while the model server serves "a". Keys must
+	// match exactly, as they do upstream.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(body, &fields); err != nil {
 		return Request{}, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
 	}
 	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
 		return Request{}, ErrInvalidJSON
+	}
+	raw := rawRequest{
+		Model:               fields["model"],
+		Stream:              fields["stream"],
+		MaxTokens:           fields["max_tokens"],
+		MaxCompletionTokens: fields["max_completion_tokens"],
+		StreamOptions:       fields["stream_options"],
+		Messages:            fields["messages"],
+		Prompt:              fields["prompt"],
 	}
 	var r Request
 	if isNull(raw.Model) {
@@ -90,13 +103,17 @@ func ParseRequest(body []byte) (Request, error) {
 		}
 	}
 	if !isNull(raw.StreamOptions) {
-		var so struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
+		var so map[string]json.RawMessage // exact keys, as above
 		if err := json.Unmarshal(raw.StreamOptions, &so); err != nil {
 			return Request{}, &FieldError{"stream_options", "must be an object"}
 		}
-		r.IncludeUsage = so.IncludeUsage
+		if iu := so["include_usage"]; !isNull(iu) {
+			var b bool
+			if err := json.Unmarshal(iu, &b); err != nil {
+				return Request{}, &FieldError{"stream_options", "must be an object"}
+			}
+			r.IncludeUsage = &b
+		}
 	}
 	n, err := promptChars(raw.Messages, raw.Prompt)
 	if err != nil {
@@ -176,6 +193,9 @@ func WithUsage(body []byte) ([]byte, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(body, &obj); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
+	if obj == nil { // "null" decodes without error and has no '}' to splice at
+		return nil, ErrInvalidJSON
 	}
 	so, ok := obj["stream_options"]
 	if !ok {

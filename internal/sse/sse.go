@@ -16,7 +16,8 @@ const DefaultMaxLine = 1 << 20
 // Parser turns chunks of an SSE stream into data payloads. The zero value is
 // ready to use with DefaultMaxLine.
 type Parser struct {
-	// MaxLine is the longest line kept across chunks; 0 means DefaultMaxLine.
+	// MaxLine is the longest line kept (across chunks or not); longer lines
+	// are dropped and counted in Dropped. 0 means DefaultMaxLine.
 	MaxLine int
 
 	carry     []byte // the incomplete trailing line of the previous chunk
@@ -52,6 +53,14 @@ func (p *Parser) Feed(chunk []byte, emit func(Event)) {
 			p.carry = p.carry[:0]
 			continue
 		}
+		if len(p.carry)+len(line) > p.maxLine() {
+			// Overlong, whether or not it was split across chunks: drop it
+			// the same way keep does, so the result does not depend on
+			// where the chunk boundaries fall.
+			p.carry = p.carry[:0]
+			p.Dropped++
+			continue
+		}
 		if len(p.carry) > 0 {
 			p.carry = append(p.carry, line...)
 			line = p.carry
@@ -76,17 +85,20 @@ func (p *Parser) keep(partial []byte) {
 	if p.skipping {
 		return
 	}
-	max := p.MaxLine
-	if max <= 0 {
-		max = DefaultMaxLine
-	}
-	if len(p.carry)+len(partial) > max {
+	if len(p.carry)+len(partial) > p.maxLine() {
 		p.carry = p.carry[:0]
 		p.skipping = true
 		p.Dropped++
 		return
 	}
 	p.carry = append(p.carry, partial...)
+}
+
+func (p *Parser) maxLine() int {
+	if p.MaxLine > 0 {
+		return p.MaxLine
+	}
+	return DefaultMaxLine
 }
 
 // line handles one complete line (without its '\n'); a blank line dispatches.

@@ -188,20 +188,9 @@ func startEnvoy(t *testing.T, extprocAddr, poolA, poolB string) *envoy {
 	t.Helper()
 	bin := envoyBinary(t)
 	dir := t.TempDir()
-	tmpl, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "demo.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	vars := map[string]string{
+	rendered := renderEnvoy(t, "envoy/demo.yaml", map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
 		"EXTPROC_PORT": port(t, extprocAddr), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
-	}
-	rendered := os.Expand(string(tmpl), func(k string) string {
-		v, ok := vars[k]
-		if !ok {
-			t.Fatalf("envoy/demo.yaml: unknown placeholder ${%s}", k)
-		}
-		return v
 	})
 	cfgPath := filepath.Join(dir, "envoy.yaml")
 	adminPath := filepath.Join(dir, "admin-address")
@@ -242,6 +231,23 @@ func startEnvoy(t *testing.T, extprocAddr, poolA, poolB string) *envoy {
 	}
 	t.Fatalf("envoy did not become ready; log:\n%s", logs.String())
 	return nil
+}
+
+// renderEnvoy fills the port placeholders of a config under envoy/, as
+// scripts/render-envoy.sh does.
+func renderEnvoy(t *testing.T, rel string, vars map[string]string) string {
+	t.Helper()
+	tmpl, err := os.ReadFile(filepath.Join(repoRoot, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.Expand(string(tmpl), func(k string) string {
+		v, ok := vars[k]
+		if !ok {
+			t.Fatalf("%s: unknown placeholder ${%s}", rel, k)
+		}
+		return v
+	})
 }
 
 // listenerAddr asks Envoy's admin for the port its listener bound.

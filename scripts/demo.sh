@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The infergate demo: real Envoy + infergate + two mock GPU pools, a short
+# streaming load through the gateway and directly, and a side-by-side report.
+# Non-interactive; stops everything it started. Used by `make demo` and
+# `make bench` (DEMO_REQUESTS / DEMO_CONCURRENCY make the load bigger).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+REQUESTS=${DEMO_REQUESTS:-60}
+CONCURRENCY=${DEMO_CONCURRENCY:-4}
+MAX_TOKENS=${DEMO_MAX_TOKENS:-32}
+WORK=$(mktemp -d -t infergate-demo.XXXXXX)
+PIDS=()
+
+say()  { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+note() { printf '   %s\n' "$*"; }
+
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+wait_for() { # URL [what]
+  for _ in $(seq 1 150); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "demo: $2 did not come up ($1); logs in $WORK" >&2
+  tail -n 20 "$WORK"/*.log >&2 || true
+  exit 1
+}
+
+say "Installing what is missing"
+[ -x bin/infergate ] || make --no-print-directory build
+ENVOY_BIN=$(scripts/install-envoy.sh)
+note "envoy:     $("$ENVOY_BIN" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/[A-Za-z]*' | head -1) ($ENVOY_BIN)"
+note "infergate: $(bin/infergate version)"
+
+export LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port) EXTPROC_PORT=$(free_port) \
+       POOL_A_PORT=$(free_port) POOL_B_PORT=$(free_port)
+INFERGATE_ADMIN=$(free_port)
+
+say "Starting two mock GPU pools, infergate and Envoy"
+bin/infergate mock --listen 127.0.0.1:$POOL_A_PORT --ttft 120ms --itl 15ms >"$WORK/pool-a.log" 2>&1 & PIDS+=($!)
+bin/infergate mock --listen 127.0.0.1:$POOL_B_PORT --ttft 60ms --itl 8ms >"$WORK/pool-b.log" 2>&1 & PIDS+=($!)
+bin/infergate serve --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
+  >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS+=($!)
+scripts/render-envoy.sh envoy/demo.yaml >"$WORK/envoy.yaml"
+"$ENVOY_BIN" -c "$WORK/envoy.yaml" --disable-hot-restart -l warning >"$WORK/envoy.log" 2>&1 & PIDS+=($!)
+wait_for "http://127.0.0.1:$POOL_A_PORT/healthz" "pool-a"
+wait_for "http://127.0.0.1:$POOL_B_PORT/healthz" "pool-b"
+wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate"
+wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "envoy"
+note "pool-a  (mock: TTFT 120ms, ITL 15ms)  http://127.0.0.1:$POOL_A_PORT"
+note "pool-b  (mock: TTFT  60ms, ITL  8ms)  http://127.0.0.1:$POOL_B_PORT"
+note "infergate ext_proc 127.0.0.1:$EXTPROC_PORT, admin http://127.0.0.1:$INFERGATE_ADMIN/metrics"
+note "envoy   http://127.0.0.1:$LISTEN_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
+
+say "One streamed request through the gateway (model pool-a)"
+curl -sN -D "$WORK/headers" http://127.0.0.1:$LISTEN_PORT/v1/chat/completions \
+  -H 'content-type: application/json' \
+  -d '{"model":"pool-a","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"Say hello to Envoy"}]}' \
+  | sed -n 's/^data: //p' | python3 -c '
+import json, sys
+for line in sys.stdin:
+    line = line.strip()
+    if line == "[DONE]": print("   [DONE]"); continue
+    c = json.loads(line)
+    if c.get("usage"): print("   usage:", c["usage"]); continue
+    d = c["choices"][0].get("delta", {})
+    print("   chunk:", json.dumps(d))'
+RID=$(tr -d '\r' <"$WORK/headers" | awk -F': ' 'tolower($1)=="x-request-id"{print $2}')
+
+say "A bad request never reaches a pool"
+curl -s http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: application/json' \
+  -d '{"messages":[]}' -w '   HTTP %{http_code}\n' | sed 's/^{/   {/'
+
+say "Load: $REQUESTS streamed requests per target, concurrency $CONCURRENCY, $MAX_TOKENS tokens each"
+note "direct = pool-a itself; gateway = Envoy + infergate in front of pool-a (interleaved, same load)"
+bin/infergate bench --target direct=http://127.0.0.1:$POOL_A_PORT --target gateway=http://127.0.0.1:$LISTEN_PORT \
+  --model pool-a --concurrency "$CONCURRENCY" --requests "$REQUESTS" --max-tokens "$MAX_TOKENS" \
+  --json "$WORK/bench.json"
+
+say "The stamp infergate recorded for the first request ($RID)"
+sleep 0.2 # the meter stamps when the stream ends; give the log line a moment
+grep -F "\"request_id\":\"$RID\"" "$WORK/requests.log" | python3 -c '
+import json, sys
+s = json.loads(sys.stdin.readline())
+for k in ("request_id","model","pool","upstream","status","stream","prompt_tokens","completion_tokens","token_source",
+          "ttft_ms","itl_p50_ms","itl_p95_ms","itl_max_ms","e2e_ms","gateway_ms","gate_ms","decision","complete"):
+    print(f"   {k:18} {s.get(k)}")'
+
+say "What the meter stamped across the load (from infergate's request log)"
+python3 - "$WORK/requests.log" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"msg":"request"' in l]
+ok = [r for r in rows if r.get("decision") == "allow" and r.get("status") == 200 and r.get("stream")]
+def pct(vals, q):
+    vals = sorted(vals); return vals[min(len(vals)-1, max(0, round(q*len(vals))-1))] if vals else 0
+for name, key in (("TTFT (ms)", "ttft_ms"), ("ITL p50 (ms)", "itl_p50_ms"), ("gate (ms)", "gate_ms")):
+    v = [r[key] for r in ok]
+    print(f"   {name:14} p50 {pct(v,.5):8.3f}   p95 {pct(v,.95):8.3f}   p99 {pct(v,.99):8.3f}   n={len(v)}")
+print(f"   denied: {sum(1 for r in rows if r.get('decision') == 'deny')}, stamped: {len(rows)}")
+PY
+note "Prometheus: curl http://127.0.0.1:$INFERGATE_ADMIN/metrics | grep gen_ai_server_time_to_first_token"
+curl -s http://127.0.0.1:$INFERGATE_ADMIN/metrics | grep -E '^gen_ai_server_time_to_first_token_seconds_count' | sed 's/^/   /'
+
+say "Done; everything the demo started is stopped"
