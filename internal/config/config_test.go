@@ -1,0 +1,317 @@
+package config
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// defaults is the configuration documented in default.yaml, spelled out so
+// that the code defaults and the embedded file cannot drift together.
+func defaults() *Config {
+	return &Config{
+		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000},
+		Admin:   Admin{Listen: ":9090"},
+		Gate: Gate{
+			MaxBodyBytes: 1 << 20,
+			InjectUsage:  ptr(true),
+			Paths:        []string{"/v1/chat/completions", "/v1/completions"},
+		},
+		Meter: Meter{MaxEventBytes: 1 << 20, MaxTrackedGaps: 16384},
+		Log:   Log{Level: "info", Format: "json", Requests: ptr(true)},
+	}
+}
+
+func mustParse(t *testing.T, doc []byte) *Config {
+	t.Helper()
+	c, err := Parse(doc)
+	if err != nil {
+		t.Fatalf("Parse(%q): %v", doc, err)
+	}
+	return c
+}
+
+func assertConfig(t *testing.T, got, want *Config) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("config:\n got %s\nwant %s", dump(got), dump(want))
+	}
+}
+
+// dump prints a config with its pointers dereferenced.
+func dump(c *Config) string {
+	if c == nil {
+		return "<nil>"
+	}
+	b := func(p *bool) string {
+		if p == nil {
+			return "<nil>"
+		}
+		return fmt.Sprint(*p)
+	}
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+}
+
+func TestDefaultMatchesCode(t *testing.T) {
+	fromFile := mustParse(t, Default)
+	assertConfig(t, fromFile, defaults())
+	for _, doc := range []string{"", "\n", "# only a comment\n", "{}", "~", "---\n"} {
+		assertConfig(t, mustParse(t, []byte(doc)), fromFile)
+	}
+	loaded, err := Load("")
+	if err != nil {
+		t.Fatalf("Load(\"\"): %v", err)
+	}
+	assertConfig(t, loaded, fromFile)
+}
+
+// TestDefaultFileSetsEveryKey checks default.yaml spells out every key, so it
+// really documents all the defaults: decoding it without fillDefaults must
+// leave no field at its zero value.
+func TestDefaultFileSetsEveryKey(t *testing.T) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(Default))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		t.Fatal(err)
+	}
+	assertConfig(t, &c, defaults())
+}
+
+func TestValidFile(t *testing.T) {
+	want := &Config{
+		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512},
+		Admin:   Admin{Listen: "[::1]:9191"},
+		Gate: Gate{
+			MaxBodyBytes: 64 << 20,
+			InjectUsage:  ptr(false),
+			Paths:        []string{"/v1/chat/completions", "/openai/v1/responses"},
+		},
+		Meter: Meter{MaxEventBytes: 1024, MaxTrackedGaps: 100},
+		Log:   Log{Level: "debug", Format: "text", Requests: ptr(false)},
+	}
+	c, err := Load(filepath.Join("testdata", "valid.yaml"))
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	assertConfig(t, c, want)
+}
+
+func TestParsePartial(t *testing.T) {
+	tests := []struct {
+		name   string
+		doc    string
+		modify func(*Config) // applied to defaults() to get the expected config
+	}{
+		{
+			name:   "one key, the rest defaulted",
+			doc:    "gate:\n  maxBodyBytes: 2048\n",
+			modify: func(c *Config) { c.Gate.MaxBodyBytes = 2048 },
+		},
+		{
+			name:   "explicit false is kept",
+			doc:    "gate:\n  injectUsage: false\nlog:\n  requests: false\n",
+			modify: func(c *Config) { c.Gate.InjectUsage, c.Log.Requests = ptr(false), ptr(false) },
+		},
+		{
+			name:   "empty paths list is kept, not defaulted",
+			doc:    "gate:\n  paths: []\n",
+			modify: func(c *Config) { c.Gate.Paths = []string{} },
+		},
+		{
+			name:   "null paths are defaulted",
+			doc:    "gate:\n  paths: ~\n",
+			modify: func(c *Config) {},
+		},
+		{
+			name:   "empty section",
+			doc:    "meter:\nlog: {}\n",
+			modify: func(c *Config) {},
+		},
+		{
+			name:   "bounds are inclusive",
+			doc:    "gate:\n  maxBodyBytes: 1\nmeter:\n  maxEventBytes: 1024\n  maxTrackedGaps: 1\n",
+			modify: func(c *Config) { c.Gate.MaxBodyBytes, c.Meter.MaxEventBytes, c.Meter.MaxTrackedGaps = 1, 1024, 1 },
+		},
+		{
+			name:   "upper bound of maxBodyBytes",
+			doc:    "gate:\n  maxBodyBytes: 67108864\n",
+			modify: func(c *Config) { c.Gate.MaxBodyBytes = 64 << 20 },
+		},
+		{
+			// An explicit 0 cannot be told from an absent key: it means
+			// "use the default", not "invalid".
+			name:   "explicit zero means the default",
+			doc:    "extproc:\n  maxConcurrentStreams: 0\ngate:\n  maxBodyBytes: 0\nmeter:\n  maxEventBytes: 0\n  maxTrackedGaps: 0\n",
+			modify: func(c *Config) {},
+		},
+		{
+			name:   "explicit empty strings mean the default",
+			doc:    "extproc:\n  listen: \"\"\nadmin:\n  listen: \"\"\nlog:\n  level: \"\"\n  format: \"\"\n",
+			modify: func(c *Config) {},
+		},
+		{
+			name:   "host names and IPv6 listen addresses",
+			doc:    "extproc:\n  listen: \"localhost:50051\"\nadmin:\n  listen: \"[::]:9090\"\n",
+			modify: func(c *Config) { c.ExtProc.Listen, c.Admin.Listen = "localhost:50051", "[::]:9090" },
+		},
+		{
+			name:   "document start marker",
+			doc:    "---\nlog:\n  format: text\n",
+			modify: func(c *Config) { c.Log.Format = "text" },
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := defaults()
+			tt.modify(want)
+			assertConfig(t, mustParse(t, []byte(tt.doc)), want)
+		})
+	}
+}
+
+// TestParseReturnsFreshValues checks configs do not share the default
+// slices and pointers: mutating one must not leak into the next.
+func TestParseReturnsFreshValues(t *testing.T) {
+	a := mustParse(t, nil)
+	a.Gate.Paths[0] = "/mutated"
+	*a.Gate.InjectUsage = false
+	*a.Log.Requests = false
+	assertConfig(t, mustParse(t, nil), defaults())
+}
+
+// Each testdata/invalid/*.yaml starts with "# want: <substring>", a part of
+// the error Parse must return, including the line of the culprit.
+func TestInvalidFiles(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "invalid", "*.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no fixtures in testdata/invalid")
+	}
+	for _, file := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(file), ".yaml"), func(t *testing.T) {
+			doc, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first, _, _ := bytes.Cut(doc, []byte("\n"))
+			want, ok := strings.CutPrefix(string(first), "# want: ")
+			if !ok || !strings.Contains(want, "line ") {
+				t.Fatalf("fixture must start with %q and name a line, got %q", "# want: ... line N ...", first)
+			}
+			c, err := Parse(doc)
+			if err == nil {
+				t.Fatalf("Parse succeeded with %s, want an error containing %q", dump(c), want)
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Parse error\n got %q\nwant it to contain %q", err, want)
+			}
+			if c != nil {
+				t.Errorf("Parse returned a config with the error")
+			}
+			// Load adds the file name in front.
+			_, err = Load(file)
+			if err == nil || !strings.HasPrefix(err.Error(), file+": ") || !strings.Contains(err.Error(), want) {
+				t.Errorf("Load error = %v, want %q then %q", err, file+": ", want)
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "nope.yaml")
+	if _, err := Load(path); !os.IsNotExist(err) {
+		t.Errorf("Load(%q) error = %v, want a not-exist error", path, err)
+	}
+}
+
+func TestErrorWithoutLine(t *testing.T) {
+	e := &Error{Path: "gate.paths", Msg: "bad"}
+	if got, want := e.Error(), "gate.paths: bad"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	e.Line = 7
+	if got, want := e.Error(), "line 7: gate.paths: bad"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add(Default)
+	f.Add([]byte(""))
+	f.Add([]byte("gate:\n  paths: []\n"))
+	f.Add([]byte("extproc: {listen: \"[::1]:1\", maxConcurrentStreams: 1}\n"))
+	f.Add([]byte("a: &x [*x]\n"))
+	f.Add([]byte("gate: !!map {maxBodyBytes: 0x10}\n"))
+	f.Add([]byte("\t- : ]"))
+	for _, pattern := range []string{"testdata/*.yaml", "testdata/invalid/*.yaml"} {
+		files, _ := filepath.Glob(pattern)
+		for _, file := range files {
+			if b, err := os.ReadFile(file); err == nil {
+				f.Add(b)
+			}
+		}
+	}
+	f.Fuzz(func(t *testing.T, doc []byte) {
+		c, err := Parse(doc)
+		if err != nil {
+			if c != nil {
+				t.Fatalf("Parse(%q) returned a config with error %v", doc, err)
+			}
+			if err.Error() == "" {
+				t.Fatalf("Parse(%q): empty error message", doc)
+			}
+			return
+		}
+		checkBounds(t, c)
+	})
+}
+
+// checkBounds asserts the invariants validate documents for a parsed config.
+func checkBounds(t *testing.T, c *Config) {
+	t.Helper()
+	for _, addr := range []string{c.ExtProc.Listen, c.Admin.Listen} {
+		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+			t.Errorf("listen address %q is not host:port", addr)
+		}
+	}
+	if c.ExtProc.MaxConcurrentStreams == 0 {
+		t.Errorf("extproc.maxConcurrentStreams = 0")
+	}
+	if c.Gate.MaxBodyBytes < 1 || c.Gate.MaxBodyBytes > 64<<20 {
+		t.Errorf("gate.maxBodyBytes = %d out of [1, 64 MiB]", c.Gate.MaxBodyBytes)
+	}
+	if c.Gate.InjectUsage == nil || c.Log.Requests == nil {
+		t.Errorf("booleans left unset: %s", dump(c))
+	}
+	if c.Gate.Paths == nil {
+		t.Errorf("gate.paths left nil")
+	}
+	for _, p := range c.Gate.Paths {
+		if !strings.HasPrefix(p, "/") {
+			t.Errorf("gate.paths has %q", p)
+		}
+	}
+	if c.Meter.MaxEventBytes < 1024 {
+		t.Errorf("meter.maxEventBytes = %d < 1024", c.Meter.MaxEventBytes)
+	}
+	if c.Meter.MaxTrackedGaps < 1 {
+		t.Errorf("meter.maxTrackedGaps = %d < 1", c.Meter.MaxTrackedGaps)
+	}
+	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
+		t.Errorf("log.level = %q", c.Log.Level)
+	}
+	if !oneOf(c.Log.Format, "json", "text") {
+		t.Errorf("log.format = %q", c.Log.Format)
+	}
+}
