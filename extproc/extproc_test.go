@@ -298,3 +298,38 @@ func BenchmarkMeterChunk(b *testing.B) {
 		}
 	}
 }
+
+// FuzzMeterStream: whatever an upstream streams, split wherever Envoy
+// splits it, the meter counts the same content events and never panics.
+func FuzzMeterStream(f *testing.F) {
+	f.Add([]byte(roleChunk+contentChunk+contentChunk+usageChunk+"data: [DONE]\n\n"), 40)
+	f.Add([]byte("data:{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\r\n\r\n: ping\n\ndata: [DONE]\n\n"), 7)
+	f.Add([]byte("data: {not json}\n\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\n"), 3)
+	f.Fuzz(func(t *testing.T, stream []byte, split int) {
+		count := func(chunks ...[]byte) (int, *Stamp) {
+			s, sink := newTestServer(t, "")
+			m := &meterRequest{maxGaps: 100}
+			m.emit = m.onEvent
+			now := time.Unix(1, 0)
+			m.observe(headersMsg(false, "x-request-id", "f"), now)
+			m.observe(respHeaders("text/event-stream"), now)
+			for _, c := range chunks {
+				m.observe(respBody(string(c), false), now)
+			}
+			s.finish(context.Background(), m, now, true)
+			return m.stamp.ContentEvents, sink.stamps[0]
+		}
+		whole, st := count(stream)
+		if split < 0 {
+			split = -split
+		}
+		split %= len(stream) + 1
+		parts, _ := count(stream[:split], stream[split:])
+		if whole != parts {
+			t.Fatalf("%d content events whole, %d split at %d", whole, parts, split)
+		}
+		if st.TTFT < 0 || st.E2E < 0 || st.ITLMax < 0 {
+			t.Fatalf("negative timing in %+v", st)
+		}
+	})
+}

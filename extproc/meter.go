@@ -134,8 +134,8 @@ func (m *meterRequest) onEvent(ev sse.Event) {
 		u := *c.Usage
 		m.usage = &u
 	}
-	if c.Model != "" && m.stamp.ResponseModel == "" {
-		m.stamp.ResponseModel = c.Model
+	if m.stamp.ResponseModel == "" {
+		m.stamp.ResponseModel = openai.ChunkModel(ev.Data)
 	}
 	if !c.Content {
 		return
@@ -168,7 +168,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	} else if len(m.body) > 0 {
 		if c, err := openai.ParseChunk(m.body); err == nil {
 			m.usage = c.Usage
-			st.ResponseModel = c.Model
+			st.ResponseModel = openai.ChunkModel(m.body)
 			if c.Content {
 				st.ContentEvents = 1
 				m.first = end

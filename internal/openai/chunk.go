@@ -1,6 +1,12 @@
 package openai
 
-import "encoding/json"
+import (
+	"errors"
+	"strings"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
+)
 
 // Usage is the token accounting of a response.
 type Usage struct {
@@ -13,58 +19,136 @@ type Usage struct {
 // or text_completion) or from a whole non-streamed response.
 type Chunk struct {
 	// Content is true when the event carries at least one output token:
-	// non-empty delta content, reasoning, refusal or tool-call arguments, or
-	// completion text. A role-only first chunk has no content.
+	// non-empty delta content, reasoning, refusal or tool-call name or
+	// arguments, or completion text. A role-only first chunk has no content.
 	Content bool
 	Usage   *Usage
-	Model   string
 }
 
-type wireChunk struct {
-	Model   string `json:"model"`
-	Choices []struct {
-		Delta *struct {
-			Content          string `json:"content"`
-			ReasoningContent string `json:"reasoning_content"`
-			Reasoning        string `json:"reasoning"`
-			Refusal          string `json:"refusal"`
-			ToolCalls        []struct {
-				Function struct {
-					Arguments string `json:"arguments"`
-					Name      string `json:"name"`
-				} `json:"function"`
-			} `json:"tool_calls"`
-		} `json:"delta"`
-		Message *struct {
-			Content string `json:"content"`
-		} `json:"message"`
-		Text string `json:"text"`
-	} `json:"choices"`
-	Usage *Usage `json:"usage"`
-}
+// ErrBadChunk is an event the meter cannot read; it is skipped, never fatal.
+var ErrBadChunk = errors.New("not an OpenAI stream chunk")
 
-// ParseChunk decodes one event's data. Errors mean the event is not JSON the
-// meter understands; callers skip it without failing the stream.
+// contentFields are the delta/message fields that carry output tokens.
+var contentFields = [...]string{"content", "reasoning_content", "reasoning", "refusal"}
+
+// ParseChunk reads one event's data. It runs once per streamed token, so it
+// scans the JSON in place (gjson over an unsafe string view of data, valid
+// only during the call) and allocates only for a usage chunk.
 func ParseChunk(data []byte) (Chunk, error) {
-	var w wireChunk
-	if err := json.Unmarshal(data, &w); err != nil {
-		return Chunk{}, err
+	if len(data) == 0 || !gjson.ValidBytes(data) {
+		return Chunk{}, ErrBadChunk
 	}
-	c := Chunk{Usage: w.Usage, Model: w.Model}
-	for _, ch := range w.Choices {
-		if ch.Text != "" || (ch.Message != nil && ch.Message.Content != "") {
-			c.Content = true
-		}
-		if d := ch.Delta; d != nil {
-			if d.Content != "" || d.ReasoningContent != "" || d.Reasoning != "" || d.Refusal != "" {
-				c.Content = true
+	doc := gjson.Parse(unsafe.String(unsafe.SliceData(data), len(data)))
+	if !doc.IsObject() {
+		return Chunk{}, ErrBadChunk
+	}
+	var c Chunk
+	ok := true
+	doc.ForEach(func(key, v gjson.Result) bool {
+		switch key.Str {
+		case "model":
+			ok = v.Type == gjson.String || v.Type == gjson.Null
+		case "choices":
+			ok = readChoices(v, &c)
+		case "usage":
+			if v.Type == gjson.Null {
+				break
 			}
-			for _, tc := range d.ToolCalls {
-				if tc.Function.Arguments != "" || tc.Function.Name != "" {
-					c.Content = true
-				}
-			}
+			c.Usage, ok = readUsage(v)
 		}
+		return ok
+	})
+	if !ok {
+		return Chunk{}, ErrBadChunk
 	}
 	return c, nil
+}
+
+func readChoices(v gjson.Result, c *Chunk) bool {
+	if v.Type == gjson.Null {
+		return true
+	}
+	if !v.IsArray() {
+		return false
+	}
+	ok := true
+	v.ForEach(func(_, choice gjson.Result) bool {
+		if !choice.IsObject() {
+			ok = false
+			return false
+		}
+		choice.ForEach(func(key, field gjson.Result) bool {
+			switch key.Str {
+			case "text":
+				ok = textField(field, c)
+			case "delta", "message":
+				if field.Type == gjson.Null {
+					break
+				}
+				if !field.IsObject() {
+					ok = false
+					break
+				}
+				for _, name := range contentFields {
+					if ok = textField(field.Get(name), c); !ok {
+						break
+					}
+				}
+				if calls := field.Get("tool_calls"); ok && calls.IsArray() {
+					calls.ForEach(func(_, call gjson.Result) bool {
+						fn := call.Get("function")
+						if fn.Get("name").Str != "" || fn.Get("arguments").Str != "" {
+							c.Content = true
+						}
+						return true
+					})
+				}
+			}
+			return ok
+		})
+		return ok
+	})
+	return ok
+}
+
+// textField marks content for a non-empty string; null and absent are fine,
+// any other type is a malformed chunk.
+func textField(v gjson.Result, c *Chunk) bool {
+	switch v.Type {
+	case gjson.String:
+		if v.Raw != `""` {
+			c.Content = true
+		}
+		return true
+	case gjson.Null:
+		return true
+	}
+	return !v.Exists()
+}
+
+func readUsage(v gjson.Result) (*Usage, bool) {
+	if !v.IsObject() {
+		return nil, false
+	}
+	u := &Usage{}
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"prompt_tokens", &u.PromptTokens}, {"completion_tokens", &u.CompletionTokens}, {"total_tokens", &u.TotalTokens}} {
+		n := v.Get(f.name)
+		if !n.Exists() || n.Type == gjson.Null {
+			continue
+		}
+		if n.Type != gjson.Number || n.Num < 0 {
+			return nil, false
+		}
+		*f.dst = int(n.Int())
+	}
+	return u, true
+}
+
+// ChunkModel returns the "model" an event or response names ("" if none).
+// The meter calls it until it has learned the model, not on every event.
+func ChunkModel(data []byte) string {
+	return strings.Clone(gjson.GetBytes(data, "model").Str)
 }

@@ -14,17 +14,17 @@ func TestParseChunk(t *testing.T) {
 		{
 			name: "role-only first chunk",
 			data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1718000000,"model":"gpt-4o","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-			want: Chunk{Model: "gpt-4o"},
+			want: Chunk{},
 		},
 		{
 			name: "role-only with null content and refusal",
 			data: `{"object":"chat.completion.chunk","model":"gpt-4o","choices":[{"index":0,"delta":{"role":"assistant","content":null,"refusal":null}}]}`,
-			want: Chunk{Model: "gpt-4o"},
+			want: Chunk{},
 		},
 		{
 			name: "content chunk",
 			data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1718000000,"model":"gpt-4o","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null}],"usage":null}`,
-			want: Chunk{Content: true, Model: "gpt-4o"},
+			want: Chunk{Content: true},
 		},
 		{
 			name: "whitespace content is content",
@@ -39,7 +39,7 @@ func TestParseChunk(t *testing.T) {
 		{
 			name: "finish chunk with empty delta",
 			data: `{"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}`,
-			want: Chunk{Model: "m"},
+			want: Chunk{},
 		},
 		{
 			name: "reasoning_content",
@@ -74,7 +74,7 @@ func TestParseChunk(t *testing.T) {
 		{
 			name: "usage chunk with no choices",
 			data: `{"id":"chatcmpl-1","object":"chat.completion.chunk","model":"gpt-4o","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":34,"total_tokens":46}}`,
-			want: Chunk{Model: "gpt-4o", Usage: &Usage{PromptTokens: 12, CompletionTokens: 34, TotalTokens: 46}},
+			want: Chunk{Usage: &Usage{PromptTokens: 12, CompletionTokens: 34, TotalTokens: 46}},
 		},
 		{
 			name: "usage with detail fields",
@@ -94,7 +94,7 @@ func TestParseChunk(t *testing.T) {
 		{
 			name: "text completion chunk",
 			data: `{"id":"cmpl-1","object":"text_completion","created":1718000000,"model":"gpt-3.5-turbo-instruct","choices":[{"text":" test","index":0,"logprobs":null,"finish_reason":null}]}`,
-			want: Chunk{Content: true, Model: "gpt-3.5-turbo-instruct"},
+			want: Chunk{Content: true},
 		},
 		{
 			name: "text completion final chunk",
@@ -104,7 +104,7 @@ func TestParseChunk(t *testing.T) {
 		{
 			name: "non-streamed chat.completion",
 			data: `{"id":"chatcmpl-1","object":"chat.completion","created":1718000000,"model":"gpt-4o-2024-08-06","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there.","refusal":null},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":3,"total_tokens":12}}`,
-			want: Chunk{Content: true, Model: "gpt-4o-2024-08-06", Usage: &Usage{PromptTokens: 9, CompletionTokens: 3, TotalTokens: 12}},
+			want: Chunk{Content: true, Usage: &Usage{PromptTokens: 9, CompletionTokens: 3, TotalTokens: 12}},
 		},
 		{
 			name: "non-streamed with null message content",
@@ -132,6 +132,15 @@ func TestParseChunk(t *testing.T) {
 				t.Errorf("ParseChunk(%s)\n got %+v (usage %+v)\nwant %+v (usage %+v)", tt.data, got, got.Usage, tt.want, tt.want.Usage)
 			}
 		})
+	}
+}
+
+func TestChunkModel(t *testing.T) {
+	if got := ChunkModel(benchChunk); got != "gpt-4o-mini-2024-07-18" {
+		t.Errorf("ChunkModel = %q", got)
+	}
+	if got := ChunkModel([]byte(`{"choices":[]}`)); got != "" {
+		t.Errorf("ChunkModel without a model = %q", got)
 	}
 }
 
@@ -167,4 +176,23 @@ func BenchmarkParseChunk(b *testing.B) {
 			b.Fatal(c, err)
 		}
 	}
+}
+
+// FuzzParseChunk: any event data is read or refused, never a panic, and a
+// refusal leaves nothing half-read.
+func FuzzParseChunk(f *testing.F) {
+	f.Add(benchChunk)
+	f.Add([]byte(`{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3,"total_tokens":10}}`))
+	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}`))
+	f.Add([]byte(`{"choices":[{"text":"x"}]}`))
+	f.Add([]byte(`[DONE]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := ParseChunk(data)
+		if err != nil && !reflect.DeepEqual(c, Chunk{}) {
+			t.Fatalf("error %v with a non-zero chunk %+v", err, c)
+		}
+		if c.Usage != nil && (c.Usage.PromptTokens < 0 || c.Usage.CompletionTokens < 0) {
+			t.Fatalf("negative usage %+v", *c.Usage)
+		}
+	})
 }

@@ -8,7 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
+	"unsafe"
+
+	"github.com/tidwall/gjson"
 )
 
 // Request is what the gate reads from a completion request body.
@@ -30,16 +34,6 @@ var (
 	ErrInvalidField = errors.New("invalid field")
 )
 
-type rawRequest struct {
-	Model               json.RawMessage `json:"model"`
-	Stream              json.RawMessage `json:"stream"`
-	MaxTokens           json.RawMessage `json:"max_tokens"`
-	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
-	StreamOptions       json.RawMessage `json:"stream_options"`
-	Messages            json.RawMessage `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-}
-
 // FieldError names the request field that is wrong.
 type FieldError struct {
 	Param string
@@ -49,73 +43,92 @@ type FieldError struct {
 func (e *FieldError) Error() string { return fmt.Sprintf("%s: %s", e.Param, e.Msg) }
 func (e *FieldError) Unwrap() error { return ErrInvalidField }
 
-// ParseRequest decodes the fields of a chat or text completion body that the
-// gate needs, and rejects bodies an upstream would reject anyway.
+// ParseRequest reads the fields of a chat or text completion body that the
+// gate needs, and rejects bodies an upstream would reject anyway. One
+// validation pass and one pass over the top-level keys, nothing decoded that
+// is not needed.
+//
+// Keys match exactly, and a key the gate reads may appear only once: JSON
+// decoders disagree on which duplicate wins (the gate must decide on the
+// same model the upstream serves), so {"model":"a","model":"b"} is refused.
 func ParseRequest(body []byte) (Request, error) {
-	// Decode into a map, not straight into rawRequest: encoding/json matches
-	// struct fields case-insensitively, so {"model":"a","MODEL":"b"} would be
-	// gated (and routed) as "b" while the model server serves "a". Keys must
-	// match exactly, as they do upstream.
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return Request{}, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
-	}
-	if trimmed := bytes.TrimSpace(body); len(trimmed) == 0 || trimmed[0] != '{' {
+	if !gjson.ValidBytes(body) {
 		return Request{}, ErrInvalidJSON
 	}
-	raw := rawRequest{
-		Model:               fields["model"],
-		Stream:              fields["stream"],
-		MaxTokens:           fields["max_tokens"],
-		MaxCompletionTokens: fields["max_completion_tokens"],
-		StreamOptions:       fields["stream_options"],
-		Messages:            fields["messages"],
-		Prompt:              fields["prompt"],
+	doc := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+	if !doc.IsObject() {
+		return Request{}, ErrInvalidJSON
 	}
-	var r Request
-	if isNull(raw.Model) {
+	var (
+		r                        Request
+		model, stream, opts      gjson.Result
+		maxTokens, maxCompletion gjson.Result
+		messages, prompt         gjson.Result
+		dup                      string
+	)
+	fields := map[string]*gjson.Result{
+		"model": &model, "stream": &stream, "stream_options": &opts, "max_tokens": &maxTokens,
+		"max_completion_tokens": &maxCompletion, "messages": &messages, "prompt": &prompt,
+	}
+	doc.ForEach(func(key, v gjson.Result) bool {
+		if dst, ok := fields[key.Str]; ok {
+			if dst.Exists() {
+				dup = key.Str
+				return false
+			}
+			*dst = v
+		}
+		return true
+	})
+	if dup != "" {
+		return Request{}, &FieldError{dup, "appears more than once"}
+	}
+	if model.Type == gjson.Null { // absent or null
 		return Request{}, ErrMissingModel
 	}
-	if err := json.Unmarshal(raw.Model, &r.Model); err != nil {
+	if model.Type != gjson.String {
 		return Request{}, &FieldError{"model", "must be a string"}
 	}
-	if strings.TrimSpace(r.Model) == "" {
+	if strings.TrimSpace(model.Str) == "" {
 		return Request{}, ErrMissingModel
 	}
-	if !isNull(raw.Stream) {
-		if err := json.Unmarshal(raw.Stream, &r.Stream); err != nil {
-			return Request{}, &FieldError{"stream", "must be a boolean"}
-		}
+	r.Model = strings.Clone(model.Str)
+	switch stream.Type {
+	case gjson.Null:
+	case gjson.True, gjson.False:
+		r.Stream = stream.Bool()
+	default:
+		return Request{}, &FieldError{"stream", "must be a boolean"}
 	}
 	for _, f := range []struct {
 		name string
-		raw  json.RawMessage
-	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}} {
-		if isNull(f.raw) {
+		v    gjson.Result
+	}{{"max_tokens", maxTokens}, {"max_completion_tokens", maxCompletion}} {
+		if f.v.Type == gjson.Null {
 			continue
 		}
-		var n int
-		if err := json.Unmarshal(f.raw, &n); err != nil || n < 1 {
+		n, ok := positiveInt(f.v)
+		if !ok {
 			return Request{}, &FieldError{f.name, "must be a positive integer"}
 		}
 		if r.MaxTokens == 0 || f.name == "max_completion_tokens" {
 			r.MaxTokens = n
 		}
 	}
-	if !isNull(raw.StreamOptions) {
-		var so map[string]json.RawMessage // exact keys, as above
-		if err := json.Unmarshal(raw.StreamOptions, &so); err != nil {
+	if opts.Type != gjson.Null {
+		if !opts.IsObject() {
 			return Request{}, &FieldError{"stream_options", "must be an object"}
 		}
-		if iu := so["include_usage"]; !isNull(iu) {
-			var b bool
-			if err := json.Unmarshal(iu, &b); err != nil {
-				return Request{}, &FieldError{"stream_options", "must be an object"}
-			}
+		switch iu := opts.Get("include_usage"); iu.Type {
+		case gjson.Null:
+		case gjson.True, gjson.False:
+			b := iu.Bool()
 			r.IncludeUsage = &b
+		default:
+			return Request{}, &FieldError{"stream_options", "include_usage must be a boolean"}
 		}
 	}
-	n, err := promptChars(raw.Messages, raw.Prompt)
+	n, err := promptChars(messages, prompt)
 	if err != nil {
 		return Request{}, err
 	}
@@ -123,57 +136,56 @@ func ParseRequest(body []byte) (Request, error) {
 	return r, nil
 }
 
-func isNull(b json.RawMessage) bool { return len(b) == 0 || string(b) == "null" }
+// positiveInt accepts a JSON integer >= 1 that fits an int32.
+func positiveInt(v gjson.Result) (int, bool) {
+	if v.Type != gjson.Number || v.Num < 1 || v.Num > math.MaxInt32 || v.Num != math.Trunc(v.Num) {
+		return 0, false
+	}
+	return int(v.Num), true
+}
 
 // promptChars counts the text a model will read, for token estimation.
 // Non-text parts (images, audio) are not counted.
-func promptChars(messages, prompt json.RawMessage) (int, error) {
+func promptChars(messages, prompt gjson.Result) (int, error) {
 	n := 0
-	if !isNull(messages) {
-		var msgs []struct {
-			Content json.RawMessage `json:"content"`
-		}
-		if err := json.Unmarshal(messages, &msgs); err != nil {
+	if messages.Type != gjson.Null {
+		if !messages.IsArray() {
 			return 0, &FieldError{"messages", "must be an array of message objects"}
 		}
-		for _, m := range msgs {
-			n += textChars(m.Content)
+		ok := true
+		messages.ForEach(func(_, m gjson.Result) bool {
+			if ok = m.IsObject(); ok {
+				n += textChars(m.Get("content"))
+			}
+			return ok
+		})
+		if !ok {
+			return 0, &FieldError{"messages", "must be an array of message objects"}
 		}
 	}
-	if !isNull(prompt) {
-		n += textChars(prompt)
-	}
-	return n, nil
+	return n + textChars(prompt), nil
 }
 
 // textChars accepts a string, an array of strings, or an array of content
-// parts ({"type":"text","text":...}).
-func textChars(v json.RawMessage) int {
-	if isNull(v) {
-		return 0
+// parts ({"type":"text","text":...}); it counts bytes of JSON text, which
+// is close enough for an estimate and needs no unescaping.
+func textChars(v gjson.Result) int {
+	switch {
+	case v.Type == gjson.String:
+		return len(v.Raw) - 2
+	case v.IsArray():
+		n := 0
+		v.ForEach(func(_, p gjson.Result) bool {
+			if p.Type == gjson.String {
+				n += len(p.Raw) - 2
+			} else if t := p.Get("text"); t.Type == gjson.String {
+				n += len(t.Raw) - 2
+			}
+			return true
+		})
+		return n
 	}
-	var s string
-	if json.Unmarshal(v, &s) == nil {
-		return len(s)
-	}
-	var parts []json.RawMessage
-	if json.Unmarshal(v, &parts) != nil {
-		return 0
-	}
-	n := 0
-	for _, p := range parts {
-		if json.Unmarshal(p, &s) == nil {
-			n += len(s)
-			continue
-		}
-		var part struct {
-			Text string `json:"text"`
-		}
-		if json.Unmarshal(p, &part) == nil {
-			n += len(part.Text)
-		}
-	}
-	return n
+	return 0
 }
 
 // EstimateTokens is a fast prompt-token estimate: about four characters of
@@ -190,28 +202,34 @@ func EstimateTokens(chars int) int {
 // the meter sees real token counts. It is only called when the client did
 // not set include_usage itself; a client's explicit false is honoured.
 func WithUsage(body []byte) ([]byte, error) {
-	var obj map[string]json.RawMessage
-	if err := json.Unmarshal(body, &obj); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
-	}
-	if obj == nil { // "null" decodes without error and has no '}' to splice at
+	if !gjson.ValidBytes(body) {
 		return nil, ErrInvalidJSON
 	}
-	so, ok := obj["stream_options"]
-	if !ok {
+	doc := gjson.Parse(unsafe.String(unsafe.SliceData(body), len(body)))
+	if !doc.IsObject() {
+		return nil, ErrInvalidJSON
+	}
+	if !doc.Get("stream_options").Exists() {
 		// Fast path: splice the field before the closing brace, keeping the
 		// client's bytes (and key order) as they were.
+		empty := true
+		doc.ForEach(func(_, _ gjson.Result) bool { empty = false; return false })
 		end := bytes.LastIndexByte(body, '}')
 		out := make([]byte, 0, len(body)+40)
 		out = append(out, body[:end]...)
-		if len(obj) > 0 {
+		if !empty {
 			out = append(out, ',')
 		}
 		out = append(out, `"stream_options":{"include_usage":true}`...)
 		return append(out, body[end:]...), nil
 	}
+	// Rare: the client sent stream_options without include_usage.
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(body, &obj); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidJSON, err)
+	}
 	var opts map[string]json.RawMessage
-	if err := json.Unmarshal(so, &opts); err != nil {
+	if err := json.Unmarshal(obj["stream_options"], &opts); err != nil {
 		return nil, &FieldError{"stream_options", "must be an object"}
 	}
 	if opts == nil { // "stream_options": null

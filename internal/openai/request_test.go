@@ -158,11 +158,6 @@ func TestParseRequest(t *testing.T) {
 			body: `{"mod\u0065l":"m"}`,
 			want: Request{Model: "m"},
 		},
-		{
-			name: "duplicate key: last wins, as in the model server",
-			body: `{"model":"a","model":"b"}`,
-			want: Request{Model: "b"},
-		},
 		// Keys are case sensitive, like the model server's: a parser that
 		// folds case would gate one model while the upstream serves another.
 		{
@@ -236,6 +231,10 @@ func TestParseRequestErrors(t *testing.T) {
 		{"JSON null", `null`, ErrInvalidJSON, ""},
 		{"JSON true", `true`, ErrInvalidJSON, ""},
 
+		// Decoders disagree on which duplicate wins; the gate must decide on
+		// the model the upstream serves, so duplicates are refused.
+		{"duplicate model", `{"model":"a","model":"b"}`, ErrInvalidField, "model"},
+		{"duplicate stream", `{"model":"a","stream":false,"stream":true}`, ErrInvalidField, "stream"},
 		{"missing model", `{"messages":[{"role":"user","content":"hi"}]}`, ErrMissingModel, ""},
 		{"empty object", `{}`, ErrMissingModel, ""},
 		{"empty model", `{"model":""}`, ErrMissingModel, ""},
