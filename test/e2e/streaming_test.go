@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -68,6 +69,22 @@ func TestStreamingIsByteExactAndIncremental(t *testing.T) {
 	}
 	if st.CompletionTokens != tokens || st.TokenSource != "usage" || st.PromptTokens == 0 {
 		t.Errorf("stamp tokens = %d (%s), prompt %d; want %d from usage", st.CompletionTokens, st.TokenSource, st.PromptTokens, tokens)
+	}
+
+	// The same request in Prometheus, under the OpenTelemetry GenAI names.
+	metrics := get(t, s.Gateway.AdminURL+"/metrics")
+	labels := `gen_ai_operation_name="chat",gen_ai_request_model="pool-a",infergate_pool="pool-a"`
+	for _, want := range []string{
+		`gen_ai_server_time_to_first_token_seconds_count{` + labels + `} 1`,
+		`gen_ai_server_time_per_output_token_seconds_count{` + labels + `} 1`,
+		`gen_ai_server_request_duration_seconds_count{` + labels + `} 1`,
+		`gen_ai_client_token_usage_sum{gen_ai_operation_name="chat",gen_ai_request_model="pool-a",gen_ai_token_type="output",infergate_pool="pool-a"} 12`,
+		`infergate_inter_token_latency_seconds_count{gen_ai_request_model="pool-a",infergate_pool="pool-a"} 11`,
+		`infergate_gate_decisions_total{decision="allow",reason="allow_all"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s; have:\n%s", want, grep(metrics, "gen_ai_"))
+		}
 	}
 }
 
