@@ -1,0 +1,112 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+func run(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := Run(context.Background(), args, &stdout, &stderr)
+	return stdout.String(), stderr.String(), err
+}
+
+func TestUsage(t *testing.T) {
+	if _, stderr, err := run(t); !errors.Is(err, ErrUsage) || !strings.Contains(stderr, "Commands:") {
+		t.Errorf("no args: err %v, stderr %q", err, stderr)
+	}
+	if stdout, _, err := run(t, "--help"); err != nil || !strings.Contains(stdout, "infergate serve") {
+		t.Errorf("--help: err %v, stdout %q", err, stdout)
+	}
+	if _, stderr, err := run(t, "frobnicate"); !errors.Is(err, ErrUsage) || !strings.Contains(stderr, `unknown command "frobnicate"`) {
+		t.Errorf("unknown command: err %v, stderr %q", err, stderr)
+	}
+	if stdout, _, err := run(t, "version"); err != nil || !strings.HasPrefix(stdout, "infergate ") {
+		t.Errorf("version: err %v, stdout %q", err, stdout)
+	}
+	for _, cmd := range []string{"serve", "extproc", "mock", "validate", "bench"} {
+		if _, stderr, err := run(t, cmd, "--help"); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr, "Usage: infergate "+cmd) {
+			t.Errorf("%s --help: err %v, stderr %q", cmd, err, stderr)
+		}
+	}
+	if _, _, err := run(t, "serve", "--no-such-flag"); !errors.Is(err, ErrUsage) {
+		t.Errorf("bad flag: err %v", err)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("gate:\n  maxBodyBytes: 2048\n"), 0o644)
+	os.WriteFile(bad, []byte("gate:\n  maxBodyBytes: 2048\n  colour: blue\n"), 0o644)
+
+	if stdout, _, err := run(t, "validate", "--config", good); err != nil || !strings.Contains(stdout, "ok") {
+		t.Errorf("good config: err %v, stdout %q", err, stdout)
+	}
+	_, _, err := run(t, "validate", "--config", bad)
+	if err == nil || !strings.Contains(err.Error(), "line 3") || !strings.Contains(err.Error(), "colour") {
+		t.Errorf("bad config: err %v, want the line and the key", err)
+	}
+	if _, _, err := run(t, "validate"); !errors.Is(err, ErrUsage) {
+		t.Errorf("validate without --config: err %v", err)
+	}
+	if _, _, err := run(t, "serve", "--config", bad); err == nil {
+		t.Error("serve started with a bad config")
+	}
+}
+
+// serve stops cleanly when its context ends.
+func TestServeStopsOnCancel(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	stderr := &lockedBuffer{}
+	go func() {
+		done <- Run(ctx, []string{"serve", "--extproc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
+			&bytes.Buffer{}, stderr)
+	}()
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(stderr.String(), "infergate serving"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve never started: %s", stderr.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	if !strings.Contains(stderr.String(), "infergate stopped") {
+		t.Errorf("log: %s", stderr.String())
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
