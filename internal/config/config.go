@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -22,11 +24,74 @@ var Default []byte
 
 // Config is the whole configuration. Field names are the YAML keys.
 type Config struct {
-	ExtProc ExtProc `yaml:"extproc"`
-	Admin   Admin   `yaml:"admin"`
-	Gate    Gate    `yaml:"gate"`
-	Meter   Meter   `yaml:"meter"`
-	Log     Log     `yaml:"log"`
+	ExtProc   ExtProc          `yaml:"extproc"`
+	Admin     Admin            `yaml:"admin"`
+	Gate      Gate             `yaml:"gate"`
+	Meter     Meter            `yaml:"meter"`
+	Auth      Auth             `yaml:"auth"`
+	Policy    Policy           `yaml:"policy"`
+	RateLimit RateLimit        `yaml:"ratelimit"`
+	Checks    map[string]Check `yaml:"checks"`
+	Log       Log              `yaml:"log"`
+}
+
+// Auth says how callers are identified. With neither keys nor JWT
+// configured every caller is anonymous and authentication is off.
+type Auth struct {
+	// Keys is a keys file, or a directory of them (a mounted Kubernetes
+	// Secret); see internal/identity.KeyFile. Reloaded on change.
+	Keys string `yaml:"keys"`
+	JWT  JWT    `yaml:"jwt"`
+	// PolicyHeaders are the request headers passed to the policy input.
+	PolicyHeaders []string `yaml:"policyHeaders"`
+}
+
+// JWT reads claims verified by Envoy's jwt_authn filter (payload_in_metadata).
+type JWT struct {
+	Enabled     bool     `yaml:"enabled"`
+	Namespace   string   `yaml:"namespace"`
+	PayloadKey  string   `yaml:"payloadKey"`
+	TenantClaim string   `yaml:"tenantClaim"`
+	LabelClaims []string `yaml:"labelClaims"`
+}
+
+// Policy is the Rego policy directory.
+type Policy struct {
+	// Dir holds *.rego files and data; empty admits every authenticated,
+	// well-formed request.
+	Dir string `yaml:"dir"`
+	// ReloadInterval is how often Dir is checked for changes.
+	ReloadInterval time.Duration `yaml:"reloadInterval"`
+	// Shadow evaluates and records decisions (decision "shadow_deny") but
+	// enforces none: for trying a policy on live traffic.
+	Shadow bool `yaml:"shadow"`
+}
+
+// RateLimit chooses where budgets are counted.
+type RateLimit struct {
+	Backend string `yaml:"backend"` // memory or redis
+	Redis   Redis  `yaml:"redis"`
+	// OnBackendError: "deny" answers 503 while Redis is unreachable; "local"
+	// falls back to this replica's in-memory counters.
+	OnBackendError string `yaml:"onBackendError"`
+}
+
+// Redis is the shared counter store for several replicas.
+type Redis struct {
+	Address      string        `yaml:"address"`
+	Username     string        `yaml:"username"`
+	PasswordFile string        `yaml:"passwordFile"`
+	DB           int           `yaml:"db"`
+	Timeout      time.Duration `yaml:"timeout"`
+}
+
+// Check is an external HTTP check a policy can require (e.g. moderation):
+// the request body is POSTed to URL; 2xx admits, 4xx denies.
+type Check struct {
+	URL     string        `yaml:"url"`
+	Timeout time.Duration `yaml:"timeout"`
+	// OnError: "deny" (503) or "allow" when the check fails or times out.
+	OnError string `yaml:"onError"`
 }
 
 // ExtProc is the gRPC ExternalProcessor service Envoy calls.
@@ -150,6 +215,33 @@ func (c *Config) fillDefaults() {
 	if c.Meter.MaxTrackedGaps == 0 {
 		c.Meter.MaxTrackedGaps = 16384
 	}
+	setDefault(&c.Auth.JWT.Namespace, "envoy.filters.http.jwt_authn")
+	setDefault(&c.Auth.JWT.PayloadKey, "jwt_payload")
+	setDefault(&c.Auth.JWT.TenantClaim, "tenant")
+	if c.Auth.JWT.LabelClaims == nil {
+		c.Auth.JWT.LabelClaims = []string{"tier"}
+	}
+	if c.Auth.PolicyHeaders == nil {
+		c.Auth.PolicyHeaders = []string{"user-agent", "x-request-id"}
+	}
+	if c.Policy.ReloadInterval == 0 {
+		c.Policy.ReloadInterval = time.Second
+	}
+	setDefault(&c.RateLimit.Backend, "memory")
+	setDefault(&c.RateLimit.OnBackendError, "deny")
+	if c.RateLimit.Redis.Timeout == 0 {
+		c.RateLimit.Redis.Timeout = 250 * time.Millisecond
+	}
+	if c.Checks == nil {
+		c.Checks = map[string]Check{}
+	}
+	for name, ch := range c.Checks {
+		if ch.Timeout == 0 {
+			ch.Timeout = 500 * time.Millisecond
+		}
+		setDefault(&ch.OnError, "deny")
+		c.Checks[name] = ch
+	}
 	setDefault(&c.Log.Level, "info")
 	setDefault(&c.Log.Format, "json")
 	if c.Log.Requests == nil {
@@ -173,6 +265,18 @@ func (c *Config) validate() error {
 	}
 	check(c.Meter.MaxEventBytes >= 1024, "meter.maxEventBytes", "must be at least 1024, got %d", c.Meter.MaxEventBytes)
 	check(c.Meter.MaxTrackedGaps > 0, "meter.maxTrackedGaps", "must be positive, got %d", c.Meter.MaxTrackedGaps)
+	check(oneOf(c.RateLimit.Backend, "memory", "redis"), "ratelimit.backend", "must be memory or redis; got %q", c.RateLimit.Backend)
+	check(c.RateLimit.Backend != "redis" || validAddr(c.RateLimit.Redis.Address), "ratelimit.redis.address",
+		"must be host:port when the backend is redis; got %q", c.RateLimit.Redis.Address)
+	check(oneOf(c.RateLimit.OnBackendError, "deny", "local"), "ratelimit.onBackendError", "must be deny or local; got %q", c.RateLimit.OnBackendError)
+	check(c.RateLimit.Redis.Timeout > 0, "ratelimit.redis.timeout", "must be positive")
+	check(c.Policy.ReloadInterval >= 100*time.Millisecond, "policy.reloadInterval", "must be at least 100ms, got %s", c.Policy.ReloadInterval)
+	for name, ch := range c.Checks {
+		u, err := url.Parse(ch.URL)
+		check(err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "", "checks", "%s: url %q must be http(s)://host/...", name, ch.URL)
+		check(ch.Timeout > 0, "checks", "%s: timeout must be positive", name)
+		check(oneOf(ch.OnError, "deny", "allow"), "checks", "%s: onError must be deny or allow; got %q", name, ch.OnError)
+	}
 	check(oneOf(c.Log.Level, "debug", "info", "warn", "error"), "log.level",
 		"must be one of debug, info, warn, error; got %q", c.Log.Level)
 	check(oneOf(c.Log.Format, "json", "text"), "log.format", "must be json or text; got %q", c.Log.Format)

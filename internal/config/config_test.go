@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -25,7 +26,15 @@ func defaults() *Config {
 			Paths:        []string{"/v1/chat/completions", "/v1/completions"},
 		},
 		Meter: Meter{MaxEventBytes: 1 << 20, MaxTrackedGaps: 16384},
-		Log:   Log{Level: "info", Format: "json", Requests: ptr(true)},
+		Auth: Auth{
+			JWT: JWT{Namespace: "envoy.filters.http.jwt_authn", PayloadKey: "jwt_payload",
+				TenantClaim: "tenant", LabelClaims: []string{"tier"}},
+			PolicyHeaders: []string{"user-agent", "x-request-id"},
+		},
+		Policy:    Policy{ReloadInterval: time.Second},
+		RateLimit: RateLimit{Backend: "memory", OnBackendError: "deny", Redis: Redis{Timeout: 250 * time.Millisecond}},
+		Checks:    map[string]Check{},
+		Log:       Log{Level: "info", Format: "json", Requests: ptr(true)},
 	}
 }
 
@@ -56,8 +65,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -96,7 +105,17 @@ func TestValidFile(t *testing.T) {
 			Paths:        []string{"/v1/chat/completions", "/openai/v1/responses"},
 		},
 		Meter: Meter{MaxEventBytes: 1024, MaxTrackedGaps: 100},
-		Log:   Log{Level: "debug", Format: "text", Requests: ptr(false)},
+		Auth: Auth{
+			Keys: "/etc/infergate/keys",
+			JWT: JWT{Enabled: true, Namespace: "jwt", PayloadKey: "claims", TenantClaim: "org",
+				LabelClaims: []string{"tier", "team"}},
+			PolicyHeaders: []string{"user-agent"},
+		},
+		Policy: Policy{Dir: "/etc/infergate/policies", ReloadInterval: 2 * time.Second, Shadow: true},
+		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", Redis: Redis{Address: "redis:6379",
+			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
+		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
+		Log:    Log{Level: "debug", Format: "text", Requests: ptr(false)},
 	}
 	c, err := Load(filepath.Join("testdata", "valid.yaml"))
 	if err != nil {
