@@ -39,6 +39,20 @@ func attributes(req *extprocv3.ProcessingRequest) map[string]*structpb.Value {
 	return nil
 }
 
+// metadataFrom converts the dynamic metadata Envoy forwarded (only the
+// namespaces in the filter's forwarding_namespaces; usually none).
+func metadataFrom(md *corev3.Metadata) map[string]map[string]any {
+	fm := md.GetFilterMetadata()
+	if len(fm) == 0 {
+		return nil
+	}
+	out := make(map[string]map[string]any, len(fm))
+	for ns, st := range fm {
+		out[ns] = st.AsMap()
+	}
+	return out
+}
+
 func attrString(attrs map[string]*structpb.Value, key string) string {
 	v, ok := attrs[key]
 	if !ok {

@@ -1,12 +1,14 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"maps"
 	"mime"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +41,7 @@ type gateRequest struct {
 	headersOwed bool // a request_headers message awaits its answer
 	chunksOwed  int  // streamed body chunks await their answers
 	decided     bool
+	metadata    map[string]map[string]any // forwarded dynamic metadata
 }
 
 // gate runs the blocking filter for one request.
@@ -76,6 +79,7 @@ func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.Pr
 	switch m := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		g.headers = headersFrom(m.RequestHeaders.GetHeaders())
+		g.metadata = metadataFrom(msg.GetMetadataContext())
 		g.headersOwed = true
 		if m.RequestHeaders.GetEndOfStream() {
 			return s.decide(ctx, g)
@@ -146,30 +150,40 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	path, _, _ := strings.Cut(h[":path"], "?")
 	method := h[":method"]
 
-	req, verr := s.validate(path, method, h, g.body)
-	if verr != nil {
-		return s.deny(ctx, g, req.Model, Verdict{Deny: verr, Reason: verr.Code})
+	// Completion requests must be well-formed before anything else looks
+	// at them; every request, completion or not, then gets the policy's
+	// decision.
+	completion := slices.Contains(s.cfg.Gate.Paths, path)
+	var req openai.Request
+	if completion {
+		var verr *openai.Error
+		if req, verr = s.validate(path, method, h, g.body); verr != nil {
+			return s.deny(ctx, g, req.Model, Verdict{Deny: verr, Reason: verr.Code})
+		}
 	}
+	spoofed := g.spoofed()
 	adm := &Admission{
 		RequestID:    h["x-request-id"],
 		Method:       method,
 		Path:         path,
 		Headers:      maps.Clone(h),
+		Completion:   completion,
 		Request:      req,
+		Body:         g.body,
 		PromptTokens: openai.EstimateTokens(req.PromptChars),
+		Metadata:     g.metadata,
 	}
-	spoofed := g.spoofed()
 	for _, k := range spoofed {
 		delete(adm.Headers, k)
 	}
 	v := s.policy.Decide(ctx, adm)
-	if v.Deny != nil {
+	if v.Deny != nil && v.Decision != "shadow_deny" {
 		return s.deny(ctx, g, req.Model, v)
 	}
 
-	mutation := &extprocv3.HeaderMutation{
-		RemoveHeaders: spoofed,
-		SetHeaders:    []*corev3.HeaderValueOption{setHeader(ModelHeader, req.Model)},
+	mutation := &extprocv3.HeaderMutation{RemoveHeaders: spoofed}
+	if req.Model != "" {
+		mutation.SetHeaders = append(mutation.SetHeaders, setHeader(ModelHeader, req.Model))
 	}
 	var newBody []byte
 	if req.Stream && *s.cfg.Gate.InjectUsage && req.IncludeUsage == nil {
@@ -178,18 +192,38 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 			mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(b))))
 		}
 	}
+	decision := cmp.Or(v.Decision, "allow")
 	gateTime := time.Since(g.started)
-	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("allow", v.Reason))
+	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs(decision, v.Reason))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
-	md, _ := structpb.NewStruct(map[string]any{MetadataNamespace: map[string]any{
+	fields := map[string]any{
 		"model":         req.Model,
 		"stream":        req.Stream,
 		"max_tokens":    req.MaxTokens,
 		"prompt_tokens": adm.PromptTokens,
-		"decision":      "allow",
+		"decision":      decision,
 		"reason":        v.Reason,
+		"principal":     v.Principal,
+		"tenant":        v.Tenant,
 		"gate_us":       gateTime.Microseconds(),
-	}})
+		"auth_us":       v.Timings.Auth.Microseconds(),
+		"policy_us":     v.Timings.Policy.Microseconds(),
+		"ratelimit_us":  v.Timings.RateLimit.Microseconds(),
+		"checks_us":     v.Timings.Checks.Microseconds(),
+	}
+	if v.Reservation != "" {
+		fields["reservation"] = v.Reservation
+	}
+	for k, val := range v.Metadata {
+		fields[k] = val
+	}
+	md, err := structpb.NewStruct(map[string]any{MetadataNamespace: fields})
+	if err != nil {
+		// A policy put something unencodable in its metadata: fail closed.
+		s.log.Error("gate metadata", "err", err)
+		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
+		return s.deny(ctx, g, req.Model, Verdict{Deny: e, Reason: e.Code})
+	}
 	return g.admit(mutation, newBody, md)
 }
 
@@ -228,13 +262,9 @@ func (g *gateRequest) admit(mutation *extprocv3.HeaderMutation, newBody []byte, 
 	return out
 }
 
-// validate checks the request is a completion request the gate can decide
-// on. The returned Request is partial when an error is returned.
+// validate checks a completion request is one the gate can decide on. The
+// returned Request is partial when an error is returned.
 func (s *Server) validate(path, method string, h headers, body []byte) (openai.Request, *openai.Error) {
-	if !contains(s.cfg.Gate.Paths, path) {
-		return openai.Request{}, openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "unknown_url", "",
-			"Invalid URL ("+method+" "+path+")")
-	}
 	if method != http.MethodPost {
 		return openai.Request{}, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method_not_allowed", "",
 			"method "+method+" is not allowed on "+path+"; use POST")
@@ -273,10 +303,12 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdi
 	s.record(ctx, &Stamp{
 		RequestID: g.headers["x-request-id"],
 		Model:     model,
+		Principal: v.Principal,
+		Tenant:    v.Tenant,
 		Status:    v.Deny.Status,
 		Decision:  "deny",
 		Reason:    v.Reason,
-		Gateway:   GatewayTime{Total: gateTime, Gate: gateTime},
+		Gateway:   GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
 		Complete:  true,
 	})
 	extra := make([]*corev3.HeaderValueOption, 0, len(v.Headers))
@@ -284,13 +316,4 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdi
 		extra = append(extra, setHeader(k, val))
 	}
 	return []*extprocv3.ProcessingResponse{immediate(v.Deny, extra...)}
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }

@@ -36,6 +36,8 @@ type meterRequest struct {
 	usage      *openai.Usage
 	badEvents  int
 	body       []byte
+	// reservation is the rate-limit charge the gate made, settled here.
+	reservation string
 }
 
 // meter runs the observing filter. Envoy sends copies and never waits for
@@ -115,7 +117,15 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.stamp.Stream = f["stream"].GetBoolValue()
 	m.stamp.Decision = f["decision"].GetStringValue()
 	m.stamp.Reason = f["reason"].GetStringValue()
-	m.stamp.Gateway.Gate = time.Duration(f["gate_us"].GetNumberValue()) * time.Microsecond
+	m.stamp.Principal = f["principal"].GetStringValue()
+	m.stamp.Tenant = f["tenant"].GetStringValue()
+	us := func(k string) time.Duration { return time.Duration(f[k].GetNumberValue()) * time.Microsecond }
+	m.stamp.Gateway.Gate = us("gate_us")
+	m.stamp.Gateway.Auth = us("auth_us")
+	m.stamp.Gateway.Policy = us("policy_us")
+	m.stamp.Gateway.RateLimit = us("ratelimit_us")
+	m.stamp.Gateway.Checks = us("checks_us")
+	m.reservation = f["reservation"].GetStringValue()
 	m.stamp.PromptTokens = int(f["prompt_tokens"].GetNumberValue())
 }
 
@@ -210,6 +220,14 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	if !complete {
 		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
+	}
+	if st.Decision != "deny" {
+		settle := &Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
+			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete}
+		if m.usage == nil && st.Status >= 400 {
+			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
+		}
+		s.policy.Settle(ctx, settle)
 	}
 	s.record(ctx, st)
 }

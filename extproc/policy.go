@@ -2,38 +2,92 @@ package extproc
 
 import (
 	"context"
+	"net/http"
+	"time"
 
 	"github.com/infergate/infergate/internal/openai"
 )
 
 // Admission is what the gate knows about a request when it decides.
 type Admission struct {
-	RequestID    string
-	Method       string
-	Path         string
-	Headers      map[string]string // lower-case keys; client x-infergate-* already removed
+	RequestID string
+	Method    string
+	Path      string
+	// Headers have lower-case keys; client x-infergate-* headers are removed.
+	Headers map[string]string
+	// Completion is true for the completion endpoints (gate.paths): the body
+	// was parsed into Request. Other requests carry no parsed body.
+	Completion   bool
 	Request      openai.Request
+	Body         []byte
 	PromptTokens int // estimated from the prompt text
+	// Metadata is the dynamic metadata Envoy forwarded (e.g. the verified
+	// JWT payload from jwt_authn), by namespace.
+	Metadata map[string]map[string]any
 }
 
 // Verdict is a policy's answer. A nil Deny admits the request.
 type Verdict struct {
 	Deny *openai.Error
-	// Headers are added to a denial (e.g. retry-after, x-ratelimit-*).
+	// Headers go on a denial (retry-after, x-ratelimit-*).
 	Headers map[string]string
+	// Decision is "allow", "deny" or "shadow_deny" (a denial recorded but
+	// not enforced); empty means allow or deny by Deny.
+	Decision string
 	// Reason explains the decision in the stamp and the decision metric.
-	Reason string
+	Reason    string
+	Principal string
+	Tenant    string
+	// Metadata is added to the gate's dynamic metadata (namespace
+	// infergate): read by the meter and by response-header formatters such
+	// as %DYNAMIC_METADATA(infergate:x-ratelimit-remaining-tokens)%.
+	Metadata map[string]any
+	// Reservation is settled by the meter when the response ends.
+	Reservation string
+	Timings     Timings
 }
 
-// Policy decides whether an admitted-so-far request may reach an upstream.
-// It is the seam for authentication, Rego authorization and rate limits.
+// Timings split the gate's time by stage. Checks (e.g. moderation) are
+// external calls, kept apart from the gateway's own work.
+type Timings struct {
+	Auth, Policy, RateLimit, Checks time.Duration
+}
+
+// Settlement is what the meter reports when an admitted response ends.
+type Settlement struct {
+	RequestID        string
+	Tenant           string
+	Reservation      string
+	PromptTokens     int
+	CompletionTokens int
+	Complete         bool
+}
+
+// Policy decides whether a request may reach an upstream, and settles what
+// it reserved. It is the seam for authentication, Rego and rate limits.
 // Implementations must be safe for concurrent use and fail closed.
 type Policy interface {
 	Decide(ctx context.Context, a *Admission) Verdict
+	Settle(ctx context.Context, s *Settlement)
 }
 
-// AllowAll admits every well-formed request.
+// AllowAll admits every well-formed completion request and answers 404 for
+// other paths.
 type AllowAll struct{}
 
 // Decide implements Policy.
-func (AllowAll) Decide(context.Context, *Admission) Verdict { return Verdict{Reason: "allow_all"} }
+func (AllowAll) Decide(_ context.Context, a *Admission) Verdict {
+	if !a.Completion {
+		return Verdict{Deny: UnknownURL(a.Method, a.Path), Reason: "unknown_url"}
+	}
+	return Verdict{Reason: "allow_all"}
+}
+
+// Settle implements Policy.
+func (AllowAll) Settle(context.Context, *Settlement) {}
+
+// UnknownURL is OpenAI's answer for a path it does not serve.
+func UnknownURL(method, path string) *openai.Error {
+	return openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "unknown_url", "",
+		"Invalid URL ("+method+" "+path+")")
+}

@@ -18,6 +18,8 @@ import (
 // request.time with infergate's clock and assumes they are in sync.
 type Stamp struct {
 	RequestID        string
+	Principal        string // key id or JWT subject, never a credential
+	Tenant           string
 	Model            string // the model the client asked for
 	ResponseModel    string // the model the upstream answered as
 	Pool             string // Envoy cluster that served it
@@ -48,7 +50,8 @@ type Stamp struct {
 // request, split by stage.
 type GatewayTime struct {
 	Total time.Duration // Envoy receiving the request to the request leaving for the upstream
-	Gate  time.Duration // the gate's own processing (parse, policy, mutations)
+	Gate  time.Duration // the gate's whole decision, including the stages below
+	Timings
 }
 
 // Sink receives every stamp. Implementations must not block.
@@ -69,6 +72,8 @@ type LogSink struct{ Logger *slog.Logger }
 func (l LogSink) Record(ctx context.Context, s *Stamp) {
 	l.Logger.LogAttrs(ctx, slog.LevelInfo, "request",
 		slog.String("request_id", s.RequestID),
+		slog.String("principal", s.Principal),
+		slog.String("tenant", s.Tenant),
 		slog.String("model", s.Model),
 		slog.String("response_model", s.ResponseModel),
 		slog.String("pool", s.Pool),
@@ -87,6 +92,10 @@ func (l LogSink) Record(ctx context.Context, s *Stamp) {
 		slog.Float64("e2e_ms", ms(s.E2E)),
 		slog.Float64("gateway_ms", ms(s.Gateway.Total)),
 		slog.Float64("gate_ms", ms(s.Gateway.Gate)),
+		slog.Float64("auth_ms", ms(s.Gateway.Auth)),
+		slog.Float64("policy_ms", ms(s.Gateway.Policy)),
+		slog.Float64("ratelimit_ms", ms(s.Gateway.RateLimit)),
+		slog.Float64("checks_ms", ms(s.Gateway.Checks)),
 		slog.String("decision", s.Decision),
 		slog.String("reason", s.Reason),
 		slog.Bool("complete", s.Complete),
@@ -100,7 +109,7 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 type metricsSink struct{ m *telemetry.Metrics }
 
 func (ms metricsSink) Record(ctx context.Context, s *Stamp) {
-	if s.Decision != "allow" {
+	if s.Decision == "deny" {
 		return // denials are counted by infergate.gate.decisions
 	}
 	attrs := []attribute.KeyValue{

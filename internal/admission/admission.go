@@ -1,0 +1,323 @@
+// Package admission is the gate's policy: who is calling (API key or
+// verified JWT claims), what the Rego policies say, which budgets the
+// request reserves, and which external checks it must pass. It implements
+// extproc.Policy; every failure denies (fail closed) unless configured
+// otherwise.
+package admission
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/policy"
+	"github.com/infergate/infergate/internal/ratelimit"
+)
+
+// Decider evaluates the Rego policies (a *policy.Watcher).
+type Decider interface {
+	Decide(ctx context.Context, in *policy.Input) (policy.Decision, error)
+}
+
+// DefaultOutputReservation is reserved for output when a request sets no
+// max_tokens and the policy names no reservation: the meter settles the
+// real count when the stream ends.
+const DefaultOutputReservation = 1024
+
+// Controller implements extproc.Policy.
+type Controller struct {
+	Keys    *identity.KeySet // nil: no API keys
+	JWT     config.JWT
+	Policy  Decider // nil: admit every authenticated completion request
+	Limiter ratelimit.Limiter
+	Checks  map[string]*Check
+	Shadow  bool
+	Headers []string // request headers passed to the policy
+	Log     *slog.Logger
+	Metrics *Metrics
+	Now     func() time.Time
+}
+
+// Decide implements extproc.Policy.
+func (c *Controller) Decide(ctx context.Context, a *extproc.Admission) extproc.Verdict {
+	var v extproc.Verdict
+	start := c.now()
+
+	// Who is calling.
+	p, authErr := c.identify(a)
+	v.Principal, v.Tenant = p.ID, p.Tenant
+	mark := c.now()
+	v.Timings.Auth = mark.Sub(start)
+	if authErr != nil {
+		v.Deny = openai.NewError(http.StatusUnauthorized, openai.TypeAuthentication, "invalid_api_key", "", authErr.Error())
+		v.Reason = "unauthenticated"
+		return v
+	}
+
+	// What the policy says.
+	var d policy.Decision
+	if c.Policy == nil {
+		d = policy.Decision{Allow: a.Completion, Reason: "no_policy"}
+		if !a.Completion {
+			d.Status, d.Reason = http.StatusNotFound, "unknown_url"
+		}
+	} else {
+		var err error
+		d, err = c.Policy.Decide(ctx, c.input(a, &p))
+		if err != nil {
+			c.Log.Error("policy evaluation failed; denying", "request_id", a.RequestID, "err", err)
+			c.Metrics.policyError(ctx)
+			d = policy.Decision{Allow: false, Status: http.StatusInternalServerError, Reason: "policy_error"}
+		}
+	}
+	now := c.now()
+	v.Timings.Policy, mark = now.Sub(mark), now
+	v.Reason = d.Reason
+	if !d.Allow {
+		v.Deny = policyError(d, a)
+		if c.Shadow {
+			return c.shadow(v)
+		}
+		return v
+	}
+
+	// Budgets: reserve now, settle when the response ends.
+	if len(d.Limits) > 0 && c.Limiter != nil {
+		deny := c.reserve(ctx, a, &d, &v)
+		now = c.now()
+		v.Timings.RateLimit, mark = now.Sub(mark), now
+		if deny {
+			if c.Shadow {
+				return c.shadow(v)
+			}
+			return v
+		}
+	}
+
+	// External checks (moderation): their own time, their own failures.
+	for _, name := range d.Checks {
+		ch, ok := c.Checks[name]
+		if !ok {
+			c.Log.Error("policy requires an unconfigured check; denying", "check", name)
+			v.Deny = openai.NewError(http.StatusInternalServerError, openai.TypeServer, "check_unconfigured", "",
+				"the gateway's policy requires a check that is not configured")
+			v.Reason = "check_unconfigured:" + name
+			break
+		}
+		if e := ch.Run(ctx, a.Body); e != nil {
+			v.Deny, v.Reason = e, "check:"+name
+			break
+		}
+	}
+	v.Timings.Checks = c.now().Sub(mark)
+	if v.Deny == nil {
+		c.Metrics.track(p.Tenant, 1, 0)
+	} else {
+		if v.Reservation != "" { // release what was reserved: nothing will be spent
+			c.Settle(ctx, &extproc.Settlement{RequestID: a.RequestID, Tenant: p.Tenant, Reservation: v.Reservation})
+			v.Reservation = ""
+		}
+		if c.Shadow {
+			return c.shadow(v)
+		}
+	}
+	return v
+}
+
+// shadow records a denial without enforcing it.
+func (c *Controller) shadow(v extproc.Verdict) extproc.Verdict {
+	v.Decision = "shadow_deny"
+	v.Reason = cmp.Or(v.Reason, v.Deny.Code)
+	v.Headers = nil
+	return v
+}
+
+// identify finds the principal: verified JWT claims first, then an API key.
+func (c *Controller) identify(a *extproc.Admission) (identity.Principal, error) {
+	if c.JWT.Enabled {
+		if claims, ok := a.Metadata[c.JWT.Namespace][c.JWT.PayloadKey].(map[string]any); ok {
+			return identity.FromClaims(identity.JWTConfig{TenantClaim: c.JWT.TenantClaim, LabelClaims: c.JWT.LabelClaims}, claims), nil
+		}
+	}
+	var keys *identity.Keys
+	if c.Keys != nil {
+		keys = c.Keys.Load()
+	}
+	key := identity.KeyFromHeaders(a.Headers["authorization"], a.Headers["x-api-key"])
+	switch {
+	case keys != nil && key != "":
+		if p, ok := keys.Lookup(key); ok {
+			return *p, nil
+		}
+		return identity.Anonymous, identity.ErrUnknown
+	case keys != nil || c.JWT.Enabled:
+		return identity.Anonymous, identity.ErrMissing
+	}
+	return identity.Anonymous, nil // authentication is off
+}
+
+// input builds the documented policy input.
+func (c *Controller) input(a *extproc.Admission, p *identity.Principal) *policy.Input {
+	hdrs := make(map[string]string, len(c.Headers))
+	for _, h := range c.Headers {
+		if v, ok := a.Headers[h]; ok {
+			hdrs[h] = v
+		}
+	}
+	labels := p.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	claims := p.Claims
+	if claims == nil {
+		claims = map[string]any{}
+	}
+	return &policy.Input{
+		Principal: policy.Principal{ID: p.ID, Type: p.Type, Claims: claims},
+		Tenant:    p.Tenant,
+		Labels:    labels,
+		Request: policy.Request{
+			Method:                a.Method,
+			Path:                  a.Path,
+			Headers:               hdrs,
+			Model:                 a.Request.Model,
+			VirtualModel:          a.Request.Model,
+			Stream:                a.Request.Stream,
+			MaxTokens:             a.Request.MaxTokens,
+			EstimatedPromptTokens: a.PromptTokens,
+		},
+		Usage: c.Metrics.usage(p.Tenant),
+	}
+}
+
+// policyError renders a policy denial in OpenAI's error shape.
+func policyError(d policy.Decision, a *extproc.Admission) *openai.Error {
+	status := cmp.Or(d.Status, http.StatusForbidden)
+	msg := cmp.Or(d.Reason, "denied by policy")
+	switch status {
+	case http.StatusUnauthorized:
+		return openai.NewError(status, openai.TypeAuthentication, "unauthorized", "", msg)
+	case http.StatusNotFound:
+		if d.Reason == "unknown_url" {
+			return extproc.UnknownURL(a.Method, a.Path)
+		}
+		return openai.NewError(status, openai.TypeInvalidRequest, "not_found", "", msg)
+	case http.StatusTooManyRequests:
+		return openai.NewError(status, openai.TypeRateLimit, "rate_limit_exceeded", "", msg)
+	case http.StatusBadRequest:
+		return openai.NewError(status, openai.TypeInvalidRequest, "invalid_request", "", msg)
+	}
+	if status >= 500 {
+		return openai.NewError(status, openai.TypeServer, "policy_error", "", "the gateway could not evaluate its policy")
+	}
+	return openai.NewError(status, openai.TypePermission, "permission_denied", "", msg)
+}
+
+// reserve charges the request's budgets. It reports whether the request
+// is denied (v.Deny set).
+func (c *Controller) reserve(ctx context.Context, a *extproc.Admission, d *policy.Decision, v *extproc.Verdict) bool {
+	cost := ratelimit.Cost{Requests: 1, InputTokens: int64(a.PromptTokens), OutputTokens: int64(a.Request.MaxTokens)}
+	if cost.OutputTokens == 0 {
+		cost.OutputTokens = DefaultOutputReservation
+	}
+	if d.Reserve != nil {
+		cost.InputTokens, cost.OutputTokens = d.Reserve.InputTokens, d.Reserve.OutputTokens
+	}
+	res, err := c.Limiter.Reserve(ctx, d.Limits, cost)
+	if err != nil {
+		c.Log.Error("rate limit backend unavailable; denying", "request_id", a.RequestID, "err", err)
+		c.Metrics.limiterError(ctx)
+		v.Deny = openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "rate_limit_unavailable", "",
+			"the gateway cannot check rate limits right now; retry shortly")
+		v.Headers = map[string]string{"retry-after": "1"}
+		v.Reason = "ratelimit_unavailable"
+		return true
+	}
+	headers := rateLimitHeaders(res.States)
+	if !res.Allowed {
+		c.Metrics.limited(ctx, res.Exceeded.Name)
+		retry := int64(math.Ceil(res.RetryAfter.Seconds()))
+		headers["retry-after"] = strconv.FormatInt(max(retry, 1), 10)
+		v.Deny = openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "rate_limit_exceeded", "",
+			fmt.Sprintf("Rate limit reached for %s (%s per %s). Please try again in %s.",
+				res.Exceeded.Name, strconv.FormatInt(res.Exceeded.Amount, 10)+" "+string(res.Exceeded.Unit),
+				res.Exceeded.Window, res.RetryAfter.Round(time.Millisecond)))
+		v.Headers = headers
+		v.Reason = "rate_limited:" + res.Exceeded.Name
+		return true
+	}
+	b, _ := json.Marshal(res.Reservation)
+	v.Reservation = string(b)
+	c.Metrics.reserved(ctx, cost)
+	v.Metadata = make(map[string]any, len(headers))
+	for k, val := range headers {
+		v.Metadata[k] = val
+	}
+	return false
+}
+
+// rateLimitHeaders renders OpenAI's x-ratelimit-* headers from the most
+// constrained request limit and token limit.
+func rateLimitHeaders(states []ratelimit.State) map[string]string {
+	h := map[string]string{}
+	var req, tok *ratelimit.State
+	for i := range states {
+		s := &states[i]
+		if s.Limit.Unit == ratelimit.Requests {
+			if req == nil || s.Remaining < req.Remaining {
+				req = s
+			}
+		} else if tok == nil || s.Remaining < tok.Remaining {
+			tok = s
+		}
+	}
+	for suffix, s := range map[string]*ratelimit.State{"requests": req, "tokens": tok} {
+		if s == nil {
+			continue
+		}
+		h["x-ratelimit-limit-"+suffix] = strconv.FormatInt(s.Limit.Amount, 10)
+		h["x-ratelimit-remaining-"+suffix] = strconv.FormatInt(s.Remaining, 10)
+		h["x-ratelimit-reset-"+suffix] = s.Reset.Round(time.Millisecond).String()
+	}
+	return h
+}
+
+// Settle implements extproc.Policy: the reservation is replaced by what the
+// response really used.
+func (c *Controller) Settle(ctx context.Context, s *extproc.Settlement) {
+	c.Metrics.track(s.Tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
+	if c.Limiter == nil || s.Reservation == "" {
+		return
+	}
+	var r ratelimit.Reservation
+	if err := json.Unmarshal([]byte(s.Reservation), &r); err != nil {
+		c.Log.Error("unreadable reservation; left to expire", "request_id", s.RequestID, "err", err)
+		c.Metrics.settleError(ctx)
+		return
+	}
+	actual := ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
+	if err := c.Limiter.Settle(ctx, r, actual); err != nil {
+		c.Log.Error("settling a reservation failed; it stays charged until its window ends",
+			"request_id", s.RequestID, "err", err)
+		c.Metrics.settleError(ctx)
+		return
+	}
+	c.Metrics.settled(ctx, actual)
+}
+
+func (c *Controller) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
