@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
@@ -25,24 +26,31 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 		} `yaml:"static_resources"`
 	}
 	var snippet struct {
-		HTTPFilters      []any            `yaml:"http_filters"`
-		LocalReplyConfig any              `yaml:"local_reply_config"`
-		Clusters         []map[string]any `yaml:"clusters"`
+		HTTPFilters          []any            `yaml:"http_filters"`
+		LocalReplyConfig     any              `yaml:"local_reply_config"`
+		ResponseHeadersToAdd any              `yaml:"response_headers_to_add"`
+		Clusters             []map[string]any `yaml:"clusters"`
 	}
 	demoYAML := renderEnvoy(t, "envoy/demo.yaml", map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2",
-		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5"})
+		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json"})
 	if err := yaml.Unmarshal([]byte(demoYAML), &demo); err != nil {
 		t.Fatalf("envoy/demo.yaml: %v", err)
 	}
 	readYAML(t, "envoy/snippet.yaml", &snippet)
 
 	hcm := demo.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig
-	filters := hcm["http_filters"].([]any)
-	if len(filters) != 3 {
-		t.Fatalf("demo has %d http filters, want gate, meter, router", len(filters))
+	var infergateFilters []any
+	for _, f := range hcm["http_filters"].([]any) {
+		if name, _ := f.(map[string]any)["name"].(string); strings.HasPrefix(name, "infergate.") {
+			infergateFilters = append(infergateFilters, f)
+		}
 	}
-	if !reflect.DeepEqual(filters[:2], snippet.HTTPFilters) {
-		t.Errorf("envoy/snippet.yaml http_filters differ from envoy/demo.yaml's")
+	if len(infergateFilters) != 2 || !reflect.DeepEqual(infergateFilters, snippet.HTTPFilters) {
+		t.Errorf("envoy/snippet.yaml http_filters differ from envoy/demo.yaml's infergate filters")
+	}
+	vhost := hcm["route_config"].(map[string]any)["virtual_hosts"].([]any)[0].(map[string]any)
+	if !reflect.DeepEqual(vhost["response_headers_to_add"], snippet.ResponseHeadersToAdd) {
+		t.Errorf("envoy/snippet.yaml response_headers_to_add differs from envoy/demo.yaml's")
 	}
 	if !reflect.DeepEqual(hcm["local_reply_config"], snippet.LocalReplyConfig) {
 		t.Errorf("envoy/snippet.yaml local_reply_config differs from envoy/demo.yaml's")

@@ -191,6 +191,7 @@ func startEnvoy(t *testing.T, extprocAddr, poolA, poolB string) *envoy {
 	rendered := renderEnvoy(t, "envoy/demo.yaml", map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
 		"EXTPROC_PORT": port(t, extprocAddr), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
+		"JWKS_FILE": testIssuer(t).jwksPath,
 	})
 	cfgPath := filepath.Join(dir, "envoy.yaml")
 	adminPath := filepath.Join(dir, "admin-address")
