@@ -31,9 +31,13 @@ type Service struct {
 	metrics *telemetry.Metrics
 	grpc    *grpc.Server
 	ready   atomic.Bool
+	adm     *admissionParts
+	stop    context.CancelFunc // ends the watchers
 }
 
 // NewService builds the service; stamps go to requests as JSON lines.
+// Policies, keys and the rate-limit backend are loaded now, so a broken
+// configuration fails at start, not at the first request.
 func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*Service, error) {
 	metrics, err := telemetry.New()
 	if err != nil {
@@ -43,7 +47,13 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	if *cfg.Log.Requests {
 		sinks = append(sinks, extproc.LogSink{Logger: slog.New(slog.NewJSONHandler(requests, nil))})
 	}
-	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks})
+	ctx, stop := context.WithCancel(context.Background())
+	adm, err := newAdmission(ctx, cfg, logger, metrics)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller})
 	g := grpc.NewServer(
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(cfg.Gate.MaxBodyBytes+1<<20),
@@ -51,7 +61,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
 	extprocv3.RegisterExternalProcessorServer(g, srv)
-	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g}, nil
+	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g, adm: adm, stop: stop}, nil
 }
 
 // AdminHandler serves /metrics, /healthz and /readyz.
@@ -62,6 +72,12 @@ func (s *Service) AdminHandler() http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		// Still serving (the last good policy and keys), but say why a
+		// reload was refused so a rollout notices.
+		if err := s.adm.health(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ready\n")
@@ -101,6 +117,8 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis net.Listener) 
 	defer cancel()
 	_ = admin.Shutdown(shutdownCtx)
 	_ = s.metrics.Shutdown(shutdownCtx)
+	s.stop()
+	s.adm.close()
 	s.log.Info("infergate stopped")
 	return err
 }

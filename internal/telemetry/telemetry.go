@@ -97,6 +97,9 @@ func New() (*Metrics, error) {
 	return m, nil
 }
 
+// Meter is where other packages register their instruments.
+func (m *Metrics) Meter() metric.Meter { return m.provider.Meter("github.com/infergate/infergate") }
+
 // Handler serves the registry in Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{})

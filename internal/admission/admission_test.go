@@ -1,0 +1,216 @@
+package admission
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/policy"
+	"github.com/infergate/infergate/internal/ratelimit"
+)
+
+// fakePolicy answers with a fixed decision and records the input.
+type fakePolicy struct {
+	d    policy.Decision
+	err  error
+	last *policy.Input
+}
+
+func (f *fakePolicy) Decide(_ context.Context, in *policy.Input) (policy.Decision, error) {
+	f.last = in
+	return f.d, f.err
+}
+
+const secretKey = "sk-live-very-secret"
+
+func newController(t *testing.T) *Controller {
+	t.Helper()
+	dir := t.TempDir()
+	sum := sha256.Sum256([]byte(secretKey))
+	path := filepath.Join(dir, "keys.yaml")
+	os.WriteFile(path, []byte("keys:\n- id: acme-prod\n  sha256: "+hex.EncodeToString(sum[:])+"\n  tenant: acme\n  labels: {tier: premium}\n"), 0o600)
+	keys, err := identity.LoadKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := &identity.KeySet{}
+	set.Store(keys)
+	m, err := NewMetrics(sdkmetric.NewMeterProvider().Meter("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Controller{Keys: set, Log: slog.New(slog.DiscardHandler), Metrics: m,
+		JWT:     config.JWT{Enabled: true, Namespace: "envoy.filters.http.jwt_authn", PayloadKey: "jwt_payload", TenantClaim: "tenant", LabelClaims: []string{"tier"}},
+		Headers: []string{"user-agent"}}
+}
+
+func chat(hdr map[string]string) *extproc.Admission {
+	return &extproc.Admission{RequestID: "r", Method: "POST", Path: "/v1/chat/completions", Headers: hdr, Completion: true,
+		Request: openai.Request{Model: "llama", Stream: true, MaxTokens: 100}, PromptTokens: 20, Body: []byte(`{}`)}
+}
+
+func TestIdentity(t *testing.T) {
+	c := newController(t)
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Reason: "ok"}}
+	ctx := context.Background()
+	for name, hdr := range map[string]map[string]string{
+		"missing": {},
+		"unknown": {"authorization": "Bearer sk-wrong"},
+		"basic":   {"authorization": "Basic " + secretKey},
+	} {
+		v := c.Decide(ctx, chat(hdr))
+		if v.Deny == nil || v.Deny.Status != 401 || v.Deny.Type != openai.TypeAuthentication {
+			t.Errorf("%s: verdict %+v, want 401", name, v.Deny)
+		}
+		if strings.Contains(string(v.Deny.JSON()), "sk-") {
+			t.Errorf("%s: a key leaked into the error: %s", name, v.Deny.JSON())
+		}
+	}
+	for _, hdr := range []map[string]string{{"authorization": "Bearer " + secretKey}, {"x-api-key": secretKey}} {
+		v := c.Decide(ctx, chat(hdr))
+		if v.Deny != nil || v.Principal != "acme-prod" || v.Tenant != "acme" {
+			t.Errorf("good key: %+v", v)
+		}
+		in := c.Policy.(*fakePolicy).last
+		if in.Principal.Type != "api_key" || in.Labels["tier"] != "premium" || in.Request.Model != "llama" || in.Request.EstimatedPromptTokens != 20 {
+			t.Errorf("policy input = %+v", in)
+		}
+	}
+	// Verified JWT claims (from jwt_authn) win over headers.
+	a := chat(map[string]string{"user-agent": "sdk/1"})
+	a.Metadata = map[string]map[string]any{"envoy.filters.http.jwt_authn": {"jwt_payload": map[string]any{"sub": "alice", "tenant": "globex", "tier": "free"}}}
+	v := c.Decide(ctx, a)
+	in := c.Policy.(*fakePolicy).last
+	if v.Deny != nil || v.Principal != "alice" || v.Tenant != "globex" || in.Principal.Type != "jwt" || in.Labels["tier"] != "free" || in.Request.Headers["user-agent"] != "sdk/1" {
+		t.Errorf("jwt: verdict %+v, input %+v", v, in)
+	}
+}
+
+func TestPolicyDenialsAndFailures(t *testing.T) {
+	c := newController(t)
+	c.Keys = nil
+	c.JWT.Enabled = false
+	ctx := context.Background()
+	for _, tc := range []struct {
+		d      policy.Decision
+		err    error
+		status int
+		typ    string
+	}{
+		{policy.Decision{Allow: false, Reason: "model not in your tier"}, nil, 403, openai.TypePermission},
+		{policy.Decision{Allow: false, Status: 401, Reason: "anonymous"}, nil, 401, openai.TypeAuthentication},
+		{policy.Decision{Allow: false, Status: 404, Reason: "unknown_url"}, nil, 404, openai.TypeInvalidRequest},
+		{policy.Decision{Allow: false, Status: 429, Reason: "slow down"}, nil, 429, openai.TypeRateLimit},
+		{policy.Decision{Allow: true}, errors.New("eval: boom"), 500, openai.TypeServer}, // fails closed
+	} {
+		c.Policy = &fakePolicy{d: tc.d, err: tc.err}
+		v := c.Decide(ctx, chat(nil))
+		if v.Deny == nil || v.Deny.Status != tc.status || v.Deny.Type != tc.typ {
+			t.Errorf("decision %+v err %v: got %+v", tc.d, tc.err, v.Deny)
+		}
+	}
+	// Shadow mode records but does not enforce.
+	c.Shadow = true
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: false, Reason: "model not in your tier"}}
+	if v := c.Decide(ctx, chat(nil)); v.Decision != "shadow_deny" || v.Reason != "model not in your tier" {
+		t.Errorf("shadow: %+v", v)
+	}
+}
+
+func TestReserveAndSettle(t *testing.T) {
+	c := newController(t)
+	now := time.Unix(1_700_000_000, 0)
+	mem := ratelimit.NewMemory(func() time.Time { return now })
+	c.Limiter = mem
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
+		{Name: "rpm", Key: "t=acme", Unit: ratelimit.Requests, Amount: 10, Window: time.Minute},
+		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute},
+	}}}
+	ctx := context.Background()
+	hdr := map[string]string{"x-api-key": secretKey}
+
+	v := c.Decide(ctx, chat(hdr)) // reserves 20 + 100
+	if v.Deny != nil || v.Reservation == "" {
+		t.Fatalf("first request: %+v", v)
+	}
+	if v.Metadata["x-ratelimit-remaining-tokens"] != "180" || v.Metadata["x-ratelimit-remaining-requests"] != "9" ||
+		v.Metadata["x-ratelimit-limit-tokens"] != "300" || v.Metadata["x-ratelimit-reset-tokens"] == "" {
+		t.Errorf("headers metadata = %v", v.Metadata)
+	}
+	v2 := c.Decide(ctx, chat(hdr)) // reserves 120 more: 240 of 300
+	if v2.Deny != nil {
+		t.Fatalf("second request denied: %+v", v2.Deny)
+	}
+	v3 := c.Decide(ctx, chat(hdr)) // 360 > 300
+	if v3.Deny == nil || v3.Deny.Status != 429 || v3.Headers["retry-after"] == "" || v3.Headers["x-ratelimit-remaining-tokens"] != "60" {
+		t.Fatalf("third request: %+v %v", v3.Deny, v3.Headers)
+	}
+	// The first two used far less than they reserved: settle refunds.
+	c.Settle(ctx, &extproc.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10})
+	c.Settle(ctx, &extproc.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10})
+	v4 := c.Decide(ctx, chat(hdr)) // 60 used + 120 = 180 <= 300
+	if v4.Deny != nil {
+		t.Fatalf("after refunds: %+v", v4.Deny)
+	}
+	if got := v4.Metadata["x-ratelimit-remaining-tokens"]; got != "120" {
+		t.Errorf("remaining after settle+reserve = %v, want 120", got)
+	}
+}
+
+func TestChecks(t *testing.T) {
+	var status int
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if status == 0 {
+			time.Sleep(200 * time.Millisecond)
+			return
+		}
+		w.WriteHeader(status)
+		w.Write([]byte(`{"reason":"violence"}`))
+	}))
+	defer srv.Close()
+	c := newController(t)
+	c.Keys, c.JWT.Enabled = nil, false
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Checks: []string{"moderation"}}}
+	check := NewCheck("moderation", config.Check{URL: srv.URL, Timeout: 50 * time.Millisecond, OnError: "deny"}, c.Log)
+	c.Checks = map[string]*Check{"moderation": check}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		status, want int
+		allowOnError bool
+	}{{200, 0, false}, {403, 400, false}, {500, 503, false}, {0, 503, false}, {500, 0, true}, {0, 0, true}} {
+		status, check.Allow = tc.status, tc.allowOnError
+		v := c.Decide(ctx, chat(nil))
+		got := 0
+		if v.Deny != nil {
+			got = v.Deny.Status
+		}
+		if got != tc.want {
+			t.Errorf("check answering %d (allow on error %v): status %d, want %d", tc.status, tc.allowOnError, got, tc.want)
+		}
+		if tc.status == 403 && !strings.Contains(v.Deny.Message, "violence") {
+			t.Errorf("denial message %q", v.Deny.Message)
+		}
+		if tc.status == 0 && v.Timings.Checks < 50*time.Millisecond {
+			t.Errorf("check time %v not recorded apart", v.Timings.Checks)
+		}
+	}
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Checks: []string{"pii"}}}
+	if v := c.Decide(ctx, chat(nil)); v.Deny == nil || v.Deny.Status != 500 {
+		t.Errorf("unconfigured check must fail closed: %+v", v.Deny)
+	}
+}

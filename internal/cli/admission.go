@@ -1,0 +1,123 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/internal/admission"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/policy"
+	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/telemetry"
+	"github.com/infergate/infergate/internal/watch"
+)
+
+// admissionParts are the gate's policy and what it holds open.
+type admissionParts struct {
+	controller *admission.Controller
+	policy     *policy.Watcher
+	keysErr    atomic.Pointer[error]
+	redis      *redis.Client
+}
+
+// newAdmission loads keys and policies and connects the limiter. Watchers
+// run until ctx is done.
+func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *telemetry.Metrics) (*admissionParts, error) {
+	am, err := admission.NewMetrics(m.Meter())
+	if err != nil {
+		return nil, err
+	}
+	p := &admissionParts{controller: &admission.Controller{
+		JWT:     cfg.Auth.JWT,
+		Shadow:  cfg.Policy.Shadow,
+		Headers: cfg.Auth.PolicyHeaders,
+		Log:     log,
+		Metrics: am,
+		Checks:  map[string]*admission.Check{},
+	}}
+	c := p.controller
+	if cfg.Auth.Keys != "" {
+		keys, err := identity.LoadKeys(cfg.Auth.Keys)
+		if err != nil {
+			return nil, fmt.Errorf("auth.keys: %w", err)
+		}
+		c.Keys = &identity.KeySet{}
+		c.Keys.Store(keys)
+		log.Info("API keys loaded", "path", cfg.Auth.Keys, "keys", keys.Len())
+		go watch.Poll(ctx, cfg.Auth.Keys, cfg.Policy.ReloadInterval, func() error {
+			keys, err := identity.LoadKeys(cfg.Auth.Keys)
+			if err != nil {
+				return err
+			}
+			c.Keys.Store(keys)
+			p.keysErr.Store(nil)
+			log.Info("API keys reloaded", "keys", keys.Len())
+			return nil
+		}, func(err error) {
+			err = fmt.Errorf("auth.keys reload kept the previous keys: %w", err)
+			p.keysErr.Store(&err)
+			log.Error("API keys reload failed", "err", err)
+		})
+	}
+	if cfg.Policy.Dir != "" {
+		w, err := policy.Watch(ctx, cfg.Policy.Dir, cfg.Policy.ReloadInterval, log)
+		if err != nil {
+			return nil, fmt.Errorf("policy.dir: %w", err)
+		}
+		p.policy, c.Policy = w, w
+	}
+	for name, ch := range cfg.Checks {
+		c.Checks[name] = admission.NewCheck(name, ch, log)
+	}
+	clock := ratelimit.Clock(time.Now)
+	switch cfg.RateLimit.Backend {
+	case "memory":
+		c.Limiter = ratelimit.NewMemory(clock)
+	case "redis":
+		r := cfg.RateLimit.Redis
+		opts := &redis.Options{Addr: r.Address, Username: r.Username, DB: r.DB,
+			DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: 1}
+		if r.PasswordFile != "" {
+			b, err := os.ReadFile(r.PasswordFile)
+			if err != nil {
+				return nil, fmt.Errorf("ratelimit.redis.passwordFile: %w", err)
+			}
+			opts.Password = strings.TrimSpace(string(b))
+		}
+		p.redis = redis.NewClient(opts)
+		mode := ratelimit.FailClosed
+		if cfg.RateLimit.OnBackendError == "local" {
+			mode = ratelimit.FailLocal
+		}
+		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{}), mode,
+			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
+	}
+	return p, nil
+}
+
+// health is nil, or why the last reload of keys or policies was refused.
+func (p *admissionParts) health() error {
+	var errs []error
+	if p.policy != nil {
+		errs = append(errs, p.policy.Health())
+	}
+	if e := p.keysErr.Load(); e != nil {
+		errs = append(errs, *e)
+	}
+	return errors.Join(errs...)
+}
+
+func (p *admissionParts) close() {
+	if p.redis != nil {
+		p.redis.Close()
+	}
+}
