@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Install everything the end-to-end tests need, pinned, into project-local
-# directories (nothing system-wide):
+# directories (nothing system-wide, except Redis):
 #
 #   Envoy          <repo>/.tools/bin/envoy         (scripts/install-envoy.sh)
 #   Python client  <repo>/.tools/py-venv           (test/clients/requirements.txt)
 #   Node client    <repo>/test/clients/node_modules (test/clients/package-lock.json)
+#   Redis          redis-server from the distribution (Debian: apt-get, as root),
+#                  only if none is on PATH; the rate-limit tests start their own
+#                  throwaway servers, so no daemon is left running
 #
 # Idempotent; when everything is already in place it takes well under a second.
 #
@@ -15,11 +18,13 @@
 #           TEST_PYTHON=...        python of the client venv
 #           TEST_NODE=...          node binary
 #           TEST_CLIENTS_DIR=...   directory holding stream_openai.{py,mjs}
+#           REDIS_SERVER=...       redis-server binary
 #   stderr: progress messages.
 #
 # Environment:
-#   ENVOY_BIN  passed through to install-envoy.sh (use this Envoy instead)
-#   PYTHON     interpreter used to create the client venv (default: python3)
+#   ENVOY_BIN     passed through to install-envoy.sh (use this Envoy instead)
+#   PYTHON        interpreter used to create the client venv (default: python3)
+#   REDIS_SERVER  use this redis-server instead of the one on PATH
 set -euo pipefail
 
 log() { printf '[install-test-deps] %s\n' "$*" >&2; }
@@ -138,14 +143,41 @@ else
 fi
 
 # ---------------------------------------------------------------------------
-# Redis: not needed yet.
-# When rate-limit / quota state moves to Redis, install a pinned redis-server
-# here (e.g. Debian's `redis-server` package via apt-get, or a project-local
-# build), keep the quick "already installed at the pinned version" check used
-# above, and print its path below as REDIS_SERVER=...
+# Redis: redis-server for the rate-limit tests (internal/ratelimit, through
+# internal/testutil/redisserver). Debian's package; any Redis >= 6 works.
 # ---------------------------------------------------------------------------
+REDIS_MIN_MAJOR=6
+
+# Prints the major version of the redis-server $1, or fails.
+redis_major() {
+  "$1" --version 2>/dev/null | sed -n 's/.* v=\([0-9][0-9]*\)\..*/\1/p' | grep .
+}
+
+if [[ -n "${REDIS_SERVER:-}" ]]; then
+  REDIS_PATH="$REDIS_SERVER"
+  [[ -x "$REDIS_PATH" ]] || die "REDIS_SERVER=$REDIS_PATH is not an executable"
+elif REDIS_PATH="$(command -v redis-server)"; then
+  :
+else
+  command -v apt-get >/dev/null 2>&1 \
+    || die "redis-server not found; install Redis >= $REDIS_MIN_MAJOR or set REDIS_SERVER"
+  [[ "$(id -u)" -eq 0 ]] \
+    || die "redis-server not found; install it (Debian: sudo apt-get install redis-server) or set REDIS_SERVER"
+  log "installing Debian's redis-server with apt-get"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >&2
+  # The package may start a system daemon on port 6379; the tests run their
+  # own servers on free ports, so stop it (harmless if none was started).
+  service redis-server stop >/dev/null 2>&1 || true
+  REDIS_PATH="$(command -v redis-server)" || die "redis-server not on PATH after installing it"
+fi
+REDIS_MAJOR="$(redis_major "$REDIS_PATH")" || die "could not read the version of $REDIS_PATH"
+(( REDIS_MAJOR >= REDIS_MIN_MAJOR )) \
+  || die "$REDIS_PATH is Redis $REDIS_MAJOR; the tests need Redis >= $REDIS_MIN_MAJOR"
+log "redis-server $REDIS_MAJOR.x at $REDIS_PATH"
 
 printf 'ENVOY_BIN=%q\n' "$ENVOY_PATH"
 printf 'TEST_PYTHON=%q\n' "$PY_VENV/bin/python"
 printf 'TEST_NODE=%q\n' "$NODE"
 printf 'TEST_CLIENTS_DIR=%q\n' "$CLIENTS"
+printf 'REDIS_SERVER=%q\n' "$REDIS_PATH"

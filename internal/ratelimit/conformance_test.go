@@ -1,0 +1,506 @@
+package ratelimit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// backend makes limiters for the conformance suite. newStore starts an
+// empty store whose limiters all use clock; each call of the returned
+// function gives a limiter on that store, a separate instance (replica)
+// where the backend allows it.
+type backend struct {
+	name     string
+	newStore func(t *testing.T, clock Clock) func() Limiter
+}
+
+func memoryBackend() backend {
+	return backend{
+		name: "memory",
+		newStore: func(t *testing.T, clock Clock) func() Limiter {
+			m := NewMemory(clock)
+			return func() Limiter { return m }
+		},
+	}
+}
+
+// redisBackend runs every store on one server, each under its own prefix,
+// each limiter with its own client.
+func redisBackend(t *testing.T) backend {
+	srv := startRedis(t)
+	var stores atomic.Int64
+	return backend{
+		name: "redis",
+		newStore: func(t *testing.T, clock Clock) func() Limiter {
+			prefix := fmt.Sprintf("test%d:", stores.Add(1))
+			return func() Limiter {
+				return NewRedis(newRedisClient(t, srv.Addr(), false), clock, RedisOptions{Prefix: prefix})
+			}
+		},
+	}
+}
+
+func TestMemoryConformance(t *testing.T) { runConformance(t, memoryBackend()) }
+
+func TestRedisConformance(t *testing.T) { runConformance(t, redisBackend(t)) }
+
+// runConformance is the behaviour every Limiter backend must have.
+func runConformance(t *testing.T, b backend) {
+	t.Run("Reserve", func(t *testing.T) { testReserve(t, b) })
+	t.Run("Settle", func(t *testing.T) { testSettle(t, b) })
+	t.Run("SettleAfterWindow", func(t *testing.T) { testSettleAfterWindow(t, b) })
+	t.Run("SettleElsewhere", func(t *testing.T) { testSettleElsewhere(t, b) })
+	t.Run("Invalid", func(t *testing.T) { testInvalid(t, b) })
+	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, b) })
+}
+
+// step is one Reserve call and what it must answer.
+type step struct {
+	at         time.Duration // clock, from t0
+	cost       Cost
+	allowed    bool
+	exceeded   string          // name of the first exceeded limit, when denied
+	remaining  []int64         // States[i].Remaining
+	reset      []time.Duration // States[i].Reset, if given
+	retryAfter time.Duration   // when denied
+}
+
+func rpm(name, key string, n int64) Limit {
+	return Limit{Name: name, Key: key, Unit: Requests, Amount: n, Window: time.Minute}
+}
+
+func tpm(name, key string, n int64) Limit {
+	return Limit{Name: name, Key: key, Unit: TotalTokens, Amount: n, Window: time.Minute}
+}
+
+func req(in, out int64) Cost { return Cost{Requests: 1, InputTokens: in, OutputTokens: out} }
+
+func testReserve(t *testing.T, b backend) {
+	hourly := Limit{Name: "rph", Key: "k", Unit: Requests, Amount: 3, Window: time.Hour}
+	tests := []struct {
+		name   string
+		limits []Limit
+		steps  []step
+	}{
+		{
+			name:   "admit up to the limit then deny",
+			limits: []Limit{rpm("rpm", "tenant=a", 3)},
+			steps: []step{
+				{at: 10 * time.Second, cost: req(0, 0), allowed: true, remaining: []int64{2}, reset: []time.Duration{50 * time.Second}},
+				{at: 10 * time.Second, cost: req(0, 0), allowed: true, remaining: []int64{1}},
+				{at: 20 * time.Second, cost: req(0, 0), allowed: true, remaining: []int64{0}, reset: []time.Duration{40 * time.Second}},
+				{at: 30 * time.Second, cost: req(0, 0), exceeded: "rpm", remaining: []int64{0}, reset: []time.Duration{30 * time.Second}, retryAfter: 30 * time.Second},
+				{at: 59*time.Second + 999*time.Millisecond, cost: req(0, 0), exceeded: "rpm", remaining: []int64{0}, retryAfter: time.Millisecond},
+			},
+		},
+		{
+			name:   "window rollover",
+			limits: []Limit{rpm("rpm", "tenant=a", 2)},
+			steps: []step{
+				{at: 0, cost: req(0, 0), allowed: true, remaining: []int64{1}, reset: []time.Duration{time.Minute}},
+				{at: 30 * time.Second, cost: req(0, 0), allowed: true, remaining: []int64{0}},
+				{at: 59 * time.Second, cost: req(0, 0), exceeded: "rpm", remaining: []int64{0}, retryAfter: time.Second},
+				{at: 60 * time.Second, cost: req(0, 0), allowed: true, remaining: []int64{1}, reset: []time.Duration{time.Minute}},
+				{at: 61 * time.Second, cost: req(0, 0), allowed: true, remaining: []int64{0}},
+				{at: 61 * time.Second, cost: req(0, 0), exceeded: "rpm", remaining: []int64{0}, retryAfter: 59 * time.Second},
+				{at: 10 * time.Minute, cost: req(0, 0), allowed: true, remaining: []int64{1}},
+			},
+		},
+		{
+			name:   "windows are aligned to the epoch, not to the first request",
+			limits: []Limit{hourly},
+			steps: []step{
+				{at: 45 * time.Minute, cost: req(0, 0), allowed: true, remaining: []int64{2}, reset: []time.Duration{15 * time.Minute}},
+				{at: 61 * time.Minute, cost: req(0, 0), allowed: true, remaining: []int64{2}, reset: []time.Duration{59 * time.Minute}},
+			},
+		},
+		{
+			name:   "a cost larger than the amount is denied on its own",
+			limits: []Limit{tpm("tpm", "tenant=a", 100)},
+			steps: []step{
+				{at: 0, cost: req(60, 41), exceeded: "tpm", remaining: []int64{100}, retryAfter: time.Minute},
+				{at: 0, cost: req(60, 40), allowed: true, remaining: []int64{0}},
+				{at: 0, cost: req(0, 0), allowed: true, remaining: []int64{0}},
+				{at: 0, cost: req(1, 0), exceeded: "tpm", remaining: []int64{0}, retryAfter: time.Minute},
+			},
+		},
+		{
+			name:   "multiple limits are charged atomically",
+			limits: []Limit{rpm("rpm", "tenant=a", 10), tpm("tpm", "tenant=a", 100)},
+			steps: []step{
+				{at: 0, cost: req(50, 10), allowed: true, remaining: []int64{9, 40}},
+				// Denied by tpm: rpm is not charged either.
+				{at: time.Second, cost: req(30, 20), exceeded: "tpm", remaining: []int64{9, 40}, retryAfter: 59 * time.Second},
+				{at: time.Second, cost: req(30, 10), allowed: true, remaining: []int64{8, 0}},
+			},
+		},
+		{
+			name: "the first exceeded limit is named",
+			limits: []Limit{
+				rpm("tenant", "tenant=a", 1),
+				{Name: "model", Key: "model=m", Unit: Requests, Amount: 1, Window: time.Hour},
+			},
+			steps: []step{
+				{at: 0, cost: req(0, 0), allowed: true, remaining: []int64{0, 0}, reset: []time.Duration{time.Minute, time.Hour}},
+				{at: 10 * time.Second, cost: req(0, 0), exceeded: "tenant", remaining: []int64{0, 0}, retryAfter: 50 * time.Second},
+				{at: 70 * time.Second, cost: req(0, 0), exceeded: "model", remaining: []int64{1, 0}, reset: []time.Duration{50 * time.Second, 58*time.Minute + 50*time.Second}, retryAfter: 58*time.Minute + 50*time.Second},
+			},
+		},
+		{
+			name:   "same key and unit with different windows are separate counters",
+			limits: []Limit{rpm("rpm", "k", 2), hourly},
+			steps: []step{
+				{at: 0, cost: req(0, 0), allowed: true, remaining: []int64{1, 2}},
+				{at: 0, cost: req(0, 0), allowed: true, remaining: []int64{0, 1}},
+				{at: 0, cost: req(0, 0), exceeded: "rpm", remaining: []int64{0, 1}, retryAfter: time.Minute},
+				{at: time.Minute, cost: req(0, 0), allowed: true, remaining: []int64{1, 0}},
+				{at: 2 * time.Minute, cost: req(0, 0), exceeded: "rph", remaining: []int64{2, 0}, retryAfter: 58 * time.Minute},
+			},
+		},
+		{
+			name:   "two limits on one counter charge it once",
+			limits: []Limit{tpm("loose", "k", 10), tpm("strict", "k", 5)},
+			steps: []step{
+				{at: 0, cost: req(1, 1), allowed: true, remaining: []int64{8, 3}},
+				{at: 0, cost: req(2, 2), exceeded: "strict", remaining: []int64{8, 3}, retryAfter: time.Minute},
+				{at: 0, cost: req(2, 1), allowed: true, remaining: []int64{5, 0}},
+			},
+		},
+		{
+			name: "each unit counts its part of the cost",
+			limits: []Limit{
+				rpm("req", "k", 10),
+				{Name: "in", Key: "k", Unit: InputTokens, Amount: 100, Window: time.Minute},
+				{Name: "out", Key: "k", Unit: OutputTokens, Amount: 100, Window: time.Minute},
+				tpm("total", "k", 100),
+			},
+			steps: []step{
+				{at: 0, cost: req(30, 20), allowed: true, remaining: []int64{9, 70, 80, 50}},
+				{at: 0, cost: Cost{InputTokens: 5}, allowed: true, remaining: []int64{9, 65, 80, 45}},
+				{at: 0, cost: req(10, 41), exceeded: "total", remaining: []int64{9, 65, 80, 45}, retryAfter: time.Minute},
+			},
+		},
+		{
+			name:   "a zero amount admits only zero costs",
+			limits: []Limit{tpm("none", "k", 0)},
+			steps: []step{
+				{at: 0, cost: req(0, 0), allowed: true, remaining: []int64{0}},
+				{at: 0, cost: req(0, 1), exceeded: "none", remaining: []int64{0}, retryAfter: time.Minute},
+			},
+		},
+		{
+			name:   "no limits",
+			limits: nil,
+			steps:  []step{{at: 0, cost: req(5, 5), allowed: true}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0)
+			l := b.newStore(t, clock.Now)()
+			for i, s := range tc.steps {
+				clock.SetOffset(s.at)
+				res, err := l.Reserve(context.Background(), tc.limits, s.cost)
+				if err != nil {
+					t.Fatalf("step %d: Reserve: %v", i, err)
+				}
+				checkResult(t, fmt.Sprintf("step %d", i), tc.limits, s, res)
+			}
+		})
+	}
+}
+
+func checkResult(t *testing.T, what string, limits []Limit, s step, res Result) {
+	t.Helper()
+	if res.Allowed != s.allowed {
+		t.Fatalf("%s: Allowed = %v, want %v (result %+v)", what, res.Allowed, s.allowed, res)
+	}
+	if len(res.States) != len(limits) {
+		t.Fatalf("%s: %d states for %d limits", what, len(res.States), len(limits))
+	}
+	var remaining []int64
+	for i, st := range res.States {
+		if !reflect.DeepEqual(st.Limit, limits[i]) {
+			t.Errorf("%s: States[%d].Limit = %+v, want %+v", what, i, st.Limit, limits[i])
+		}
+		remaining = append(remaining, st.Remaining)
+		if s.reset != nil && st.Reset != s.reset[i] {
+			t.Errorf("%s: States[%d].Reset = %s, want %s", what, i, st.Reset, s.reset[i])
+		}
+	}
+	if s.remaining != nil && !reflect.DeepEqual(remaining, s.remaining) {
+		t.Errorf("%s: remaining = %v, want %v", what, remaining, s.remaining)
+	}
+	if s.allowed {
+		if res.Exceeded != nil || res.RetryAfter != 0 {
+			t.Errorf("%s: admitted with Exceeded %+v, RetryAfter %s", what, res.Exceeded, res.RetryAfter)
+		}
+		if len(limits) > 0 && len(res.Reservation.Entries) == 0 {
+			t.Errorf("%s: admitted with an empty reservation", what)
+		}
+		return
+	}
+	if res.Exceeded == nil || res.Exceeded.Name != s.exceeded {
+		t.Errorf("%s: Exceeded = %+v, want limit %q", what, res.Exceeded, s.exceeded)
+	}
+	if res.RetryAfter != s.retryAfter {
+		t.Errorf("%s: RetryAfter = %s, want %s", what, res.RetryAfter, s.retryAfter)
+	}
+	if len(res.Reservation.Entries) != 0 {
+		t.Errorf("%s: denied with reservation %+v", what, res.Reservation)
+	}
+}
+
+// remaining reserves nothing and returns each limit's Remaining.
+func remaining(t *testing.T, l Limiter, limits []Limit) []int64 {
+	t.Helper()
+	res, err := l.Reserve(context.Background(), limits, Cost{})
+	if err != nil {
+		t.Fatalf("Reserve(zero cost): %v", err)
+	}
+	var out []int64
+	for _, s := range res.States {
+		out = append(out, s.Remaining)
+	}
+	return out
+}
+
+func testSettle(t *testing.T, b backend) {
+	limits := []Limit{
+		rpm("rpm", "k", 10),
+		{Name: "in", Key: "k", Unit: InputTokens, Amount: 1000, Window: time.Minute},
+		{Name: "out", Key: "k", Unit: OutputTokens, Amount: 1000, Window: time.Minute},
+		tpm("total", "k", 1000),
+	}
+	tests := []struct {
+		name     string
+		reserve  Cost
+		edit     func(*Reservation) // tampers with the reservation before settling
+		actual   Cost
+		want     []int64 // remaining after settling
+		thenDeny Cost    // if set, must be denied afterwards
+	}{
+		{name: "exact: nothing changes", reserve: req(100, 500), actual: req(100, 500), want: []int64{9, 900, 500, 400}},
+		{name: "refund unused output", reserve: req(100, 500), actual: req(100, 120), want: []int64{9, 900, 880, 780}},
+		{name: "charge more input than estimated", reserve: req(100, 500), actual: req(180, 500), want: []int64{9, 820, 500, 320}},
+		{name: "charge output reserved as zero", reserve: req(100, 0), actual: req(100, 300), want: []int64{9, 900, 700, 600}},
+		{
+			name: "charge past the limit", reserve: req(100, 500), actual: req(100, 1200),
+			want: []int64{9, 900, 0, 0}, thenDeny: req(0, 0),
+		},
+		{name: "request count is final", reserve: req(100, 500), actual: Cost{InputTokens: 100, OutputTokens: 500}, want: []int64{9, 900, 500, 400}},
+		{
+			name: "never below zero", reserve: req(100, 500),
+			edit: func(r *Reservation) {
+				for i := range r.Entries {
+					r.Entries[i].Reserved += 5000
+				}
+			},
+			actual: req(100, 500), want: []int64{9, 1000, 1000, 1000},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0.Add(5 * time.Second))
+			l := b.newStore(t, clock.Now)()
+			res, err := l.Reserve(context.Background(), limits, tc.reserve)
+			if err != nil || !res.Allowed {
+				t.Fatalf("Reserve = %+v, %v", res, err)
+			}
+			if tc.edit != nil {
+				tc.edit(&res.Reservation)
+			}
+			clock.Advance(30 * time.Second)
+			if err := l.Settle(context.Background(), res.Reservation, tc.actual); err != nil {
+				t.Fatalf("Settle: %v", err)
+			}
+			if got := remaining(t, l, limits); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("remaining after settling = %v, want %v", got, tc.want)
+			}
+			if tc.thenDeny != (Cost{}) {
+				res, err := l.Reserve(context.Background(), limits, tc.thenDeny)
+				if err != nil || res.Allowed {
+					t.Errorf("Reserve(%+v) after overcharge = %+v, %v; want denied", tc.thenDeny, res, err)
+				}
+			}
+		})
+	}
+}
+
+func testSettleAfterWindow(t *testing.T, b backend) {
+	limits := []Limit{tpm("tpm", "k", 1000)}
+	clock := newFakeClock(t0.Add(50 * time.Second))
+	l := b.newStore(t, clock.Now)()
+	old, err := l.Reserve(context.Background(), limits, req(100, 100))
+	if err != nil || !old.Allowed {
+		t.Fatalf("Reserve = %+v, %v", old, err)
+	}
+	// The next window: settling the old reservation must touch neither
+	// its ended window nor the current one.
+	clock.SetOffset(time.Minute)
+	if _, err := l.Reserve(context.Background(), limits, req(100, 0)); err != nil {
+		t.Fatal(err)
+	}
+	for _, actual := range []Cost{req(100, 700), req(0, 0)} {
+		if err := l.Settle(context.Background(), old.Reservation, actual); err != nil {
+			t.Fatalf("Settle(%+v): %v", actual, err)
+		}
+		if got := remaining(t, l, limits); got[0] != 900 {
+			t.Errorf("after settling %+v for the last window: remaining = %d, want 900", actual, got[0])
+		}
+	}
+	// Exactly at the window's end counts as ended too.
+	clock.SetOffset(time.Minute + 10*time.Second)
+	cur, err := l.Reserve(context.Background(), limits, req(100, 0))
+	if err != nil || !cur.Allowed {
+		t.Fatalf("Reserve = %+v, %v", cur, err)
+	}
+	clock.SetOffset(2 * time.Minute)
+	if err := l.Settle(context.Background(), cur.Reservation, req(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	clock.SetOffset(2*time.Minute - time.Millisecond)
+	if got := remaining(t, l, limits); got[0] != 800 {
+		t.Errorf("settling at the window end changed it: remaining = %d, want 800", got[0])
+	}
+}
+
+// testSettleElsewhere settles, through another replica, a reservation that
+// travelled as JSON.
+func testSettleElsewhere(t *testing.T, b backend) {
+	limits := []Limit{rpm("rpm", "tenant=a/model=m", 10), tpm("tpm", "tenant=a", 1000)}
+	clock := newFakeClock(t0)
+	store := b.newStore(t, clock.Now)
+	a, other := store(), store()
+	res, err := a.Reserve(context.Background(), limits, req(100, 400))
+	if err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	data, err := json.Marshal(res.Reservation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Reservation
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(r, res.Reservation) {
+		t.Fatalf("JSON round trip: %+v, want %+v", r, res.Reservation)
+	}
+	if err := other.Settle(context.Background(), r, req(100, 50)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := remaining(t, a, limits), []int64{9, 850}; !reflect.DeepEqual(got, want) {
+		t.Errorf("remaining = %v, want %v", got, want)
+	}
+}
+
+func testInvalid(t *testing.T, b backend) {
+	ok := rpm("ok", "k", 1)
+	tests := []struct {
+		name   string
+		limits []Limit
+		cost   Cost
+	}{
+		{"zero window", []Limit{ok, {Name: "w", Key: "k", Unit: Requests, Amount: 1}}, req(0, 0)},
+		{"sub-millisecond window", []Limit{{Name: "w", Key: "k", Unit: Requests, Amount: 1, Window: time.Second + time.Microsecond}}, req(0, 0)},
+		{"negative amount", []Limit{{Name: "a", Key: "k", Unit: Requests, Amount: -1, Window: time.Second}}, req(0, 0)},
+		{"unknown unit", []Limit{{Name: "u", Key: "k", Unit: "bytes", Amount: 1, Window: time.Second}}, req(0, 0)},
+		{"negative cost", []Limit{ok}, Cost{Requests: 1, OutputTokens: -1}},
+	}
+	clock := newFakeClock(t0)
+	l := b.newStore(t, clock.Now)()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := l.Reserve(context.Background(), tc.limits, tc.cost)
+			if !errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnavailable) {
+				t.Fatalf("Reserve: %v, want ErrInvalid", err)
+			}
+		})
+	}
+	// Nothing was charged by the failed calls.
+	if got := remaining(t, l, []Limit{ok}); got[0] != 1 {
+		t.Errorf("remaining = %d, want 1", got[0])
+	}
+	if err := l.Settle(context.Background(), Reservation{}, Cost{InputTokens: -1}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Settle(negative actual) = %v, want ErrInvalid", err)
+	}
+}
+
+// testConcurrent races 200 reservations through two limiters (replicas):
+// exactly floor(limit/cost) are admitted, and after every admitted one is
+// settled the counter holds the sum of the actual costs.
+func testConcurrent(t *testing.T, b backend) {
+	const (
+		goroutines = 200
+		tokens     = 1000
+	)
+	cost := req(3, 4) // 7 tokens: 1000/7 = 142 admitted
+	limits := []Limit{rpm("rpm", "tenant=a", 1000), tpm("tpm", "tenant=a", tokens)}
+	clock := newFakeClock(t0.Add(10 * time.Second))
+	store := b.newStore(t, clock.Now)
+	replicas := []Limiter{store(), store()}
+
+	var (
+		denied   atomic.Int64
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		errs     = make(chan error, 2*goroutines)
+		reserved = make([]*Reservation, goroutines)
+	)
+	for i := range goroutines {
+		wg.Go(func() {
+			<-start
+			res, err := replicas[i%len(replicas)].Reserve(context.Background(), limits, cost)
+			switch {
+			case err != nil:
+				errs <- err
+			case res.Allowed:
+				reserved[i] = &res.Reservation
+			default:
+				denied.Add(1)
+				if res.Exceeded == nil || res.Exceeded.Name != "tpm" {
+					errs <- fmt.Errorf("denied by %+v, want tpm", res.Exceeded)
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+
+	// Settle every admitted request, concurrently, on the other replica.
+	var admitted, actualSum int64
+	for i, r := range reserved {
+		if r == nil {
+			continue
+		}
+		admitted++
+		actual := req(3, int64(i%5)) // 3..7 tokens
+		actualSum += actual.Of(TotalTokens)
+		wg.Go(func() {
+			if err := replicas[(i+1)%len(replicas)].Settle(context.Background(), *r, actual); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	want := int64(tokens / cost.Of(TotalTokens))
+	if admitted != want || denied.Load() != goroutines-want {
+		t.Fatalf("admitted %d, denied %d; want %d and %d", admitted, denied.Load(), want, goroutines-want)
+	}
+	got := remaining(t, replicas[0], limits)
+	if wantRem := []int64{1000 - want, tokens - actualSum}; !reflect.DeepEqual(got, wantRem) {
+		t.Errorf("remaining after settling = %v, want %v (drift)", got, wantRem)
+	}
+}

@@ -1,0 +1,80 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// Ended windows are dropped, so memory is bounded by the live counters.
+func TestMemoryDropsEndedWindows(t *testing.T) {
+	clock := newFakeClock(t0)
+	m := NewMemory(clock.Now)
+	ctx := context.Background()
+	minute := func(key string) []Limit { return []Limit{rpm("rpm", key, 10)} }
+	hour := Limit{Name: "rph", Key: "h", Unit: Requests, Amount: 1 << 40, Window: time.Hour}
+	for i := range 5000 {
+		if _, err := m.Reserve(ctx, append(minute(fmt.Sprint("k", i)), hour), req(0, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := m.Len(); got != 5001 {
+		t.Fatalf("Len = %d, want 5001", got)
+	}
+	steps := []struct {
+		at   time.Duration
+		want int // counters after one Reserve on a fresh key at that time
+	}{
+		{59 * time.Second, 5002},
+		{time.Minute, 2}, // the minute ended: only the hour and the new key stay
+		{59 * time.Minute, 2},
+		{time.Hour, 2}, // new hour, new minute
+	}
+	for i, s := range steps {
+		clock.SetOffset(s.at)
+		if _, err := m.Reserve(ctx, append(minute(fmt.Sprint("new", i)), hour), req(0, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Len(); got != s.want {
+			t.Errorf("at %s: Len = %d, want %d", s.at, got, s.want)
+		}
+	}
+	if c := cap(m.expiry); c > 1024 {
+		t.Errorf("expiry heap kept capacity %d after the burst expired", c)
+	}
+}
+
+// Denied requests create no counters.
+func TestMemoryDenyCreatesNothing(t *testing.T) {
+	m := NewMemory(newFakeClock(t0).Now)
+	res, err := m.Reserve(context.Background(), []Limit{tpm("tpm", "k", 5)}, req(3, 3))
+	if err != nil || res.Allowed {
+		t.Fatalf("Reserve = %+v, %v; want denied", res, err)
+	}
+	if m.Len() != 0 {
+		t.Errorf("Len = %d after a denial, want 0", m.Len())
+	}
+}
+
+func TestWindow(t *testing.T) {
+	tests := []struct {
+		now        int64
+		w          time.Duration
+		start, end int64
+	}{
+		{0, time.Minute, 0, 60_000},
+		{59_999, time.Minute, 0, 60_000},
+		{60_000, time.Minute, 60_000, 120_000},
+		{1_700_006_400_123, time.Second, 1_700_006_400_000, 1_700_006_401_000},
+		{1_700_006_400_123, 7 * time.Millisecond, 1_700_006_400_120, 1_700_006_400_127},
+		{-1, time.Minute, -60_000, 0},
+		{-60_000, time.Minute, -60_000, 0},
+	}
+	for _, tc := range tests {
+		start, end := window(tc.now, tc.w)
+		if start != tc.start || end != tc.end {
+			t.Errorf("window(%d, %s) = %d, %d; want %d, %d", tc.now, tc.w, start, end, tc.start, tc.end)
+		}
+	}
+}

@@ -1,0 +1,158 @@
+// Package ratelimit enforces request and token budgets per fixed window.
+//
+// Token limits are charged at admission, not after the response: the gate
+// Reserves the tokens a request may use (estimated prompt + max_tokens) and
+// the meter Settles the reservation with the real usage when the stream
+// ends, refunding or charging the difference. Concurrent streams therefore
+// cannot overshoot a limit by more than their own reservations.
+//
+// # Semantics (every backend)
+//
+// Windows are fixed and aligned to multiples of Limit.Window since the Unix
+// epoch (a one-minute window starts at every whole minute, UTC), taken
+// from the limiter's Clock. Each limit has one counter per window,
+// identified by the limit's Key, Unit and Window and the window's start:
+// <prefix>{<key>}:<unit>:<windowMs>:<windowStartUnixMs>, e.g.
+// ig:rl:{tenant=acme}:total_tokens:60000:1700006400000. Limits with the
+// same Key, Unit and Window share a counter, which a request charges once.
+//
+// Reserve admits a request only if, for every limit,
+// used + cost.Of(limit.Unit) <= limit.Amount; it then increments every
+// counter by its cost. Otherwise it increments nothing, Result.Exceeded is
+// the first limit (in the order given) that would have been exceeded, and
+// RetryAfter is the time until that limit's window ends. A cost larger
+// than a limit's Amount is denied even on an unused counter (RetryAfter is
+// then still the window's end, though retrying cannot succeed). Result
+// has one State per limit, in order: Remaining is
+// max(0, Amount - used) after the charge (or as found, when denied) and
+// Reset the time until the window ends. Limits that cannot be enforced
+// (window not a positive whole number of milliseconds, negative amount or
+// cost, unknown unit) fail with ErrInvalid and charge nothing.
+//
+// Settle adds actual.Of(unit) - Reserved to each entry's counter, never
+// taking it below zero, but only while the counter's window has not ended
+// (Entry.ExpiresAt, by the settling limiter's clock) and the counter still
+// exists: a settlement never creates a counter. Requests entries are never
+// changed: an admitted request counts as one whatever actual.Requests
+// says. Settle must be called once per admitted reservation (there is no
+// deduplication: settling twice applies the difference twice); denied
+// results have nothing to settle. Any replica may settle any reservation
+// of a shared backend (Redis); see Fallback for local reservations.
+//
+// # Backends
+//
+// Memory keeps counters in the process; Redis shares them between
+// replicas through one atomic Lua script per call; WithFallback chooses
+// between failing closed and limiting locally while Redis is down.
+//
+// # Metrics
+//
+// The backends emit no metrics and log nothing. Callers instrument around
+// the Limiter interface, which has everything needed: the Cost passed to
+// Reserve and the actual Cost passed to Settle (reserved and settled
+// tokens), Result.Allowed and Result.Exceeded (denials per limit name),
+// errors.Is(err, ErrUnavailable) (backend errors), and the onError
+// callback of WithFallback (every primary failure, including those hidden
+// by FailLocal; Fallback.Healthy tells whether Redis is in use).
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Unit is what a limit counts.
+type Unit string
+
+// Units a limit can count.
+const (
+	Requests     Unit = "requests"
+	InputTokens  Unit = "input_tokens"
+	OutputTokens Unit = "output_tokens"
+	TotalTokens  Unit = "total_tokens"
+)
+
+// Limit is one budget that applies to a request, as a policy states it.
+type Limit struct {
+	// Name labels the limit in headers, metrics and errors, e.g. "tenant-tokens".
+	Name string
+	// Key identifies the budget: requests with the same Key and Unit share it
+	// (e.g. "tenant=acme/model=llama-3"). Built by the policy.
+	Key    string
+	Unit   Unit
+	Amount int64         // allowed per window
+	Window time.Duration // fixed window, aligned to multiples of Window since the Unix epoch
+}
+
+// Cost is what one request is charged: up front (the reservation) or in
+// the end (the real usage).
+type Cost struct {
+	Requests     int64
+	InputTokens  int64
+	OutputTokens int64
+}
+
+// Of returns the part of the cost a unit counts.
+func (c Cost) Of(u Unit) int64 {
+	switch u {
+	case Requests:
+		return c.Requests
+	case InputTokens:
+		return c.InputTokens
+	case OutputTokens:
+		return c.OutputTokens
+	case TotalTokens:
+		return c.InputTokens + c.OutputTokens
+	}
+	return 0
+}
+
+// Reservation records what was charged where, so that any replica can
+// settle it later: it is plain data, serialisable to JSON.
+type Reservation struct {
+	Entries []Entry `json:"e"`
+}
+
+// Entry is one charged counter.
+type Entry struct {
+	Counter  string `json:"k"` // backend counter id: the limit's key, unit and window start
+	Unit     Unit   `json:"u"`
+	Reserved int64  `json:"r"`
+	// ExpiresAt is when the counter's window ends (Unix ms); settling after
+	// that is a no-op for the backend but still counted as settled.
+	ExpiresAt int64 `json:"x"`
+}
+
+// State is one limit's standing after a decision, for x-ratelimit-* headers.
+type State struct {
+	Limit     Limit
+	Remaining int64         // never negative
+	Reset     time.Duration // until the window ends
+}
+
+// Result is the outcome of Reserve.
+type Result struct {
+	Allowed     bool
+	Reservation Reservation // empty when denied
+	States      []State     // one per limit, in the order given
+	// When denied: the first limit that would have been exceeded, and how
+	// long until its window resets.
+	Exceeded   *Limit
+	RetryAfter time.Duration
+}
+
+// Limiter is the narrow interface both backends implement.
+type Limiter interface {
+	// Reserve charges cost against every limit atomically: either all
+	// counters are incremented or none is (the request is denied).
+	Reserve(ctx context.Context, limits []Limit, cost Cost) (Result, error)
+	// Settle replaces a reservation's charges with the actual cost.
+	Settle(ctx context.Context, r Reservation, actual Cost) error
+}
+
+// ErrUnavailable wraps backend failures (e.g. Redis down).
+var ErrUnavailable = errors.New("rate limit backend unavailable")
+
+// Clock is injected so tests control windows.
+type Clock func() time.Time

@@ -1,0 +1,226 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisOptions tunes the Redis limiter; the zero value is ready to use.
+type RedisOptions struct {
+	// Prefix starts every counter key (default DefaultCounterPrefix). Give
+	// each deployment sharing a Redis its own.
+	Prefix string
+	// HashTag, when set, makes every counter key
+	// <Prefix>{<HashTag>}:<limit key>:... so that all counters live in one
+	// Redis Cluster slot. By default the limit key itself is the hash tag,
+	// which spreads counters over a cluster but requires all limits of one
+	// Reserve call to share a slot (a cross-slot call fails with CROSSSLOT).
+	// Irrelevant for a standalone or Sentinel-managed Redis. (A limit key
+	// holding '{' or '}' changes which part Redis Cluster hashes, not the
+	// counter's identity.)
+	HashTag string
+	// Grace is how long counters outlive their window in Redis, so that
+	// replicas whose clocks lag a little still find them. Zero means one
+	// window length; negative means none.
+	Grace time.Duration
+}
+
+// Redis is a Limiter whose counters live in Redis, shared by all replicas.
+//
+// Each Reserve is one round trip running reserveScript, which reads every
+// counter, decides, and increments all of them or none inside Redis, so
+// concurrent replicas can never admit more than the limits allow. Settle
+// is one round trip running settleScript, which adjusts only counters that
+// still exist. Scripts go by EVALSHA, falling back to EVAL when Redis does
+// not know them (after a restart, failover or SCRIPT FLUSH).
+//
+// Counters are created with a TTL ending Grace (default one window) after
+// their window ends, so Redis drops them without any sweeping, and a
+// settlement from a replica whose clock lags still finds its counter.
+//
+// The caller's clock picks the windows (their starts are part of the
+// counter keys) and the counters' time to live, so replicas need
+// synchronised clocks (NTP): a replica whose clock is off by d opens and
+// closes windows d early or late. Redis' own clock only runs the TTLs.
+//
+// Failures (connection refused, timeouts, script errors) are returned
+// wrapping ErrUnavailable, except a cancelled ctx, returned as is. Bound
+// the time a dead Redis costs with the client's options (DialTimeout,
+// ReadTimeout, WriteTimeout, MaxRetries, DialerRetries) or a ctx deadline.
+type Redis struct {
+	client  redis.UniversalClient
+	clock   Clock
+	prefix  string
+	hashTag string
+	grace   time.Duration
+}
+
+// NewRedis returns a limiter using client; a nil clock means time.Now.
+func NewRedis(client redis.UniversalClient, clock Clock, opts RedisOptions) *Redis {
+	if clock == nil {
+		clock = time.Now
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultCounterPrefix
+	}
+	return &Redis{client: client, clock: clock, prefix: opts.Prefix, hashTag: opts.HashTag, grace: opts.Grace}
+}
+
+// reserveScript admits a request against all limits or none.
+//
+//	KEYS[i]      counter of limit i
+//	ARGV[3i-2]   cost of limit i's unit
+//	ARGV[3i-1]   limit i's amount
+//	ARGV[3i]     TTL (ms) to give the counter if this call creates it
+//
+// Returns {1, 0, used_1..used_n} (values after the charge) when admitted,
+// {0, i, used_1..used_n} (values as found) when limit i is the first
+// exceeded. A counter named twice (two limits on one key, unit and window)
+// is charged once. Counters are created even for a zero cost so that
+// Settle can later charge the actual usage to them.
+var reserveScript = redis.NewScript(`
+local n = #KEYS
+local res = {0, 0}
+local found = {}
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  found[i] = v
+  res[i + 2] = tonumber(v or '0')
+end
+for i = 1, n do
+  if res[i + 2] + tonumber(ARGV[3 * i - 2]) > tonumber(ARGV[3 * i - 1]) then
+    res[2] = i
+    return res
+  end
+end
+res[1] = 1
+local after = {}
+for i = 1, n do
+  local k = KEYS[i]
+  local v = after[k]
+  if v == nil then
+    v = redis.call('INCRBY', k, ARGV[3 * i - 2])
+    if not found[i] then
+      redis.call('PEXPIRE', k, ARGV[3 * i])
+    end
+    after[k] = v
+  end
+  res[i + 2] = v
+end
+return res
+`)
+
+// settleScript adds ARGV[i] to counter KEYS[i] if it exists, flooring the
+// result at zero; it never creates a counter and keeps the TTL.
+var settleScript = redis.NewScript(`
+for i = 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  if v then
+    if tonumber(v) + tonumber(ARGV[i]) < 0 then
+      redis.call('DECRBY', KEYS[i], v)
+    else
+      redis.call('INCRBY', KEYS[i], ARGV[i])
+    end
+  end
+end
+return 0
+`)
+
+// Reserve implements Limiter with one reserveScript round trip.
+func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result, error) {
+	if err := validate(limits, cost); err != nil {
+		return Result{}, err
+	}
+	n := len(limits)
+	if n == 0 {
+		return Result{Allowed: true}, nil
+	}
+	now := r.clock()
+	nowMs := now.UnixMilli()
+	ids := make([]string, n)
+	ends := make([]int64, n)
+	counterIDs(r.prefix, r.hashTag, limits, nowMs, ids, ends)
+	args := make([]any, 3*n)
+	for i := range limits {
+		l := &limits[i]
+		ttl := ends[i] - nowMs
+		switch {
+		case r.grace == 0:
+			ttl += l.Window.Milliseconds()
+		case r.grace > 0:
+			ttl += r.grace.Milliseconds()
+		}
+		args[3*i] = cost.Of(l.Unit)
+		args[3*i+1] = l.Amount
+		args[3*i+2] = ttl
+	}
+	vals, err := reserveScript.Run(ctx, r.client, ids, args...).Int64Slice()
+	if err != nil {
+		return Result{}, r.fail("reserve", err)
+	}
+	if len(vals) != n+2 {
+		return Result{}, fmt.Errorf("%w: redis: reserve script returned %d values for %d limits", ErrUnavailable, len(vals), n)
+	}
+	used := vals[2:]
+	admitted := vals[0] == 1
+	st, entries := newResult(n, admitted)
+	fillStates(st, limits, used, ends, now)
+	res := Result{States: st}
+	if !admitted {
+		i := int(vals[1]) - 1
+		if i < 0 || i >= n {
+			return Result{}, fmt.Errorf("%w: redis: reserve script denied with limit index %d", ErrUnavailable, vals[1])
+		}
+		res.Exceeded = &res.States[i].Limit
+		res.RetryAfter = res.States[i].Reset
+		return res, nil
+	}
+	for i := range limits {
+		entries[i] = Entry{Counter: ids[i], Unit: limits[i].Unit, Reserved: cost.Of(limits[i].Unit), ExpiresAt: ends[i]}
+	}
+	res.Allowed = true
+	res.Reservation = Reservation{Entries: dedupEntries(entries)}
+	return res, nil
+}
+
+// Settle implements Limiter with at most one settleScript round trip
+// (none when nothing changes: request entries, entries whose window has
+// ended by the limiter's clock, and entries whose actual equals the
+// reservation are skipped). Call it once per admitted reservation; a
+// second call would apply the difference twice.
+func (r *Redis) Settle(ctx context.Context, res Reservation, actual Cost) error {
+	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 {
+		return errNegativeActual(actual)
+	}
+	nowMs := r.clock().UnixMilli()
+	var keys []string
+	var args []any
+	for i := range res.Entries {
+		e := &res.Entries[i]
+		d, ok := settleDelta(e, actual, nowMs)
+		if !ok {
+			continue
+		}
+		keys = append(keys, e.Counter)
+		args = append(args, strconv.FormatInt(d, 10))
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if err := settleScript.Run(ctx, r.client, keys, args...).Err(); err != nil {
+		return r.fail("settle", err)
+	}
+	return nil
+}
+
+func (r *Redis) fail(op string, err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return fmt.Errorf("%w: redis %s: %w", ErrUnavailable, op, err)
+}

@@ -1,0 +1,163 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestRedisCounterKeysAndTTL(t *testing.T) {
+	srv := startRedis(t)
+	rdb := newRedisClient(t, srv.Addr(), false)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		opts    RedisOptions
+		limit   Limit
+		at      time.Duration
+		wantKey string
+		wantTTL time.Duration // PTTL right after the call, ±1 s
+	}{
+		{
+			name:    "default: key is the hash tag, one window of grace",
+			limit:   rpm("rpm", "tenant=a", 5),
+			at:      10 * time.Second,
+			wantKey: "ig:rl:{tenant=a}:requests:60000:1700006400000",
+			wantTTL: 50*time.Second + time.Minute,
+		},
+		{
+			name:    "prefix, hash tag and grace",
+			opts:    RedisOptions{Prefix: "p:", HashTag: "all", Grace: 5 * time.Second},
+			limit:   Limit{Name: "tpd", Key: "tenant=b", Unit: TotalTokens, Amount: 5, Window: 24 * time.Hour},
+			at:      20 * time.Hour,
+			wantKey: "p:{all}:tenant=b:total_tokens:86400000:1700006400000",
+			wantTTL: 4*time.Hour + 5*time.Second,
+		},
+		{
+			name:    "no grace",
+			opts:    RedisOptions{Prefix: "ng:", Grace: -1},
+			limit:   rpm("rpm", "k", 5),
+			at:      61 * time.Second,
+			wantKey: "ng:{k}:requests:60000:1700006460000",
+			wantTTL: 59 * time.Second,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0.Add(tc.at))
+			l := NewRedis(rdb, clock.Now, tc.opts)
+			res, err := l.Reserve(ctx, []Limit{tc.limit}, req(2, 3))
+			if err != nil || !res.Allowed {
+				t.Fatalf("Reserve = %+v, %v", res, err)
+			}
+			if got := res.Reservation.Entries[0].Counter; got != tc.wantKey {
+				t.Errorf("counter = %q, want %q", got, tc.wantKey)
+			}
+			ttl, err := rdb.PTTL(ctx, tc.wantKey).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl > tc.wantTTL || ttl < tc.wantTTL-time.Second {
+				t.Errorf("PTTL = %s, want about %s", ttl, tc.wantTTL)
+			}
+			// A second charge keeps the TTL set by the first.
+			clock.Advance(time.Second)
+			if _, err := l.Reserve(ctx, []Limit{tc.limit}, req(0, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if ttl2, _ := rdb.PTTL(ctx, tc.wantKey).Result(); ttl2 > ttl {
+				t.Errorf("PTTL grew from %s to %s on the second charge", ttl, ttl2)
+			}
+		})
+	}
+}
+
+// Settling never creates a counter: if Redis lost it (restart, eviction),
+// the settlement is dropped.
+func TestRedisSettleMissingCounter(t *testing.T) {
+	srv := startRedis(t)
+	rdb := newRedisClient(t, srv.Addr(), false)
+	ctx := context.Background()
+	clock := newFakeClock(t0)
+	l := NewRedis(rdb, clock.Now, RedisOptions{})
+	limits := []Limit{tpm("tpm", "k", 100), rpm("rpm", "k", 10)}
+	res, err := l.Reserve(ctx, limits, req(10, 10))
+	if err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	tokens, requests := res.Reservation.Entries[0].Counter, res.Reservation.Entries[1].Counter
+	if err := rdb.Del(ctx, tokens).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Settle(ctx, res.Reservation, req(50, 50)); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.Exists(ctx, tokens).Result(); n != 0 {
+		t.Errorf("Settle re-created the deleted counter %s", tokens)
+	}
+	if v, _ := rdb.Get(ctx, requests).Int64(); v != 1 {
+		t.Errorf("requests counter = %d, want 1", v)
+	}
+}
+
+// After the script cache is flushed (a restart or failover), EVALSHA
+// fails with NOSCRIPT and the script is sent again.
+func TestRedisScriptCacheFlushed(t *testing.T) {
+	srv := startRedis(t)
+	rdb := newRedisClient(t, srv.Addr(), false)
+	ctx := context.Background()
+	l := NewRedis(rdb, newFakeClock(t0).Now, RedisOptions{})
+	limits := []Limit{tpm("tpm", "k", 100)}
+	for i := range 3 {
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := l.Reserve(ctx, limits, req(10, 0))
+		if err != nil || !res.Allowed {
+			t.Fatalf("Reserve %d after SCRIPT FLUSH = %+v, %v", i, res, err)
+		}
+		if err := rdb.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Settle(ctx, res.Reservation, req(5, 0)); err != nil {
+			t.Fatalf("Settle %d after SCRIPT FLUSH: %v", i, err)
+		}
+	}
+	if got := remaining(t, l, limits); got[0] != 85 {
+		t.Errorf("remaining = %d, want 85", got[0])
+	}
+}
+
+func TestRedisErrorsWrapUnavailable(t *testing.T) {
+	srv := startRedis(t)
+	rdb := newRedisClient(t, srv.Addr(), true)
+	ctx := context.Background()
+	l := NewRedis(rdb, newFakeClock(t0).Now, RedisOptions{})
+	limits := []Limit{rpm("rpm", "k", 10)}
+	res, err := l.Reserve(ctx, limits, req(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+
+	start := time.Now()
+	if _, err := l.Reserve(ctx, limits, req(0, 0)); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Reserve with Redis down = %v, want ErrUnavailable", err)
+	}
+	if err := l.Settle(ctx, res.Reservation, Cost{}); err != nil {
+		t.Errorf("Settle with nothing to change = %v, want no round trip and nil", err)
+	}
+	if err := l.Settle(ctx, Reservation{Entries: []Entry{{Counter: "x", Unit: InputTokens, ExpiresAt: t0.Add(time.Minute).UnixMilli()}}}, req(1, 0)); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Settle with Redis down = %v, want ErrUnavailable", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("failing took %s with 200 ms timeouts", d)
+	}
+
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := l.Reserve(cctx, limits, req(0, 0)); !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
+		t.Errorf("Reserve with a cancelled context = %v, want context.Canceled only", err)
+	}
+}

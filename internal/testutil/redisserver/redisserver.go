@@ -1,0 +1,251 @@
+// Package redisserver runs a throwaway redis-server for tests: no
+// persistence, loopback only, a random free port, stopped when the test
+// ends.
+//
+// The binary is $REDIS_SERVER if set, else redis-server on PATH
+// (scripts/install-test-deps.sh installs it). A missing binary fails the
+// test: tests that need Redis never skip silently.
+package redisserver
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// StartTimeout bounds how long Start and Restart wait for the server to
+// answer PING.
+const StartTimeout = 10 * time.Second
+
+// Server is a running (or stopped) redis-server.
+type Server struct {
+	t    testing.TB
+	bin  string
+	dir  string
+	port int
+
+	mu  sync.Mutex
+	cmd *exec.Cmd
+	log *syncBuffer // output of every run, dumped when the test fails
+	// exited is closed when the current process has been waited for.
+	exited chan struct{}
+}
+
+// Start runs redis-server on a free loopback port and waits until it
+// answers PING. The server is stopped by t.Cleanup; its log is printed
+// only if the test failed.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin, err := binary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), log: &syncBuffer{}}
+	t.Cleanup(func() {
+		s.Stop()
+		if t.Failed() {
+			t.Logf("redis-server %s log:\n%s", s.Addr(), s.log.String())
+		}
+	})
+	// The port is found free and then handed to redis-server, so another
+	// process may take it in between: try a few ports.
+	var lastErr error
+	for range 5 {
+		port, err := freePort()
+		if err != nil {
+			t.Fatalf("redisserver: finding a free port: %v", err)
+		}
+		s.port = port
+		if lastErr = s.start(); lastErr == nil {
+			return s
+		}
+	}
+	t.Fatalf("redisserver: %v", lastErr)
+	return nil
+}
+
+// Addr is the server's host:port.
+func (s *Server) Addr() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
+}
+
+// Port is the server's TCP port.
+func (s *Server) Port() int { return s.port }
+
+// Stop kills the server (SIGKILL, as a crash would) and waits for it to
+// exit. Stopping a stopped server does nothing.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	cmd, exited := s.cmd, s.exited
+	s.cmd = nil
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	<-exited
+}
+
+// Restart stops the server if it runs and starts a new, empty one on the
+// same port, waiting until it answers PING.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	// The port was just released by our own process; retry briefly in
+	// case the kernel has not freed it yet.
+	deadline := time.Now().Add(StartTimeout)
+	for {
+		err := s.start()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("redisserver: restart on port %d: %v", s.port, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// start runs redis-server on s.port and waits for PING.
+func (s *Server) start() error {
+	fmt.Fprintf(s.log, "--- starting %s on port %d\n", s.bin, s.port)
+	cmd := exec.Command(s.bin,
+		"--port", strconv.Itoa(s.port),
+		"--bind", "127.0.0.1",
+		"--save", "",
+		"--appendonly", "no",
+		"--dir", s.dir,
+		"--daemonize", "no",
+		"--logfile", "",
+	)
+	cmd.Stdout = s.log
+	cmd.Stderr = s.log
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", s.bin, err)
+	}
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
+	s.mu.Lock()
+	s.cmd, s.exited = cmd, exited
+	s.mu.Unlock()
+
+	deadline := time.Now().Add(StartTimeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if probe(s.Addr(), cmd.Process.Pid) == nil {
+			return nil
+		}
+		select {
+		case <-exited:
+			s.mu.Lock()
+			if s.cmd == cmd {
+				s.cmd = nil
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("redis-server on port %d exited before answering PING (%v); log:\n%s", s.port, waitErr, s.log.String())
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return fmt.Errorf("redis-server on port %d did not answer PING within %s", s.port, StartTimeout)
+		}
+	}
+}
+
+// probe sends PING and INFO server, and checks that the server answers
+// PONG and is the process pid (not some other server that took the port).
+func probe(addr string, pid int) error {
+	c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("PING\r\nINFO server\r\n")); err != nil {
+		return err
+	}
+	r := bufio.NewReader(c)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	if line = strings.TrimSpace(line); line != "+PONG" {
+		return fmt.Errorf("PING answered %q", line)
+	}
+	line, err = r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimSpace(line), "$"))
+	if err != nil || !strings.HasPrefix(line, "$") {
+		return fmt.Errorf("INFO answered %q", strings.TrimSpace(line))
+	}
+	info := make([]byte, n)
+	if _, err := io.ReadFull(r, info); err != nil {
+		return err
+	}
+	want := "process_id:" + strconv.Itoa(pid) + "\r\n"
+	if !bytes.Contains(info, []byte(want)) {
+		return fmt.Errorf("port %s is served by another redis-server", addr)
+	}
+	return nil
+}
+
+// binary finds redis-server.
+func binary() (string, error) {
+	if p := os.Getenv("REDIS_SERVER"); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("redisserver: REDIS_SERVER=%s: %w", p, err)
+		}
+		return p, nil
+	}
+	p, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", errors.New("redisserver: redis-server not found on PATH and REDIS_SERVER is not set; " +
+			"install it with `eval \"$(scripts/install-test-deps.sh)\"` (Debian: apt-get install redis-server) " +
+			"or point REDIS_SERVER at a redis-server binary")
+	}
+	return p, nil
+}
+
+// freePort asks the kernel for a free loopback port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
