@@ -136,6 +136,8 @@ func (g *gateway) Stop(t *testing.T) {
 // Stamp is one request-log line.
 type Stamp struct {
 	RequestID        string  `json:"request_id"`
+	Principal        string  `json:"principal"`
+	Tenant           string  `json:"tenant"`
 	Model            string  `json:"model"`
 	Pool             string  `json:"pool"`
 	Upstream         string  `json:"upstream"`
@@ -153,9 +155,25 @@ type Stamp struct {
 	E2Ems            float64 `json:"e2e_ms"`
 	Gatewayms        float64 `json:"gateway_ms"`
 	Gatems           float64 `json:"gate_ms"`
+	Policyms         float64 `json:"policy_ms"`
+	RateLimitms      float64 `json:"ratelimit_ms"`
+	Checksms         float64 `json:"checks_ms"`
 	Decision         string  `json:"decision"`
 	Reason           string  `json:"reason"`
 	Complete         bool    `json:"complete"`
+}
+
+// stamps returns every request-log line so far.
+func (g *gateway) stamps() []Stamp {
+	var out []Stamp
+	sc := bufio.NewScanner(strings.NewReader(g.requests.String()))
+	for sc.Scan() {
+		var s Stamp
+		if json.Unmarshal(sc.Bytes(), &s) == nil && s.RequestID != "" {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // stamp waits for the request log line of one request.
@@ -184,15 +202,25 @@ type envoy struct {
 
 // startEnvoy renders envoy/demo.yaml for the given ports and runs the
 // pinned Envoy on it. Its log is shown only when the test fails.
-func startEnvoy(t *testing.T, extprocAddr, poolA, poolB string) *envoy {
+func startEnvoy(t *testing.T, extprocAddrs []string, poolA, poolB string) *envoy {
 	t.Helper()
 	bin := envoyBinary(t)
 	dir := t.TempDir()
 	rendered := renderEnvoy(t, "envoy/demo.yaml", map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
-		"EXTPROC_PORT": port(t, extprocAddr), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
+		"EXTPROC_PORT": port(t, extprocAddrs[0]), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
 		"JWKS_FILE": testIssuer(t).jwksPath,
 	})
+	// More infergate replicas: more endpoints in the infergate cluster, so
+	// a request's gate and meter streams may land on different replicas.
+	first := "{address: 127.0.0.1, port_value: " + port(t, extprocAddrs[0]) + "}}}"
+	for _, addr := range extprocAddrs[1:] {
+		line := "        - endpoint: {address: {socket_address: " + first
+		if !strings.Contains(rendered, line) {
+			t.Fatal("envoy/demo.yaml: infergate endpoint line not found")
+		}
+		rendered = strings.Replace(rendered, line, line+"\n"+strings.Replace(line, port(t, extprocAddrs[0]), port(t, addr), 1), 1)
+	}
 	cfgPath := filepath.Join(dir, "envoy.yaml")
 	adminPath := filepath.Join(dir, "admin-address")
 	if err := os.WriteFile(cfgPath, []byte(rendered), 0o644); err != nil {
@@ -306,10 +334,11 @@ func waitHTTP(t *testing.T, url string) {
 
 // stack is Envoy + infergate + two mock pools, the demo topology.
 type stack struct {
-	Envoy   *envoy
-	Gateway *gateway
-	PoolA   *pool
-	PoolB   *pool
+	Envoy    *envoy
+	Gateway  *gateway   // the first replica
+	Replicas []*gateway // all of them
+	PoolA    *pool
+	PoolB    *pool
 }
 
 const testConfig = `
@@ -320,13 +349,25 @@ log:
 `
 
 func startStack(t *testing.T) *stack {
+	return startStackWith(t, testConfig, 1)
+}
+
+// startStackWith runs replicas infergate processes with the given config
+// behind one Envoy.
+func startStackWith(t *testing.T, config string, replicas int) *stack {
 	t.Helper()
 	s := &stack{
-		PoolA:   startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
-		PoolB:   startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
-		Gateway: startInfergate(t, testConfig),
+		PoolA: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
+		PoolB: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
 	}
-	s.Envoy = startEnvoy(t, s.Gateway.ExtProcAddr, s.PoolA.Addr, s.PoolB.Addr)
+	var addrs []string
+	for range replicas {
+		g := startInfergate(t, config)
+		s.Replicas = append(s.Replicas, g)
+		addrs = append(addrs, g.ExtProcAddr)
+	}
+	s.Gateway = s.Replicas[0]
+	s.Envoy = startEnvoy(t, addrs, s.PoolA.Addr, s.PoolB.Addr)
 	return s
 }
 
@@ -457,3 +498,7 @@ func (c *connTracker) CloseAll() {
 		conn.Close()
 	}
 }
+
+func jsonDecode(resp *http.Response, v any) error { return json.NewDecoder(resp.Body).Decode(v) }
+
+func drain(resp *http.Response) { _, _ = io.Copy(io.Discard, resp.Body) }
