@@ -1,0 +1,257 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/internal/testutil/redisserver"
+)
+
+// loadTier is a tenant with a small token budget, added next to the
+// shipped example data.
+const loadTier = `infergate:
+  tiers:
+    load:
+      rank: 0
+      models: ["*"]
+      max_tokens: 64
+      requests_per_minute: 100000
+      tokens_per_minute: %d
+      output_tokens_per_hour: 100000000
+      checks: []
+  tenants:
+    loadtest:
+      tier: load
+`
+
+func loadPolicies(t *testing.T, tokensPerMinute int) string {
+	t.Helper()
+	dir := copyPolicies(t)
+	if err := os.WriteFile(filepath.Join(dir, "loadtest.yaml"), fmt.Appendf(nil, loadTier, tokensPerMinute), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// metricSum adds up every sample of a metric whose labels contain match.
+func metricSum(t *testing.T, adminURL, name, match string) float64 {
+	t.Helper()
+	total := 0.0
+	for _, line := range strings.Split(get(t, adminURL+"/metrics"), "\n") {
+		if !strings.HasPrefix(line, name) || !strings.Contains(line, match) {
+			continue
+		}
+		f := strings.Fields(line)
+		v, err := strconv.ParseFloat(f[len(f)-1], 64)
+		if err == nil {
+			total += v
+		}
+	}
+	return total
+}
+
+// 200 concurrent streams against a tokens-per-minute budget admit exactly
+// what the budget holds — reservations are charged atomically at
+// admission — and every reservation is settled with the real usage.
+func TestTokenBudgetUnderConcurrency(t *testing.T) {
+	const (
+		budget    = 2000
+		maxTokens = 32
+		clients   = 200
+		// "tell me a story about envoy": 27 characters, estimated 7 tokens,
+		// so each request reserves 7 + 32 = 39 tokens.
+		reservation = 7 + maxTokens
+		admitted    = budget / reservation // 51
+		// The mock counts 6 prompt words and streams exactly maxTokens.
+		actual = 6 + maxTokens
+	)
+	for _, backend := range []string{"memory", "redis"} {
+		t.Run(backend, func(t *testing.T) {
+			extra, replicas := "", 1
+			var rdb *redis.Client
+			if backend == "redis" {
+				srv := redisserver.Start(t)
+				extra = "ratelimit: {backend: redis, redis: {address: " + srv.Addr() + "}}"
+				replicas = 2
+				rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
+				defer rdb.Close()
+			}
+			s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, budget), extra), replicas)
+			// Keep every stream open until all 200 are decided, so no
+			// settlement refunds budget mid-load: the count is exact.
+			hdr := map[string]string{"authorization": "Bearer sk-load-0001", "x-mock-ttft-ms": "1500", "x-mock-itl-ms": "1"}
+			var wg sync.WaitGroup
+			statuses := make([]int, clients)
+			for i := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", maxTokens, true, ""), hdr)
+					statuses[i] = r.Status
+					if r.Status == 200 && len(contentEvents(r.Events)) != maxTokens {
+						t.Errorf("an admitted stream was cut: %d content events", len(contentEvents(r.Events)))
+					}
+				}()
+			}
+			wg.Wait()
+			ok, limited := 0, 0
+			for _, st := range statuses {
+				switch st {
+				case 200:
+					ok++
+				case 429:
+					limited++
+				default:
+					t.Errorf("unexpected status %d", st)
+				}
+			}
+			t.Logf("%s: %d admitted, %d limited (budget %d tokens, %d per reservation)", backend, ok, limited, budget, reservation)
+			if ok != admitted {
+				t.Errorf("admitted %d streams, want exactly %d (= %d / %d)", ok, admitted, budget, reservation)
+			}
+			if int(s.served()) != ok {
+				t.Errorf("pools served %d, admitted %d", s.served(), ok)
+			}
+			// Every reservation is settled, on whichever replica metered it.
+			deadline := time.Now().Add(5 * time.Second)
+			var reserved, settled, settledTokens float64
+			for time.Now().Before(deadline) {
+				reserved, settled, settledTokens = 0, 0, 0
+				for _, g := range s.Replicas {
+					reserved += metricSum(t, g.AdminURL, "infergate_ratelimit_reservations_total", `state="reserved"`)
+					settled += metricSum(t, g.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`)
+					settledTokens += metricSum(t, g.AdminURL, "infergate_ratelimit_tokens_total", `state="settled"`)
+				}
+				if reserved == float64(ok) && settled == reserved {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if reserved != float64(ok) || settled != reserved {
+				t.Errorf("reserved %v, settled %v: drift", reserved, settled)
+			}
+			if settledTokens != float64(ok*actual) {
+				t.Errorf("settled %v tokens, the mock streamed %d", settledTokens, ok*actual)
+			}
+			if rdb != nil {
+				// The shared counter now holds the real usage, not the reservations.
+				keys, err := rdb.Keys(context.Background(), "*tenant=loadtest}:total_tokens*").Result()
+				if err != nil || len(keys) != 1 {
+					t.Fatalf("total-token counters: %v %v", keys, err)
+				}
+				v, _ := rdb.Get(context.Background(), keys[0]).Int()
+				if v != ok*actual {
+					t.Errorf("redis counter %d, want %d (real usage)", v, ok*actual)
+				}
+			}
+		})
+	}
+}
+
+// With Redis gone the gate does what it is told (deny: a quick 503), and
+// recovers when Redis is back.
+func TestRedisOutage(t *testing.T) {
+	srv := redisserver.Start(t)
+	extra := "ratelimit: {backend: redis, onBackendError: deny, redis: {address: " + srv.Addr() + ", timeout: 200ms}}"
+	s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, 1_000_000), extra), 1)
+	c := chatCall("sk-load-0001", "pool-a", 4)
+	if resp, e := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("before the outage: %d %s", resp.StatusCode, e.Error.Message)
+	}
+	srv.Stop()
+	for range 5 {
+		start := time.Now()
+		resp, e := c.do(t, s.Envoy.URL)
+		if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != "rate_limit_unavailable" {
+			t.Fatalf("during the outage: %d %q", resp.StatusCode, e.Error.Code)
+		}
+		if d := time.Since(start); d > time.Second {
+			t.Errorf("a request took %v during the outage: it must not hang", d)
+		}
+	}
+	srv.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, _ := c.do(t, s.Envoy.URL)
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery after Redis came back: %d", resp.StatusCode)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if m := metricSum(t, s.Gateway.AdminURL, "infergate_admission_errors_total", `op="limiter"`); m < 5 {
+		t.Errorf("limiter errors metric %v, want >= 5", m)
+	}
+}
+
+// A policy that does not compile never replaces the working one; a fixed
+// one takes over within 2 s.
+func TestPolicyReload(t *testing.T) {
+	dir := loadPolicies(t, 1_000_000)
+	s := startStackWith(t, policyConfig(writeKeys(t), dir, ""), 1)
+	c := chatCall("sk-load-0001", "pool-a", 4)
+	if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("before: %d", resp.StatusCode)
+	}
+	authz := filepath.Join(dir, "authz.rego")
+	orig := mustRead(t, authz)
+	os.WriteFile(authz, append(slices.Clone(orig), []byte("\nthis is not rego {\n")...), 0o644)
+	// The broken version is refused: /readyz says so, decisions continue.
+	waitFor(t, 3*time.Second, func() bool {
+		resp, err := http.Get(s.Gateway.AdminURL + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	}, "/readyz to report the broken policy")
+	if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("a broken policy replaced the working one: %d", resp.StatusCode)
+	}
+	// Fixed, and the load tier narrowed to one model: the new version wins.
+	os.WriteFile(authz, orig, 0o644)
+	narrowed := strings.Replace(fmt.Sprintf(loadTier, 1_000_000), `models: ["*"]`, `models: [qwen2.5-7b-instruct]`, 1)
+	os.WriteFile(filepath.Join(dir, "loadtest.yaml"), []byte(narrowed), 0o644)
+	start := time.Now()
+	waitFor(t, 2*time.Second, func() bool {
+		resp, _ := c.do(t, s.Envoy.URL)
+		return resp.StatusCode == http.StatusForbidden
+	}, "the fixed policy to take over")
+	t.Logf("new policy in force after %v", time.Since(start))
+	if resp, err := http.Get(s.Gateway.AdminURL + "/readyz"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("/readyz after the fix: %v %v", resp.StatusCode, err)
+	}
+}
+
+func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
