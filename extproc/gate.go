@@ -193,7 +193,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		}
 	}
 	decision := cmp.Or(v.Decision, "allow")
-	gateTime := time.Since(g.started)
+	gateTime := time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
 	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs(decision, v.Reason))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	fields := map[string]any{
@@ -294,7 +294,7 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 // deny answers with an immediate OpenAI-style error and stamps the request.
 func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdict) []*extprocv3.ProcessingResponse {
 	g.decided = true
-	gateTime := time.Since(g.started)
+	gateTime := time.Since(g.started) - v.Timings.Checks
 	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("deny", v.Reason))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",

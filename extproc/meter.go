@@ -190,7 +190,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		st.TTFT = m.first.Sub(m.sentAt)
 	}
 	if !m.envoyStart.IsZero() {
-		st.Gateway.Total = max(0, m.sentAt.Sub(m.envoyStart))
+		// External checks (moderation) happen before the request leaves but
+		// are neither gateway nor model time: the stamp keeps them apart.
+		st.Gateway.Total = max(0, m.sentAt.Sub(m.envoyStart)-st.Gateway.Checks)
 	}
 	switch {
 	case m.usage != nil:

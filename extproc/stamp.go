@@ -49,8 +49,11 @@ type Stamp struct {
 // GatewayTime is the time spent in the gateway before the upstream got the
 // request, split by stage.
 type GatewayTime struct {
-	Total time.Duration // Envoy receiving the request to the request leaving for the upstream
-	Gate  time.Duration // the gate's whole decision, including the stages below
+	// Total is Envoy receiving the request to the request leaving for the
+	// upstream, less external checks (Timings.Checks), which are neither
+	// gateway nor model time.
+	Total time.Duration
+	Gate  time.Duration // the gate's decision: auth, policy, rate limits, mutations (not checks)
 	Timings
 }
 
