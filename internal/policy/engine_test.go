@@ -1,0 +1,518 @@
+package policy
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/internal/ratelimit"
+)
+
+// policiesDir holds the default policies shipped with infergate.
+const policiesDir = "../../policies"
+
+// copyPolicies copies the default policies into a fresh directory.
+func copyPolicies(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	entries, err := os.ReadDir(policiesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(policiesDir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, dir, e.Name(), string(b))
+	}
+	return dir
+}
+
+func writeFile(t testing.TB, dir, name, content string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// policyDir writes files (name → content) into a fresh directory.
+func policyDir(t testing.TB, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		writeFile(t, dir, name, content)
+	}
+	return dir
+}
+
+// chat is a realistic streaming chat completion from an API key.
+func chat(tenant, model string) *Input {
+	return &Input{
+		Principal: Principal{ID: "key-1", Type: "api_key", Claims: map[string]any{}},
+		Tenant:    tenant,
+		Labels:    map[string]string{"team": "search"},
+		Request: Request{
+			Method:                "POST",
+			Path:                  "/v1/chat/completions",
+			Headers:               map[string]string{"user-agent": "openai-python/1.50.0", "x-request-id": "4f1c2a"},
+			Model:                 model,
+			Stream:                true,
+			MaxTokens:             256,
+			EstimatedPromptTokens: 40,
+		},
+		Usage: Usage{Requests: 3, Tokens: 1200},
+	}
+}
+
+func limits(tenant, principal, model string, rpm, tpm, otph int64) []ratelimit.Limit {
+	ls := []ratelimit.Limit{
+		{Name: "requests-per-minute", Key: "tenant=" + tenant + "/principal=" + principal, Unit: ratelimit.Requests, Amount: rpm, Window: time.Minute},
+		{Name: "tenant-tokens-per-minute", Key: "tenant=" + tenant, Unit: ratelimit.TotalTokens, Amount: tpm, Window: time.Minute},
+	}
+	if model != "" {
+		ls = append(ls, ratelimit.Limit{Name: "model-output-tokens-per-hour", Key: "tenant=" + tenant + "/model=" + model,
+			Unit: ratelimit.OutputTokens, Amount: otph, Window: time.Hour})
+	}
+	return ls
+}
+
+func sortLimits(ls []ratelimit.Limit) []ratelimit.Limit {
+	ls = slices.Clone(ls)
+	slices.SortFunc(ls, func(a, b ratelimit.Limit) int { return strings.Compare(a.Name, b.Name) })
+	return ls
+}
+
+func loadDefault(t testing.TB) *Engine {
+	t.Helper()
+	e, err := Load(context.Background(), policiesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func TestLoadRunsPolicyTests(t *testing.T) {
+	e := loadDefault(t)
+	if e.Tests() < 30 {
+		t.Errorf("ran %d policy tests, want the default policies' tests", e.Tests())
+	}
+}
+
+func TestDecideDefaultPolicies(t *testing.T) {
+	e := loadDefault(t)
+	with := func(in *Input, f func(*Input)) *Input { f(in); return in }
+	tests := []struct {
+		name   string
+		in     *Input
+		want   Decision
+		limits []ratelimit.Limit // checked when allowed
+	}{
+		{
+			name:   "premium any model",
+			in:     chat("acme", "llama-3.1-70b-instruct"),
+			want:   Decision{Allow: true, Reason: "allowed on the premium tier"},
+			limits: limits("acme", "key-1", "llama-3.1-70b-instruct", 600, 2000000, 20000000),
+		},
+		{
+			name:   "standard large model",
+			in:     chat("globex", "mixtral-8x22b-instruct"),
+			want:   Decision{Allow: true, Reason: "allowed on the standard tier"},
+			limits: limits("globex", "key-1", "mixtral-8x22b-instruct", 120, 200000, 2000000),
+		},
+		{
+			name:   "free small model",
+			in:     chat("initech", "qwen2.5-7b-instruct"),
+			want:   Decision{Allow: true, Reason: "allowed on the free tier"},
+			limits: limits("initech", "key-1", "qwen2.5-7b-instruct", 20, 20000, 100000),
+		},
+		{
+			name: "free large model",
+			in:   chat("initech", "llama-3.1-70b-instruct"),
+			want: Decision{Status: 403, Reason: `model "llama-3.1-70b-instruct" is not available on the free tier`},
+		},
+		{
+			name: "standard unknown model",
+			in:   chat("globex", "gpt-4o"),
+			want: Decision{Status: 403, Reason: `model "gpt-4o" is not available on the standard tier`},
+		},
+		{
+			name: "anonymous",
+			in:   with(chat("acme", "llama-3.1-8b-instruct"), func(in *Input) { in.Principal = Principal{Type: "anonymous"} }),
+			want: Decision{Status: 401, Reason: "missing credentials"},
+		},
+		{
+			name: "anonymous where the tenant allows it",
+			in: with(chat("playground", "llama-3.1-8b-instruct"), func(in *Input) {
+				in.Principal = Principal{Type: "anonymous"}
+				in.Labels = nil
+			}),
+			want:   Decision{Allow: true, Reason: "allowed on the free tier"},
+			limits: limits("playground", "", "llama-3.1-8b-instruct", 20, 20000, 100000),
+		},
+		{
+			name: "jwt",
+			in: with(chat("globex", "llama-3.1-8b-instruct"), func(in *Input) {
+				in.Principal = Principal{ID: "alice", Type: "jwt", Claims: map[string]any{"sub": "alice", "exp": 1.9e9}}
+			}),
+			want:   Decision{Allow: true, Reason: "allowed on the standard tier"},
+			limits: limits("globex", "alice", "llama-3.1-8b-instruct", 120, 200000, 2000000),
+		},
+		{
+			name: "unknown tenant",
+			in:   chat("hooli", "llama-3.1-8b-instruct"),
+			want: Decision{Status: 403, Reason: `unknown tenant "hooli"`},
+		},
+		{
+			name: "unknown path",
+			in:   with(chat("acme", "llama-3.1-8b-instruct"), func(in *Input) { in.Request.Path = "/v1/embeddings" }),
+			want: Decision{Status: 404, Reason: "no route for POST /v1/embeddings"},
+		},
+		{
+			name: "wrong method",
+			in:   with(chat("acme", "llama-3.1-8b-instruct"), func(in *Input) { in.Request.Method = "PUT" }),
+			want: Decision{Status: 404, Reason: "no route for PUT /v1/chat/completions"},
+		},
+		{
+			name: "model listing",
+			in: with(chat("initech", ""), func(in *Input) {
+				in.Request = Request{Method: "GET", Path: "/v1/models"}
+			}),
+			want:   Decision{Allow: true, Reason: "allowed on the free tier"},
+			limits: limits("initech", "key-1", "", 20, 20000, 0),
+		},
+		{
+			name: "max_tokens above the free cap",
+			in:   with(chat("initech", "llama-3.1-8b-instruct"), func(in *Input) { in.Request.MaxTokens = 2048 }),
+			want: Decision{Status: 400, Reason: "max_tokens 2048 exceeds the free tier's limit of 1024"},
+		},
+		{
+			name:   "max_tokens at the premium cap",
+			in:     with(chat("acme", "llama-3.1-8b-instruct"), func(in *Input) { in.Request.MaxTokens = 16384 }),
+			want:   Decision{Allow: true, Reason: "allowed on the premium tier"},
+			limits: limits("acme", "key-1", "llama-3.1-8b-instruct", 600, 2000000, 20000000),
+		},
+		{
+			name: "tier label lowers the tier",
+			in: with(chat("acme", "llama-3.1-70b-instruct"), func(in *Input) {
+				in.Labels = map[string]string{"tier": "free"}
+			}),
+			want: Decision{Status: 403, Reason: `model "llama-3.1-70b-instruct" is not available on the free tier`},
+		},
+		{
+			name: "tier label cannot raise the tier",
+			in: with(chat("initech", "llama-3.1-8b-instruct"), func(in *Input) {
+				in.Labels = map[string]string{"tier": "premium"}
+			}),
+			want: Decision{Status: 403, Reason: `tier label "premium" is not allowed for this tenant`},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := e.Decide(context.Background(), tt.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Allow != tt.want.Allow || got.Status != tt.want.Status || got.Reason != tt.want.Reason {
+				t.Errorf("got allow=%v status=%d reason=%q, want allow=%v status=%d reason=%q",
+					got.Allow, got.Status, got.Reason, tt.want.Allow, tt.want.Status, tt.want.Reason)
+			}
+			if got.Checks != nil {
+				t.Errorf("checks = %q, want none", got.Checks)
+			}
+			if tt.want.Allow {
+				if g, w := sortLimits(got.Limits), sortLimits(tt.limits); !slices.Equal(g, w) {
+					t.Errorf("limits:\n got %+v\nwant %+v", g, w)
+				}
+				if got.Reserve != nil {
+					t.Errorf("reserve = %+v, want the default", got.Reserve)
+				}
+			}
+		})
+	}
+}
+
+func TestDecideReservesTierCapWithoutMaxTokens(t *testing.T) {
+	e := loadDefault(t)
+	in := chat("globex", "llama-3.1-8b-instruct")
+	in.Request.MaxTokens = 0
+	d, err := e.Decide(context.Background(), in)
+	if err != nil || !d.Allow {
+		t.Fatalf("Decide = %+v, %v", d, err)
+	}
+	want := ratelimit.Cost{Requests: 1, InputTokens: 40, OutputTokens: 4096}
+	if d.Reserve == nil || *d.Reserve != want {
+		t.Errorf("reserve = %+v, want %+v", d.Reserve, want)
+	}
+}
+
+func TestDecideChecks(t *testing.T) {
+	dir := copyPolicies(t)
+	data, err := os.ReadFile(filepath.Join(dir, "data.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The free tier is the first with checks: [].
+	writeFile(t, dir, "data.yaml", strings.Replace(string(data), "checks: []", "checks: [moderation, pii]", 1))
+	e, err := Load(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Decide(context.Background(), chat("initech", "llama-3.1-8b-instruct"))
+	if err != nil || !d.Allow {
+		t.Fatalf("Decide = %+v, %v", d, err)
+	}
+	if !slices.Equal(d.Checks, []string{"moderation", "pii"}) {
+		t.Errorf("checks = %q", d.Checks)
+	}
+	d, err = e.Decide(context.Background(), chat("acme", "llama-3.1-8b-instruct"))
+	if err != nil || d.Checks != nil {
+		t.Errorf("premium: checks = %q, %v", d.Checks, err)
+	}
+}
+
+// A minimal authz package for policies under test.
+const allowAll = "package infergate.authz\n\nallow := true\n"
+
+func TestDecideReserveOverride(t *testing.T) {
+	tests := []struct {
+		reserve string
+		want    ratelimit.Cost
+	}{
+		{`{"input_tokens": 7, "output_tokens": 9}`, ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 9}},
+		{`{"output_tokens": 5}`, ratelimit.Cost{Requests: 1, InputTokens: 40, OutputTokens: 5}},
+		{`{"input_tokens": input.request.estimated_prompt_tokens * 2}`, ratelimit.Cost{Requests: 1, InputTokens: 80, OutputTokens: 256}},
+		{`{}`, ratelimit.Cost{Requests: 1, InputTokens: 40, OutputTokens: 256}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.reserve, func(t *testing.T) {
+			dir := policyDir(t, map[string]string{
+				"authz.rego":     allowAll,
+				"ratelimit.rego": "package infergate.ratelimit\n\nreserve := " + tt.reserve + "\n",
+			})
+			e, err := Load(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := e.Decide(context.Background(), chat("acme", "m"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Reserve == nil || *d.Reserve != tt.want {
+				t.Errorf("reserve = %+v, want %+v", d.Reserve, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecideDefaults(t *testing.T) {
+	tests := []struct {
+		authz string
+		want  Decision
+	}{
+		{"default allow := false", Decision{Status: 403, Reason: "denied by policy"}},
+		{"allow := true", Decision{Allow: true, Reason: "allowed by policy"}},
+		{"default allow := false\nstatus := 429\nreason := \"slow down\"", Decision{Status: 429, Reason: "slow down"}},
+		// status and reason of an allowed request: status is for denials only
+		{"allow := true\ndefault status := 403\nreason := \"ok\"", Decision{Allow: true, Reason: "ok"}},
+		{"default allow := false\nallow if input.tenant == \"acme\"", Decision{Allow: true, Reason: "allowed by policy"}},
+		// a policy may set status as a float; 404.0 is 404
+		{"default allow := false\nstatus := 808 / 2", Decision{Status: 404, Reason: "denied by policy"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.authz, func(t *testing.T) {
+			dir := policyDir(t, map[string]string{"authz.rego": "package infergate.authz\n\n" + tt.authz + "\n"})
+			e, err := Load(context.Background(), dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := e.Decide(context.Background(), chat("acme", "m"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allow != tt.want.Allow || d.Status != tt.want.Status || d.Reason != tt.want.Reason ||
+				d.Limits != nil || d.Reserve != nil || d.Checks != nil {
+				t.Errorf("got %+v, want %+v", d, tt.want)
+			}
+		})
+	}
+}
+
+// Every malformed answer is an error and a denial: never fail open.
+func TestDecideFailsClosed(t *testing.T) {
+	limit := func(fields string) string {
+		return "package infergate.ratelimit\n\nlimits contains " + fields + "\n"
+	}
+	ok := `{"name": "n", "key": "k", "unit": "requests", "amount": 10, "window": "1m"}`
+	tests := []struct {
+		name, authz, ratelimit, wantErr string
+	}{
+		{"allow undefined", "allow if input.tenant == \"nobody\"", "", "allow is undefined"},
+		{"allow not boolean", "allow := \"yes\"", "", "allow must be a boolean"},
+		{"allow conflict", "allow := true\nallow := false if input.tenant == \"acme\"", "", "conflict"},
+		{"reason not string", "allow := true\nreason := 1", "", "reason must be a string"},
+		{"status not error", "default allow := false\nstatus := 200", "", "status must be an HTTP error status"},
+		{"status not number", "default allow := false\nstatus := \"403\"", "", "status must be an HTTP error status"},
+		{"checks not strings", "allow := true\nchecks := {1}", "", "checks: want non-empty strings"},
+		{"checks not set", "allow := true\nchecks := \"moderation\"", "", "checks must be a set"},
+		{"built-in error", "allow if to_number(input.tenant) > 1", "", "to_number"},
+		{"limits not set", allowAll, "package infergate.ratelimit\n\nlimits := 3\n", "limits must be a set or array"},
+		{"limit not object", allowAll, limit(`"x"`), "not an object"},
+		{"unknown unit", allowAll, limit(`{"name": "n", "key": "k", "unit": "tokens", "amount": 10, "window": "1m"}`), `unknown unit "tokens"`},
+		{"zero amount", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": 0, "window": "1m"}`), "amount must be a positive integer"},
+		{"negative amount", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": -5, "window": "1m"}`), "amount must be a positive integer"},
+		{"fractional amount", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": 1.5, "window": "1m"}`), "amount must be a positive integer"},
+		{"amount string", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": "10", "window": "1m"}`), "amount must be a positive integer"},
+		{"bad window", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": 10, "window": "1 minute"}`), "window"},
+		{"short window", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": 10, "window": "10ms"}`), "shorter than 1s"},
+		{"window number", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": 10, "window": 60}`), `"window" must be a non-empty string`},
+		{"no key", allowAll, limit(`{"name": "n", "unit": "requests", "amount": 10, "window": "1m"}`), `no "key"`},
+		{"empty key", allowAll, limit(`{"name": "n", "key": "", "unit": "requests", "amount": 10, "window": "1m"}`), "key\" must be a non-empty string"},
+		{"no name", allowAll, limit(`{"key": "k", "unit": "requests", "amount": 10, "window": "1m"}`), `no "name"`},
+		{"unknown field", allowAll, limit(`{"name": "n", "key": "k", "unit": "requests", "amount": 10, "window": "1m", "burst": 5}`), `unknown field "burst"`},
+		{"same counter twice", allowAll, limit(ok) + "\nlimits contains " + strings.Replace(ok, `"amount": 10`, `"amount": 20`, 1), "share key"},
+		{"reserve not object", allowAll, "package infergate.ratelimit\n\nreserve := 5\n", "reserve must be an object"},
+		{"reserve negative", allowAll, "package infergate.ratelimit\n\nreserve := {\"input_tokens\": -1}\n", "non-negative integer"},
+		{"reserve unknown field", allowAll, "package infergate.ratelimit\n\nreserve := {\"tokens\": 1}\n", `unknown field "tokens"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			files := map[string]string{"authz.rego": tt.authz}
+			if !strings.HasPrefix(tt.authz, "package") {
+				files["authz.rego"] = "package infergate.authz\n\n" + tt.authz + "\n"
+			}
+			if tt.ratelimit != "" {
+				files["ratelimit.rego"] = tt.ratelimit
+			}
+			e, err := Load(context.Background(), policyDir(t, files))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := e.Decide(context.Background(), chat("acme", "m"))
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("err = %v, want %q", err, tt.wantErr)
+			}
+			if d.Allow || d.Status != 500 || d.Limits != nil || d.Reserve != nil || d.Checks != nil {
+				t.Errorf("decision = %+v, want a bare denial", d)
+			}
+		})
+	}
+}
+
+func TestDecideCancelledContextDenies(t *testing.T) {
+	e := loadDefault(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	d, err := e.Decide(ctx, chat("acme", "llama-3.1-8b-instruct"))
+	if err == nil || d.Allow {
+		t.Errorf("Decide with a cancelled context = %+v, %v; want an error and a denial", d, err)
+	}
+	if d, err := e.Decide(context.Background(), nil); err == nil || d.Allow {
+		t.Errorf("Decide(nil) = %+v, %v", d, err)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		files   map[string]string
+		wantErr []string
+	}{
+		{
+			name: "syntax error",
+			files: map[string]string{
+				"authz.rego": "package infergate.authz\n\ndefault allow := false\n\nallow if {\n\tinput.tenant ==\n}\n",
+			},
+			wantErr: []string{"authz.rego:7", "rego_parse_error"},
+		},
+		{
+			name: "compile error",
+			files: map[string]string{
+				"authz.rego": "package infergate.authz\n\ndefault allow := false\n\nallow if undefined_function(input.tenant)\n",
+			},
+			wantErr: []string{"authz.rego:5", "undefined function"},
+		},
+		{
+			name: "failing policy test",
+			files: map[string]string{
+				"authz.rego":      allowAll,
+				"authz_test.rego": "package infergate.authz_test\n\nimport data.infergate.authz\n\ntest_allows if authz.allow\n\ntest_denies_acme if {\n\tnot authz.allow with input as {\"tenant\": \"acme\"}\n}\n",
+			},
+			wantErr: []string{"1 of 2 policy tests failed", "authz_test.rego:7", "data.infergate.authz_test.test_denies_acme: FAIL"},
+		},
+		{
+			name: "policy test with a built-in error",
+			files: map[string]string{
+				"authz.rego":      allowAll,
+				"authz_test.rego": "package infergate.authz_test\n\ntest_number if to_number(\"x\") == 1\n",
+			},
+			wantErr: []string{"test_number: ERROR", "to_number"},
+		},
+		{
+			name:    "no allow rule",
+			files:   map[string]string{"authz.rego": "package infergate.authz\n\ndeny := true\n"},
+			wantErr: []string{"no rule data.infergate.authz.allow"},
+		},
+		{
+			name:    "no policies",
+			files:   map[string]string{"data.json": "{}"},
+			wantErr: []string{"no .rego files"},
+		},
+		{
+			name:    "bad data",
+			files:   map[string]string{"authz.rego": allowAll, "data.yaml": "a: [b\n"},
+			wantErr: []string{"data.yaml"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := policyDir(t, tt.files)
+			err := Validate(context.Background(), dir)
+			if err == nil {
+				t.Fatal("Validate: no error")
+			}
+			for _, want := range tt.wantErr {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not contain %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+func TestLoadSkipsOtherFiles(t *testing.T) {
+	dir := copyPolicies(t)
+	writeFile(t, dir, "README.md", "# not a policy")
+	writeFile(t, dir, ".authz.rego.swp", "garbage")
+	if err := os.Mkdir(filepath.Join(dir, "..data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "..data"), "authz.rego", "package infergate.authz\n\nallow := true\n")
+	if err := Validate(context.Background(), dir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadDataInSubdirectory(t *testing.T) {
+	dir := policyDir(t, map[string]string{
+		"authz.rego": "package infergate.authz\n\ndefault allow := false\n\nallow if input.tenant in data.tenants.names\n",
+	})
+	if err := os.Mkdir(filepath.Join(dir, "tenants"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "tenants"), "data.json", `{"names": ["acme"]}`)
+	e, err := Load(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := e.Decide(context.Background(), chat("acme", "m")); err != nil || !d.Allow {
+		t.Errorf("Decide = %+v, %v; want data.tenants from tenants/data.json", d, err)
+	}
+}

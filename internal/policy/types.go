@@ -1,0 +1,58 @@
+// Package policy evaluates infergate's Rego policies (package
+// infergate.authz and infergate.ratelimit under policies/) with OPA's Go
+// SDK: compiled and prepared once, re-prepared when the files change.
+package policy
+
+import (
+	"github.com/infergate/infergate/internal/ratelimit"
+)
+
+// Input is the policy input, documented in docs/policy-input.schema.json.
+// Field names are the JSON keys a policy reads as input.*.
+type Input struct {
+	Principal Principal         `json:"principal"`
+	Tenant    string            `json:"tenant"`
+	Labels    map[string]string `json:"labels"`
+	Request   Request           `json:"request"`
+	// Usage is the caller's current usage as this replica last saw it.
+	Usage Usage `json:"usage"`
+}
+
+// Principal is who is calling.
+type Principal struct {
+	ID     string         `json:"id"`     // key id or JWT subject; never the key itself
+	Type   string         `json:"type"`   // "api_key", "jwt" or "anonymous"
+	Claims map[string]any `json:"claims"` // verified JWT claims (empty for API keys)
+}
+
+// Request is what is being asked for.
+type Request struct {
+	Method                string            `json:"method"`
+	Path                  string            `json:"path"` // normalised: lower-case, no query, no duplicate slashes
+	Headers               map[string]string `json:"headers"`
+	Model                 string            `json:"model"`
+	VirtualModel          string            `json:"virtual_model"`
+	Stream                bool              `json:"stream"`
+	MaxTokens             int               `json:"max_tokens"`
+	EstimatedPromptTokens int               `json:"estimated_prompt_tokens"`
+}
+
+// Usage is a tenant's standing in the current minute.
+type Usage struct {
+	Requests int64 `json:"requests"`
+	Tokens   int64 `json:"tokens"`
+}
+
+// Decision is what the policies answer.
+type Decision struct {
+	Allow  bool
+	Reason string
+	Status int // HTTP status for a denial (default 403)
+	// Limits are the budgets that apply (from infergate.ratelimit.limits).
+	Limits []ratelimit.Limit
+	// Reserve overrides the tokens reserved at admission, when the policy
+	// sets infergate.ratelimit.reserve; nil means estimated prompt + max_tokens.
+	Reserve *ratelimit.Cost
+	// Checks are external checks the request must pass (infergate.authz.checks).
+	Checks []string
+}
