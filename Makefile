@@ -17,12 +17,13 @@ build: ## Build bin/infergate
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/infergate
 
 .PHONY: deps
-deps: ## Install what the tests need (pinned Envoy, OpenAI Python and Node SDKs)
+deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs)
 	@scripts/install-test-deps.sh >/dev/null
 
 .PHONY: test
-test: deps ## Run every test: unit, fuzz seed corpora, end-to-end against real Envoy
+test: deps ## Run every test: Rego (opa test), unit, fuzz seed corpora, end-to-end against real Envoy and Redis
 	$(GO) vet ./...
+	$(GO) tool opa test policies/
 	$(GO) test -count=1 ./...
 
 .PHONY: e2e

@@ -16,6 +16,8 @@ import (
 
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/policy"
 )
 
 // Version is set at build time (-ldflags "-X ...cli.Version=v1.2.3").
@@ -141,7 +143,7 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 }
 
 func runValidate(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "Check a config file without starting anything; exits non-zero on the first error, with its line.", stderr)
+	fs := newFlagSet("validate", "Check a config file, its API keys and its Rego policies (compiled, their tests run)\nwithout starting anything; exits non-zero on the first error, with its line.", stderr)
 	path := fs.String("config", "", "YAML config file to check (required)")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -150,8 +152,23 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "validate: --config is required")
 		return ErrUsage
 	}
-	if _, err := config.Load(*path); err != nil {
+	cfg, err := config.Load(*path)
+	if err != nil {
 		return err
+	}
+	if cfg.Auth.Keys != "" {
+		keys, err := identity.LoadKeys(cfg.Auth.Keys)
+		if err != nil {
+			return fmt.Errorf("auth.keys: %w", err)
+		}
+		fmt.Fprintf(stdout, "%s: %d API keys\n", cfg.Auth.Keys, keys.Len())
+	}
+	if cfg.Policy.Dir != "" {
+		// Compiles the policies and runs their own tests, as a reload would.
+		if err := policy.Validate(context.Background(), cfg.Policy.Dir); err != nil {
+			return fmt.Errorf("policy.dir: %w", err)
+		}
+		fmt.Fprintf(stdout, "%s: policies compile and pass their tests\n", cfg.Policy.Dir)
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)
 	return nil

@@ -63,6 +63,19 @@ func TestValidate(t *testing.T) {
 	if _, _, err := run(t, "serve", "--config", bad); err == nil {
 		t.Error("serve started with a bad config")
 	}
+	// Policies are compiled and their own tests run.
+	policies := filepath.Join("..", "..", "policies")
+	withPolicy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(withPolicy, []byte("policy:\n  dir: "+policies+"\n"), 0o644)
+	if stdout, _, err := run(t, "validate", "--config", withPolicy); err != nil || !strings.Contains(stdout, "pass their tests") {
+		t.Errorf("config with policies: err %v, stdout %q", err, stdout)
+	}
+	broken := t.TempDir()
+	os.WriteFile(filepath.Join(broken, "authz.rego"), []byte("package infergate.authz\nallow if {\n"), 0o644)
+	os.WriteFile(withPolicy, []byte("policy:\n  dir: "+broken+"\n"), 0o644)
+	if _, _, err := run(t, "validate", "--config", withPolicy); err == nil || !strings.Contains(err.Error(), "authz.rego") {
+		t.Errorf("broken policy: err %v, want the file named", err)
+	}
 }
 
 // serve stops cleanly when its context ends.
