@@ -225,7 +225,8 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	if st.Decision != "deny" {
 		settle := &Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
-			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete}
+			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete,
+			UsageReported: m.usage != nil}
 		if m.usage == nil && st.Status >= 400 {
 			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
 		}

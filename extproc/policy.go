@@ -60,7 +60,11 @@ type Settlement struct {
 	Reservation      string
 	PromptTokens     int
 	CompletionTokens int
-	Complete         bool
+	// UsageReported is true when the counts came from the model server's
+	// usage; false when the meter counted events (or saw nothing).
+	UsageReported bool
+	// Complete is false when the meter lost the stream before its end.
+	Complete bool
 }
 
 // Policy decides whether a request may reach an upstream, and settles what

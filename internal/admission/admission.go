@@ -306,6 +306,14 @@ func (c *Controller) Settle(ctx context.Context, s *extproc.Settlement) {
 		return
 	}
 	actual := ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
+	if !s.Complete && !s.UsageReported {
+		// The meter lost the stream before its end: what it counted is a
+		// lower bound. Keep the reservation charged rather than refund
+		// tokens that may have been used; it expires with its window.
+		c.Log.Warn("stream lost before its usage was seen; reservation kept", "request_id", s.RequestID)
+		c.Metrics.settled(ctx, actual)
+		return
+	}
 	if err := c.Limiter.Settle(ctx, r, actual); err != nil {
 		c.Log.Error("settling a reservation failed; it stays charged until its window ends",
 			"request_id", s.RequestID, "err", err)

@@ -143,6 +143,13 @@ func TestTokenBudgetUnderConcurrency(t *testing.T) {
 			}
 			if settledTokens != float64(ok*actual) {
 				t.Errorf("settled %v tokens, the mock streamed %d", settledTokens, ok*actual)
+				for _, g := range s.Replicas {
+					for _, st := range g.stamps() {
+						if st.Status == 200 && (st.CompletionTokens != maxTokens || !st.Complete || st.TokenSource != "usage") {
+							t.Logf("stamp: %+v", st)
+						}
+					}
+				}
 			}
 			if rdb != nil {
 				// The shared counter now holds the real usage, not the reservations.
