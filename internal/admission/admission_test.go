@@ -161,8 +161,8 @@ func TestReserveAndSettle(t *testing.T) {
 		t.Fatalf("third request: %+v %v", v3.Deny, v3.Headers)
 	}
 	// The first two used far less than they reserved: settle refunds.
-	c.Settle(ctx, &extproc.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10})
-	c.Settle(ctx, &extproc.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10})
+	c.Settle(ctx, &extproc.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
+	c.Settle(ctx, &extproc.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
 	v4 := c.Decide(ctx, chat(hdr)) // 60 used + 120 = 180 <= 300
 	if v4.Deny != nil {
 		t.Fatalf("after refunds: %+v", v4.Deny)
@@ -212,5 +212,22 @@ func TestChecks(t *testing.T) {
 	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Checks: []string{"pii"}}}
 	if v := c.Decide(ctx, chat(nil)); v.Deny == nil || v.Deny.Status != 500 {
 		t.Errorf("unconfigured check must fail closed: %+v", v.Deny)
+	}
+}
+
+// A stream the meter lost before its usage keeps its reservation: what was
+// counted is only a lower bound.
+func TestLostStreamKeepsReservation(t *testing.T) {
+	c := newController(t)
+	now := time.Unix(1_700_000_000, 0)
+	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
+		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute}}}}
+	ctx := context.Background()
+	hdr := map[string]string{"x-api-key": secretKey}
+	v := c.Decide(ctx, chat(hdr)) // 120 reserved
+	c.Settle(ctx, &extproc.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Complete: false})
+	if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != "60" {
+		t.Errorf("remaining %v, want 60: the lost stream's 120 must stay charged", got)
 	}
 }
