@@ -47,7 +47,7 @@ test_standard_tier_models if {
 	authz.allow with input as chat("globex", "llama-3.1-8b-instruct")
 	authz.allow with input as chat("globex", "llama-3.1-70b-instruct")
 	authz.allow with input as chat("globex", "mixtral-8x22b-instruct")
-	denied(chat("globex", "gpt-4o"), 403, `model "gpt-4o" is not available on the standard tier`)
+	denied(chat("globex", "unlisted-model"), 403, `model "unlisted-model" is not available on the standard tier`)
 }
 
 test_premium_tier_any_model if {

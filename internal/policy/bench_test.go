@@ -85,3 +85,11 @@ func TestDecideLatency(t *testing.T) {
 		t.Errorf("p50 %v, want well under 2ms", p(0.50))
 	}
 }
+
+func BenchmarkLoad(b *testing.B) {
+	for b.Loop() {
+		if _, err := Load(context.Background(), policiesDir); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

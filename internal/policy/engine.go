@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,7 +88,6 @@ var errorDecision = Decision{Allow: false, Status: 500, Reason: "policy error"}
 // Engine is one loaded, compiled and tested version of a policy directory.
 // It is immutable and safe for concurrent use.
 type Engine struct {
-	dir     string
 	modules int // number of .rego files
 	tests   int // policy tests that passed at load
 	query   string
@@ -99,11 +99,13 @@ type Engine struct {
 // Load reads every *.rego, *.json, *.yaml and *.yml file under dir
 // (recursively, skipping names that start with a dot), compiles the
 // modules, runs the policies' own tests (test_* rules, as `opa test dir`
-// does) and prepares the query that reads every answer (see buildQuery). Data files load as OPA loads them: a file at
-// the top of dir is merged at the root of data, one in a sub-directory
-// foo/ under data.foo. Any parse or compile error (with file:line), a
-// failing or erroring policy test, or a directory without an
-// infergate.authz.allow rule is an error.
+// does) and prepares the query that reads every answer (see buildQuery).
+// Data files load as OPA loads them: a file at the top of dir is merged at
+// the root of data, one in a sub-directory foo/ under data.foo. Any parse
+// or compile error (with file:line), a failing or erroring policy test, or
+// a directory without an infergate.authz.allow rule is an error. The
+// input is type-checked against Input: a reference to a field that does
+// not exist, such as input.request.max_token, is a compile error.
 func Load(ctx context.Context, dir string) (*Engine, error) {
 	res, err := loader.NewFileLoader().
 		WithRegoVersion(ast.RegoV1).
@@ -119,7 +121,8 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 
 	compiler := ast.NewCompiler().
 		WithDefaultRegoVersion(ast.RegoV1).
-		WithEnablePrintStatements(false)
+		WithEnablePrintStatements(false).
+		WithSchemas(inputSchemas)
 	if compiler.Compile(modules); compiler.Failed() {
 		return nil, fmt.Errorf("policy %s: %w", dir, compiler.Errors)
 	}
@@ -150,7 +153,7 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", dir, err)
 	}
-	return &Engine{dir: dir, modules: len(modules), tests: tests, query: query, wrapped: wrapped, pq: pq, data: dataCache{docs}}, nil
+	return &Engine{modules: len(modules), tests: tests, query: query, wrapped: wrapped, pq: pq, data: dataCache{docs}}, nil
 }
 
 // Validate loads dir as Load does (parse, compile, run the policy tests)
@@ -222,7 +225,10 @@ func runTests(ctx context.Context, modules map[string]*ast.Module, store storage
 		return passed, nil
 	}
 	slices.SortFunc(failed, func(a, b *tester.Result) int {
-		return strings.Compare(a.Location.String(), b.Location.String())
+		if a.Location == nil || b.Location == nil {
+			return strings.Compare(a.Name, b.Name)
+		}
+		return cmp.Or(strings.Compare(a.Location.File, b.Location.File), cmp.Compare(a.Location.Row, b.Location.Row))
 	})
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d of %d policy tests failed:", len(failed), len(failed)+passed)

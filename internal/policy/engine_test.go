@@ -4,8 +4,10 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -106,6 +108,26 @@ func TestLoadRunsPolicyTests(t *testing.T) {
 	}
 }
 
+// The query the README shows is the one the default policies get.
+func TestQueryForDefaultPolicies(t *testing.T) {
+	want := `allow := data.infergate.authz.allow
+reason := [x | x := data.infergate.authz.reason]
+status := [x | x := data.infergate.authz.status]
+checks := data.infergate.authz.checks
+limits := data.infergate.ratelimit.limits
+reserve := [x | x := data.infergate.ratelimit.reserve]`
+	if got := loadDefault(t).Query(); got != want {
+		t.Errorf("query:\n%s\nwant:\n%s", got, want)
+	}
+	readme, err := os.ReadFile(filepath.Join(policiesDir, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), want) {
+		t.Error("policies/README.md does not show the query")
+	}
+}
+
 func TestDecideDefaultPolicies(t *testing.T) {
 	e := loadDefault(t)
 	with := func(in *Input, f func(*Input)) *Input { f(in); return in }
@@ -140,8 +162,8 @@ func TestDecideDefaultPolicies(t *testing.T) {
 		},
 		{
 			name: "standard unknown model",
-			in:   chat("globex", "gpt-4o"),
-			want: Decision{Status: 403, Reason: `model "gpt-4o" is not available on the standard tier`},
+			in:   chat("globex", "unlisted-model"),
+			want: Decision{Status: 403, Reason: `model "unlisted-model" is not available on the standard tier`},
 		},
 		{
 			name: "anonymous",
@@ -312,6 +334,39 @@ func TestDecideReserveOverride(t *testing.T) {
 	}
 }
 
+// Limits and checks may be sets, arrays, complete rules with or without a
+// default, or data.
+func TestDecideAnswerForms(t *testing.T) {
+	lim := `{"name": "n", "key": "k", "unit": "requests", "amount": 10, "window": "30s"}`
+	want := []ratelimit.Limit{{Name: "n", Key: "k", Unit: ratelimit.Requests, Amount: 10, Window: 30 * time.Second}}
+	tests := map[string]map[string]string{
+		"set":              {"ratelimit.rego": "package infergate.ratelimit\n\nlimits contains " + lim + "\n"},
+		"array":            {"ratelimit.rego": "package infergate.ratelimit\n\nlimits := [" + lim + "]\n"},
+		"array or default": {"ratelimit.rego": "package infergate.ratelimit\n\ndefault limits := []\n\nlimits := [" + lim + "] if input.tenant == \"acme\"\n"},
+		"data":             {"data.json": `{"infergate": {"ratelimit": {"limits": [` + lim + `]}}}`},
+	}
+	for name, files := range tests {
+		t.Run(name, func(t *testing.T) {
+			files["authz.rego"] = "package infergate.authz\n\nallow := true\n\nchecks := [\"b\", \"a\", \"b\"]\n"
+			e, err := Load(context.Background(), policyDir(t, files))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := e.Decide(context.Background(), chat("acme", "m"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(d.Limits, want) || !slices.Equal(d.Checks, []string{"a", "b"}) {
+				t.Errorf("limits %+v, checks %q", d.Limits, d.Checks)
+			}
+			d, err = e.Decide(context.Background(), chat("globex", "m"))
+			if name == "array or default" && (err != nil || d.Limits != nil) {
+				t.Errorf("default: limits %+v, %v", d.Limits, err)
+			}
+		})
+	}
+}
+
 func TestDecideDefaults(t *testing.T) {
 	tests := []struct {
 		authz string
@@ -440,6 +495,20 @@ func TestLoadErrors(t *testing.T) {
 			wantErr: []string{"authz.rego:5", "undefined function"},
 		},
 		{
+			name: "unknown input field",
+			files: map[string]string{
+				"authz.rego": "package infergate.authz\n\ndefault allow := false\n\nallow if input.request.max_token < 100\n",
+			},
+			wantErr: []string{"authz.rego:5", "undefined ref: input.request.max_token"},
+		},
+		{
+			name: "input field of the wrong type",
+			files: map[string]string{
+				"authz.rego": "package infergate.authz\n\ndefault allow := false\n\nallow if count(input.request.stream) > 0\n",
+			},
+			wantErr: []string{"authz.rego:5", "rego_type_error"},
+		},
+		{
 			name: "failing policy test",
 			files: map[string]string{
 				"authz.rego":      allowAll,
@@ -487,6 +556,31 @@ func TestLoadErrors(t *testing.T) {
 	}
 }
 
+// The input's maps (claims, labels, headers) take any key.
+func TestLoadTypeChecksInputMaps(t *testing.T) {
+	dir := policyDir(t, map[string]string{"authz.rego": `package infergate.authz
+
+default allow := false
+
+allow if {
+	"admins" in input.principal.claims.groups
+	input.labels.team == "ml"
+	startswith(input.request.headers["user-agent"], "curl/")
+}
+`})
+	e, err := Load(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := chat("acme", "m")
+	in.Principal.Claims = map[string]any{"groups": []any{"admins"}}
+	in.Labels = map[string]string{"team": "ml"}
+	in.Request.Headers = map[string]string{"user-agent": "curl/8.5"}
+	if d, err := e.Decide(context.Background(), in); err != nil || !d.Allow {
+		t.Errorf("Decide = %+v, %v", d, err)
+	}
+}
+
 func TestLoadSkipsOtherFiles(t *testing.T) {
 	dir := copyPolicies(t)
 	writeFile(t, dir, "README.md", "# not a policy")
@@ -515,4 +609,38 @@ func TestLoadDataInSubdirectory(t *testing.T) {
 	if d, err := e.Decide(context.Background(), chat("acme", "m")); err != nil || !d.Allow {
 		t.Errorf("Decide = %+v, %v; want data.tenants from tenants/data.json", d, err)
 	}
+}
+
+// Decisions made concurrently (sharing the prepared query, the data cache
+// and the pooled caches) are the decisions made one by one.
+func TestDecideConcurrent(t *testing.T) {
+	e := loadDefault(t)
+	ctx := context.Background()
+	var inputs []*Input
+	for _, tenant := range []string{"acme", "globex", "initech", "hooli"} {
+		for _, model := range []string{"llama-3.1-8b-instruct", "llama-3.1-70b-instruct", ""} {
+			inputs = append(inputs, chat(tenant, model))
+		}
+	}
+	want := make([]Decision, len(inputs))
+	for i, in := range inputs {
+		var err error
+		if want[i], err = e.Decide(ctx, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for n := range 100 {
+				i := (g + n) % len(inputs)
+				d, err := e.Decide(ctx, inputs[i])
+				if err != nil || !reflect.DeepEqual(d, want[i]) {
+					t.Errorf("input %d: %+v, %v; want %+v", i, d, err, want[i])
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -43,16 +43,24 @@ type Usage struct {
 	Tokens   int64 `json:"tokens"`
 }
 
-// Decision is what the policies answer.
+// Decision is what the policies answer (see policies/README.md).
 type Decision struct {
-	Allow  bool
+	Allow bool // infergate.authz.allow
+	// Reason is infergate.authz.reason, else "denied by policy" or
+	// "allowed by policy".
 	Reason string
-	Status int // HTTP status for a denial (default 403)
-	// Limits are the budgets that apply (from infergate.ratelimit.limits).
+	// Status is the HTTP status for a denial: infergate.authz.status
+	// (400-599), default 403; 0 when allowed.
+	Status int
+	// Limits are the budgets that apply (from infergate.ratelimit.limits),
+	// validated: known unit, positive amount, window of at least 1s.
 	Limits []ratelimit.Limit
 	// Reserve overrides the tokens reserved at admission, when the policy
-	// sets infergate.ratelimit.reserve; nil means estimated prompt + max_tokens.
+	// sets infergate.ratelimit.reserve; nil means estimated prompt +
+	// max_tokens. A field the policy leaves out keeps that default;
+	// Requests is 1.
 	Reserve *ratelimit.Cost
-	// Checks are external checks the request must pass (infergate.authz.checks).
+	// Checks are external checks the request must pass
+	// (infergate.authz.checks), sorted, without duplicates; nil if none.
 	Checks []string
 }
