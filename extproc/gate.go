@@ -194,7 +194,11 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	}
 	decision := cmp.Or(v.Decision, "allow")
 	gateTime := time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
-	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs(decision, v.Reason))
+	code := "allowed"
+	if v.Deny != nil { // shadow_deny: what would have been answered
+		code = v.Deny.Code
+	}
+	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs(decision, code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	fields := map[string]any{
 		"model":         req.Model,
@@ -295,7 +299,7 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdict) []*extprocv3.ProcessingResponse {
 	g.decided = true
 	gateTime := time.Since(g.started) - v.Timings.Checks
-	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("deny", v.Reason))
+	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("deny", v.Deny.Code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
 		slog.String("request_id", g.headers["x-request-id"]), slog.Int("status", v.Deny.Status),

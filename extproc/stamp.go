@@ -143,6 +143,9 @@ func (ms metricsSink) Record(ctx context.Context, s *Stamp) {
 	ms.m.TokenUsage.Record(ctx, int64(s.CompletionTokens), out)
 }
 
-func decisionAttrs(decision, reason string) metric.AddOption {
-	return metric.WithAttributes(attribute.String("decision", decision), attribute.String("reason", reason))
+// decisionAttrs labels a decision by its OpenAI error code: a small, fixed
+// set. Reasons are free text (a policy may quote the request) and would
+// explode the metric's cardinality; they go to the stamp instead.
+func decisionAttrs(decision, code string) metric.AddOption {
+	return metric.WithAttributes(attribute.String("decision", decision), attribute.String("code", code))
 }

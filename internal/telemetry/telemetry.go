@@ -31,7 +31,7 @@ type Metrics struct {
 	InterToken     metric.Float64Histogram // infergate.inter_token_latency: every gap
 	GatewaySeconds metric.Float64Histogram // infergate.gateway.duration: before the upstream got the request
 	GateSeconds    metric.Float64Histogram // infergate.gate.duration: the gate's own processing
-	GateDecisions  metric.Int64Counter     // infergate.gate.decisions{decision,reason}
+	GateDecisions  metric.Int64Counter     // infergate.gate.decisions{decision,code}
 	MeterStreams   metric.Int64UpDownCounter
 	MeterErrors    metric.Int64Counter // infergate.meter.errors{reason}
 }
@@ -81,7 +81,7 @@ func New() (*Metrics, error) {
 		metric.WithExplicitBucketBoundaries(tokenBuckets...))
 	errs = append(errs, err)
 	m.GateDecisions, err = meter.Int64Counter("infergate.gate.decisions",
-		metric.WithDescription("Gate decisions by decision (allow, deny) and reason."))
+		metric.WithDescription("Gate decisions by decision (allow, deny, shadow_deny) and OpenAI error code."))
 	errs = append(errs, err)
 	m.MeterStreams, err = meter.Int64UpDownCounter("infergate.meter.active_streams",
 		metric.WithDescription("Responses the meter is currently observing."))

@@ -95,7 +95,7 @@ func TestBadRequestsNeverReachUpstream(t *testing.T) {
 		t.Fatalf("upstreams served %d requests; bad requests must never reach them", n)
 	}
 	metrics := get(t, s.Gateway.AdminURL+"/metrics")
-	if !strings.Contains(metrics, `infergate_gate_decisions_total{decision="deny",reason="invalid_json"} 3`) {
+	if !strings.Contains(metrics, `infergate_gate_decisions_total{code="invalid_json",decision="deny"} 3`) {
 		t.Errorf("deny metric missing or wrong:\n%s", grep(metrics, "infergate_gate_decisions"))
 	}
 }

@@ -80,7 +80,7 @@ func TestStreamingIsByteExactAndIncremental(t *testing.T) {
 		`gen_ai_server_request_duration_seconds_count{` + labels + `} 1`,
 		`gen_ai_client_token_usage_sum{gen_ai_operation_name="chat",gen_ai_request_model="pool-a",gen_ai_token_type="output",infergate_pool="pool-a"} 12`,
 		`infergate_inter_token_latency_seconds_count{gen_ai_request_model="pool-a",infergate_pool="pool-a"} 11`,
-		`infergate_gate_decisions_total{decision="allow",reason="no_policy"} 1`,
+		`infergate_gate_decisions_total{code="allowed",decision="allow"} 1`,
 	} {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s; have:\n%s", want, grep(metrics, "gen_ai_"))
