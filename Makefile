@@ -38,7 +38,7 @@ demo: build ## Run the demo: Envoy + infergate + two mock pools + a benchmark, t
 
 .PHONY: bench
 bench: build ## Benchmarks: hot paths (go test -bench) and gateway overhead vs direct
-	$(GO) test -run='^$$' -bench=. -benchmem ./internal/sse/ ./internal/openai/ ./extproc/
+	$(GO) test -run='^$$' -bench=. -benchmem ./internal/sse/ ./internal/openai/ ./extproc/ ./internal/policy/ ./internal/ratelimit/
 	@DEMO_REQUESTS=400 DEMO_CONCURRENCY=8 scripts/demo.sh
 
 .PHONY: lint
@@ -49,7 +49,7 @@ lint: ## gofmt, go vet and staticcheck (pinned as a go.mod tool)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
-	@set -e; for pkg in ./internal/sse ./internal/openai ./internal/config ./extproc; do \
+	@set -e; for pkg in ./internal/sse ./internal/openai ./internal/config ./internal/policy ./extproc; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg; \
 	  done; done
