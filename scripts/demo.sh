@@ -109,4 +109,37 @@ PY
 note "Prometheus: curl http://127.0.0.1:$INFERGATE_ADMIN/metrics | grep gen_ai_server_time_to_first_token"
 curl -s http://127.0.0.1:$INFERGATE_ADMIN/metrics | grep -E '^gen_ai_server_time_to_first_token_seconds_count' | sed 's/^/   /'
 
+say "Policies: the same gateway with API keys and the Rego policies in policies/"
+kill "${PIDS[2]}"; wait "${PIDS[2]}" 2>/dev/null || true
+hash_key() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
+cat >"$WORK/keys.yaml" <<KEYS
+keys:
+- {id: acme-demo, sha256: $(hash_key sk-demo-acme), tenant: acme}        # premium tier
+- {id: initech-demo, sha256: $(hash_key sk-demo-initech), tenant: initech} # free tier
+KEYS
+cat >"$WORK/infergate.yaml" <<CONFIG
+auth: {keys: $WORK/keys.yaml}
+policy: {dir: $PWD/policies}
+CONFIG
+bin/infergate validate --config "$WORK/infergate.yaml" | sed 's/^/   /'
+bin/infergate serve --config "$WORK/infergate.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT \
+  --admin-listen 127.0.0.1:$INFERGATE_ADMIN >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS[2]=$!
+wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate with policies"
+try() { # key model max_tokens what
+  local auth=(); [ -n "$1" ] && auth=(-H "authorization: Bearer $1")
+  curl -s -D "$WORK/h" -o "$WORK/b" "${auth[@]}" http://127.0.0.1:$LISTEN_PORT/v1/chat/completions \
+    -H 'content-type: application/json' \
+    -d "{\"model\":\"$2\",\"max_tokens\":$3,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+  local code; code=$(head -1 "$WORK/h" | cut -d' ' -f2)
+  local detail; detail=$(python3 -c 'import json,sys; b=json.load(open(sys.argv[1])); print(b["error"]["message"] if "error" in b else "tokens: %d" % b["usage"]["total_tokens"])' "$WORK/b" 2>/dev/null)
+  local rl; rl=$(tr -d '\r' <"$WORK/h" | awk -F': ' 'tolower($1)=="x-ratelimit-remaining-tokens"{print "remaining tokens this minute: " $2}')
+  printf '   %-44s -> %s  %s %s\n' "$4" "$code" "$detail" "${rl:+ ($rl)}"
+}
+try ""               llama-3.1-8b-instruct  16 "no key"
+try sk-demo-initech  llama-3.1-8b-instruct  16 "free tier, small model"
+try sk-demo-initech  llama-3.1-70b-instruct 16 "free tier, large model"
+try sk-demo-initech  llama-3.1-8b-instruct  4096 "free tier, max_tokens over the tier's cap"
+try sk-demo-acme     llama-3.1-70b-instruct 16 "premium tier, large model"
+note "Keys never appear in logs; each decision is in the request log with its reason and timings."
+
 say "Done; everything the demo started is stopped"
