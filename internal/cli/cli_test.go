@@ -8,9 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 func run(t *testing.T, args ...string) (string, string, error) {
@@ -82,7 +83,7 @@ func TestValidate(t *testing.T) {
 func TestServeStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	stderr := &lockedBuffer{}
+	stderr := &testutil.Buffer{}
 	go func() {
 		done <- Run(ctx, []string{"serve", "--extproc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
 			&bytes.Buffer{}, stderr)
@@ -105,21 +106,4 @@ func TestServeStopsOnCancel(t *testing.T) {
 	if !strings.Contains(stderr.String(), "infergate stopped") {
 		t.Errorf("log: %s", stderr.String())
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/cli"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // repoRoot is two levels up from this package.
@@ -80,7 +81,7 @@ func startPool(t *testing.T, cfg mock.Config) *pool {
 type gateway struct {
 	ExtProcAddr string
 	AdminURL    string
-	requests    *syncBuffer
+	requests    *testutil.Buffer
 	stop        context.CancelFunc
 	done        chan error
 	conns       *connTracker
@@ -92,8 +93,8 @@ func startInfergate(t *testing.T, yamlConfig string) *gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	requests := &syncBuffer{}
+	logs := &testutil.Buffer{}
+	requests := &testutil.Buffer{}
 	svc, err := cli.NewService(cfg, slog.New(slog.NewTextHandler(logs, nil)), requests)
 	if err != nil {
 		t.Fatal(err)
@@ -226,7 +227,7 @@ func startEnvoy(t *testing.T, extprocAddrs []string, poolA, poolB string) *envoy
 	if err := os.WriteFile(cfgPath, []byte(rendered), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	cmd := exec.Command(bin, "-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
 		"-l", "warning", "--concurrency", "2")
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -451,24 +452,6 @@ func contentEvents(evs []event) []event {
 		}
 	}
 	return out
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // connTracker remembers accepted connections so a test can cut them all,

@@ -21,6 +21,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // StartTimeout bounds how long Start and Restart wait for the server to
@@ -36,7 +38,7 @@ type Server struct {
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
-	log *syncBuffer // output of every run, dumped when the test fails
+	log *testutil.Buffer // output of every run, dumped when the test fails
 	// exited is closed when the current process has been waited for.
 	exited chan struct{}
 }
@@ -50,7 +52,7 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), log: &syncBuffer{}}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), log: &testutil.Buffer{}}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
@@ -231,21 +233,4 @@ func freePort() (int, error) {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
