@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Test API keys for the tenants of policies/data.yaml.
@@ -209,4 +210,27 @@ func TestNoRequestBypassesTheGate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A key added to the keys file works within 2 s, without a restart.
+func TestKeysReload(t *testing.T) {
+	keysPath := writeKeys(t)
+	s := startStackWith(t, policyConfig(keysPath, filepath.Join(repoRoot, "policies"), ""), 1)
+	c := chatCall("sk-new-globex", "llama-3.1-8b-instruct", 4)
+	if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != 401 {
+		t.Fatalf("unknown key: %d", resp.StatusCode)
+	}
+	sum := sha256.Sum256([]byte("sk-new-globex"))
+	f, err := os.OpenFile(keysPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "- id: globex-new\n  sha256: %s\n  tenant: globex\n", hex.EncodeToString(sum[:]))
+	f.Close()
+	start := time.Now()
+	waitFor(t, 2*time.Second, func() bool {
+		resp, _ := c.do(t, s.Envoy.URL)
+		return resp.StatusCode == 200
+	}, "the new key to be accepted")
+	t.Logf("new key accepted after %v", time.Since(start))
 }
