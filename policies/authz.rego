@@ -18,7 +18,7 @@ allow if not denial
 
 # Why the request was allowed or denied. Keep reasons short and free of
 # secrets: the gate returns them to the caller and records them.
-reason := sprintf("allowed on the %s tier", [tier_name]) if {
+reason := concat("", ["allowed on the ", tier_name, " tier"]) if {
 	allow
 } else := denial.reason
 
@@ -28,9 +28,9 @@ status := denial.status if not allow
 # External checks (configured in the gate, e.g. moderation) that an allowed
 # completion request must also pass, per tier.
 checks contains check if {
+	some check in tier.checks # first: most tiers have none
 	allow
 	route.model
-	some check in tier.checks
 }
 
 # The endpoints served, by path and method. model: true marks the

@@ -11,14 +11,13 @@
 package infergate.ratelimit
 
 import data.infergate.authz
-
-tier := authz.tier
+import data.infergate.authz.tier
 
 # Requests per minute, per credential. Anonymous callers (where a tenant
 # admits them) have no id and share one budget per tenant.
 limits contains {
 	"name": "requests-per-minute",
-	"key": sprintf("tenant=%s/principal=%s", [input.tenant, input.principal.id]),
+	"key": concat("", ["tenant=", input.tenant, "/principal=", input.principal.id]),
 	"unit": "requests",
 	"amount": tier.requests_per_minute,
 	"window": "1m",
@@ -27,7 +26,7 @@ limits contains {
 # Prompt + completion tokens per minute, per tenant.
 limits contains {
 	"name": "tenant-tokens-per-minute",
-	"key": sprintf("tenant=%s", [input.tenant]),
+	"key": concat("", ["tenant=", input.tenant]),
 	"unit": "total_tokens",
 	"amount": tier.tokens_per_minute,
 	"window": "1m",
@@ -36,7 +35,7 @@ limits contains {
 # Completion tokens per hour, per tenant and model.
 limits contains {
 	"name": "model-output-tokens-per-hour",
-	"key": sprintf("tenant=%s/model=%s", [input.tenant, input.request.model]),
+	"key": concat("", ["tenant=", input.tenant, "/model=", input.request.model]),
 	"unit": "output_tokens",
 	"amount": tier.output_tokens_per_hour,
 	"window": "1h",
@@ -51,6 +50,6 @@ reserve := {
 	"input_tokens": input.request.estimated_prompt_tokens,
 	"output_tokens": tier.max_tokens,
 } if {
-	authz.route.model
 	input.request.max_tokens == 0
+	authz.route.model
 }

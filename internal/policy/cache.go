@@ -52,11 +52,25 @@ func (c *vcache) Pop() {
 
 func (c *vcache) find(ref ast.Ref) int {
 	for i := c.frames[len(c.frames)-1]; i < len(c.entries); i++ {
-		if c.entries[i].ref.Equal(ref) {
+		if refEqual(c.entries[i].ref, ref) {
 			return i
 		}
 	}
 	return -1
+}
+
+// refEqual is ast.Ref.Equal comparing from the end: the refs cached share
+// their prefix (data.infergate.authz.), so they differ at the last term.
+func refEqual(a, b ast.Ref) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := len(a) - 1; i >= 0; i-- {
+		if !a[i].Equal(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // Get returns the cached value of ref; (nil, true) when ref is known to be

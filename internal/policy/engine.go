@@ -14,7 +14,6 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 	"github.com/open-policy-agent/opa/v1/loader"
 	"github.com/open-policy-agent/opa/v1/metrics"
-	"github.com/open-policy-agent/opa/v1/rego"
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/tester"
@@ -92,8 +91,15 @@ type Engine struct {
 	tests   int // policy tests that passed at load
 	query   string
 	wrapped [len(answers)]bool
-	pq      rego.PreparedEvalQuery
-	data    dataCache
+	// The compiled query, evaluated with topdown directly: rego's
+	// PreparedEvalQuery would add an evaluation context, a result set and
+	// a map of bindings per decision that Decide does not need.
+	body     ast.Body
+	qc       ast.QueryCompiler
+	vars     [len(answers)]ast.Var // the variable that binds each answer
+	compiler *ast.Compiler
+	store    storage.Store
+	data     dataCache
 }
 
 // Load reads every *.rego, *.json, *.yaml and *.yml file under dir
@@ -143,17 +149,38 @@ func Load(ctx context.Context, dir string) (*Engine, error) {
 		return nil, fmt.Errorf("policy %s: %w", dir, err)
 	}
 
-	query, wrapped := buildQuery(compiler)
-	pq, err := rego.New(
-		rego.Query(query),
-		rego.Compiler(compiler),
-		rego.Store(store),
-		rego.StrictBuiltinErrors(true),
-	).PrepareForEval(ctx)
-	if err != nil {
+	e := &Engine{modules: len(modules), tests: tests, compiler: compiler, store: store, data: dataCache{docs}}
+	e.query, e.wrapped = buildQuery(compiler)
+	if err := e.compileQuery(); err != nil {
 		return nil, fmt.Errorf("policy %s: %w", dir, err)
 	}
-	return &Engine{modules: len(modules), tests: tests, query: query, wrapped: wrapped, pq: pq, data: dataCache{docs}}, nil
+	return e, nil
+}
+
+// compileQuery compiles e.query as rego.PrepareForEval would, and finds
+// the variable each answer is bound to (the compiler renames the
+// variables a query declares with :=).
+func (e *Engine) compileQuery() error {
+	parsed, err := ast.ParseBodyWithOpts(e.query, ast.ParserOptions{RegoVersion: ast.RegoV1})
+	if err != nil {
+		return err
+	}
+	e.qc = e.compiler.QueryCompiler().
+		WithEnablePrintStatements(false).
+		WithStrict(false)
+	if e.body, err = e.qc.Compile(parsed); err != nil {
+		return err
+	}
+	rewritten := e.qc.RewrittenVars()
+	for i, a := range answers {
+		e.vars[i] = ast.Var(a.name)
+		for gen, orig := range rewritten {
+			if string(orig) == a.name {
+				e.vars[i] = gen
+			}
+		}
+	}
+	return nil
 }
 
 // Validate loads dir as Load does (parse, compile, run the policy tests)
@@ -256,9 +283,6 @@ func runTests(ctx context.Context, modules map[string]*ast.Module, store storage
 // noMetrics spares every evaluation a metrics registry nobody reads.
 var noMetrics = metrics.NoOp()
 
-// rawTerm keeps the results as OPA terms: Decide reads them directly.
-func rawTerm(t *ast.Term, _ *rego.EvalContext) (any, error) { return t, nil }
-
 // Decide evaluates the policies for in. It never fails open: when the
 // evaluation fails, infergate.authz.allow is undefined or not a boolean,
 // or any answer is malformed (an unknown unit, a non-positive amount, a
@@ -279,38 +303,63 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	// rego starts otherwise.
 	cancel := topdown.NewCancel()
 	stop := context.AfterFunc(ctx, cancel.Cancel)
+	txn, err := e.store.NewTransaction(ctx)
+	if err != nil {
+		stop()
+		return errorDecision, fmt.Errorf("policy: %w", err)
+	}
 	vc := vcaches.Get().(*vcache)
-	rs, err := e.pq.Eval(ctx,
-		rego.EvalParsedInput(in.Value()),
-		rego.EvalGenerateJSON(rawTerm),
-		rego.EvalExternalCancel(cancel),
-		rego.EvalMetrics(noMetrics),
-		rego.EvalVirtualCache(vc),
-		rego.EvalBaseCache(e.data),
+	var (
+		results int
+		b       bindings
 	)
+	err = topdown.NewQuery(e.body).
+		WithQueryCompiler(e.qc).
+		WithCompiler(e.compiler).
+		WithStore(e.store).
+		WithTransaction(txn).
+		WithInput(ast.NewTerm(in.Value())).
+		WithStrictBuiltinErrors(true).
+		WithCancel(cancel).
+		WithMetrics(noMetrics).
+		WithVirtualCache(vc).
+		WithBaseCache(e.data).
+		WithIndexing(true).
+		WithEarlyExit(true).
+		Iter(ctx, func(qr topdown.QueryResult) error {
+			results++
+			for i, v := range e.vars {
+				b[i] = qr[v]
+			}
+			return nil
+		})
 	vc.release()
+	e.store.Abort(ctx, txn)
 	stop()
 	if err != nil {
 		return errorDecision, fmt.Errorf("policy: %w", err)
 	}
-	if len(rs) != 1 {
+	if results != 1 {
 		// Only an answer bound directly can be undefined, and only if the
 		// evaluation went wrong without an error.
-		return errorDecision, fmt.Errorf("policy: query %q returned %d results", e.query, len(rs))
+		return errorDecision, fmt.Errorf("policy: query %q returned %d results", e.query, results)
 	}
-	d, err := e.decision(rs[0].Bindings, in)
+	d, err := e.decision(&b, in)
 	if err != nil {
 		return errorDecision, fmt.Errorf("policy: %w", err)
 	}
 	return d, nil
 }
 
+// bindings are the answers of one evaluation, in the order of answers.
+type bindings [len(answers)]*ast.Term
+
 // answer returns the value of answer i, or nil when the policy left it
 // undefined.
-func (e *Engine) answer(b rego.Vars, i int) (ast.Value, error) {
+func (e *Engine) answer(b *bindings, i int) (ast.Value, error) {
 	name := answers[i].name
-	t, ok := b[name].(*ast.Term)
-	if !ok {
+	t := b[i]
+	if t == nil {
 		return nil, fmt.Errorf("query: no %s", name)
 	}
 	if !e.wrapped[i] {
@@ -326,7 +375,7 @@ func (e *Engine) answer(b rego.Vars, i int) (ast.Value, error) {
 	return arr.Elem(0).Value, nil
 }
 
-func (e *Engine) decision(b rego.Vars, in *Input) (Decision, error) {
+func (e *Engine) decision(b *bindings, in *Input) (Decision, error) {
 	var d Decision
 	v, err := e.answer(b, ansAllow)
 	if err != nil {
