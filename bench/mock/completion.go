@@ -86,7 +86,8 @@ type params struct {
 }
 
 func (s *Server) parseParams(h http.Header) (params, error) {
-	p := params{ttft: s.cfg.TTFT, itl: s.cfg.ITL, tokensPerEvent: s.cfg.TokensPerEvent}
+	cfg := s.cfg.Load()
+	p := params{ttft: cfg.TTFT, itl: cfg.ITL, tokensPerEvent: cfg.TokensPerEvent}
 	if v, ok, err := intHeader(h, "x-mock-ttft-ms", 0, maxOverrideMillis); err != nil {
 		return p, err
 	} else if ok {

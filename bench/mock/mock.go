@@ -91,7 +91,9 @@ func (c Config) normalized() Config {
 // Server is the mock upstream. Create it with New; it is safe for concurrent
 // use.
 type Server struct {
-	cfg     Config
+	cfg     atomic.Pointer[Config] // swapped at runtime through /mock/control
+	faults  atomic.Pointer[Faults]
+	faultN  atomic.Int64 // completion requests seen by the fault injector
 	logger  *slog.Logger
 	metrics *metrics
 	handler http.Handler
@@ -109,10 +111,11 @@ func New(cfg Config, logger *slog.Logger) *Server {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{
-		cfg:     cfg.normalized(),
 		logger:  logger,
 		metrics: newMetrics(),
 	}
+	s.SetConfig(cfg)
+	s.faults.Store(&Faults{})
 	s.handler = s.routes()
 	return s
 }
@@ -151,6 +154,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/v1/models", onlyGet(http.HandlerFunc(handleModels)))
 	mux.Handle("/healthz", onlyGet(http.HandlerFunc(handleHealth)))
 	mux.Handle("/metrics", onlyGet(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
+	mux.HandleFunc("/mock/control", s.handleControl)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found", "unknown route "+r.Method+" "+r.URL.Path)
 	})
@@ -223,11 +227,14 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 	if apiErr != nil {
 		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream
 	}
+	if p.status == 0 {
+		p.status = s.injectFault()
+	}
 	if p.status != 0 {
 		typ, code := injectedErrorKind(p.status)
 		return writeError(w, p.status, typ, code, "mock: injected status "+strconv.Itoa(p.status)), req.Stream
 	}
-	c, apiErr := newCompletion(k, req, p, s.cfg, t0)
+	c, apiErr := newCompletion(k, req, p, *s.cfg.Load(), t0)
 	if apiErr != nil {
 		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream
 	}
