@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,7 +33,62 @@ type Config struct {
 	Policy    Policy           `yaml:"policy"`
 	RateLimit RateLimit        `yaml:"ratelimit"`
 	Checks    map[string]Check `yaml:"checks"`
-	Log       Log              `yaml:"log"`
+	// VirtualModels are the names clients call, each backed by pools whose
+	// route weights the controller moves when a pool breaches its SLA.
+	VirtualModels []VirtualModel `yaml:"virtualModels"`
+	XDS           XDS            `yaml:"xds"`
+	Log           Log            `yaml:"log"`
+}
+
+// VirtualModel is one routed name and its pools.
+type VirtualModel struct {
+	Name   string     `yaml:"name"`
+	Pools  []PoolRef  `yaml:"pools"`
+	SLA    SLA        `yaml:"sla"`
+	Tuning Tuning     `yaml:"tuning"`
+	Retry  *RetryRule `yaml:"retry"`
+}
+
+// PoolRef is an Envoy cluster serving a virtual model; priority 0 is the
+// primary, higher numbers are backups.
+type PoolRef struct {
+	Cluster  string `yaml:"cluster"`
+	Priority int    `yaml:"priority"`
+}
+
+// SLA thresholds; a zero value disables that check.
+type SLA struct {
+	// TTFTP95 applies to the TTFT in excess of what the prompt length
+	// explains (see README: length-normalised TTFT).
+	TTFTP95   time.Duration `yaml:"ttftP95"`
+	ITLP95    time.Duration `yaml:"itlP95"`
+	ErrorRate float64       `yaml:"errorRate"`
+}
+
+// Tuning of the weight controller; zero values take the defaults.
+type Tuning struct {
+	Window          time.Duration `yaml:"window"`
+	MinSamples      int           `yaml:"minSamples"`
+	Interval        time.Duration `yaml:"interval"`
+	Step            uint32        `yaml:"step"`
+	Hysteresis      float64       `yaml:"hysteresis"`
+	Cooldown        time.Duration `yaml:"cooldown"`
+	ProbeWeight     uint32        `yaml:"probeWeight"`
+	PrefillPerToken time.Duration `yaml:"prefillPerToken"`
+}
+
+// RetryRule sends eligible failures to another attempt (Envoy's retry
+// policy on the virtual model's route).
+type RetryRule struct {
+	Attempts    uint32   `yaml:"attempts"`
+	On          string   `yaml:"on"`
+	StatusCodes []uint32 `yaml:"statusCodes"`
+}
+
+// XDS is the control plane Envoy fetches the virtual-model routes from.
+type XDS struct {
+	Listen          string `yaml:"listen"`
+	RouteConfigName string `yaml:"routeConfigName"`
 }
 
 // Auth says how callers are identified. With neither keys nor JWT
@@ -242,6 +298,11 @@ func (c *Config) fillDefaults() {
 		setDefault(&ch.OnError, "deny")
 		c.Checks[name] = ch
 	}
+	if c.VirtualModels == nil {
+		c.VirtualModels = []VirtualModel{}
+	}
+	setDefault(&c.XDS.Listen, ":18000")
+	setDefault(&c.XDS.RouteConfigName, "infergate")
 	setDefault(&c.Log.Level, "info")
 	setDefault(&c.Log.Format, "json")
 	if c.Log.Requests == nil {
@@ -277,6 +338,29 @@ func (c *Config) validate() error {
 		check(ch.Timeout > 0, "checks", "%s: timeout must be positive", name)
 		check(oneOf(ch.OnError, "deny", "allow"), "checks", "%s: onError must be deny or allow; got %q", name, ch.OnError)
 	}
+	check(validAddr(c.XDS.Listen), "xds.listen", "%q is not host:port", c.XDS.Listen)
+	names := map[string]bool{}
+	for i, vm := range c.VirtualModels {
+		at := fmt.Sprintf("virtualModels.%d", i)
+		check(strings.TrimSpace(vm.Name) != "", at+".name", "is required")
+		check(!names[vm.Name], at+".name", "%q is defined twice", vm.Name)
+		names[vm.Name] = true
+		check(len(vm.Pools) > 0, at+".pools", "at least one pool is required")
+		clusters := map[string]bool{}
+		for j, p := range vm.Pools {
+			check(p.Cluster != "", fmt.Sprintf("%s.pools.%d.cluster", at, j), "is required")
+			check(!clusters[p.Cluster], fmt.Sprintf("%s.pools.%d.cluster", at, j), "%q is listed twice", p.Cluster)
+			clusters[p.Cluster] = true
+			check(p.Priority >= 0, fmt.Sprintf("%s.pools.%d.priority", at, j), "must be 0 (primary) or more, got %d", p.Priority)
+		}
+		check(vm.SLA.TTFTP95 >= 0 && vm.SLA.ITLP95 >= 0, at+".sla", "durations must not be negative")
+		check(vm.SLA.ErrorRate >= 0 && vm.SLA.ErrorRate <= 1, at+".sla.errorRate", "must be between 0 and 1, got %v", vm.SLA.ErrorRate)
+		t := vm.Tuning
+		check(t.Window >= 0 && t.Interval >= 0 && t.Cooldown >= 0 && t.PrefillPerToken >= 0, at+".tuning", "durations must not be negative")
+		check(t.MinSamples >= 0, at+".tuning.minSamples", "must not be negative")
+		check(t.Step <= 100 && t.ProbeWeight <= 50, at+".tuning", "step must be at most 100 and probeWeight at most 50")
+		check(t.Hysteresis >= 0 && t.Hysteresis < 1, at+".tuning.hysteresis", "must be in [0, 1), got %v", t.Hysteresis)
+	}
 	check(oneOf(c.Log.Level, "debug", "info", "warn", "error"), "log.level",
 		"must be one of debug, info, warn, error; got %q", c.Log.Level)
 	check(oneOf(c.Log.Format, "json", "text"), "log.format", "must be json or text; got %q", c.Log.Format)
@@ -309,6 +393,13 @@ func lineOf(root *yaml.Node, path string) int {
 	}
 	line := 0
 	for _, key := range strings.Split(path, ".") {
+		if i, err := strconv.Atoi(key); err == nil && n.Kind == yaml.SequenceNode {
+			if i >= len(n.Content) {
+				return line
+			}
+			n, line = n.Content[i], n.Content[i].Line
+			continue
+		}
 		if n.Kind != yaml.MappingNode {
 			return line
 		}

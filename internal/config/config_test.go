@@ -31,10 +31,12 @@ func defaults() *Config {
 				TenantClaim: "tenant", LabelClaims: []string{"tier"}},
 			PolicyHeaders: []string{"user-agent", "x-request-id"},
 		},
-		Policy:    Policy{ReloadInterval: time.Second},
-		RateLimit: RateLimit{Backend: "memory", OnBackendError: "deny", Redis: Redis{Timeout: 250 * time.Millisecond}},
-		Checks:    map[string]Check{},
-		Log:       Log{Level: "info", Format: "json", Requests: ptr(true)},
+		Policy:        Policy{ReloadInterval: time.Second},
+		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", Redis: Redis{Timeout: 250 * time.Millisecond}},
+		Checks:        map[string]Check{},
+		VirtualModels: []VirtualModel{},
+		XDS:           XDS{Listen: ":18000", RouteConfigName: "infergate"},
+		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
 	}
 }
 
@@ -65,8 +67,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -115,7 +117,16 @@ func TestValidFile(t *testing.T) {
 		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", Redis: Redis{Address: "redis:6379",
 			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
 		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
-		Log:    Log{Level: "debug", Format: "text", Requests: ptr(false)},
+		VirtualModels: []VirtualModel{{
+			Name:  "llama-3-70b",
+			Pools: []PoolRef{{Cluster: "pool-a", Priority: 0}, {Cluster: "pool-b", Priority: 1}},
+			SLA:   SLA{TTFTP95: 300 * time.Millisecond, ITLP95: 50 * time.Millisecond, ErrorRate: 0.05},
+			Tuning: Tuning{Window: 20 * time.Second, MinSamples: 10, Interval: 2 * time.Second, Step: 20, Hysteresis: 0.3,
+				Cooldown: 10 * time.Second, ProbeWeight: 2, PrefillPerToken: time.Millisecond},
+			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}},
+		}},
+		XDS: XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm"},
+		Log: Log{Level: "debug", Format: "text", Requests: ptr(false)},
 	}
 	c, err := Load(filepath.Join("testdata", "valid.yaml"))
 	if err != nil {
