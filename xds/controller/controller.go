@@ -1,0 +1,660 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Pool is one inference pool backing a virtual model.
+type Pool struct {
+	Name     string // Envoy cluster name
+	Priority int    // 0 = primary, 1 = first backup, ...
+}
+
+// SLA holds a virtual model's thresholds; a zero field disables the metric.
+type SLA struct {
+	TTFTP95   time.Duration // p95 of excess TTFT (see the package comment)
+	ITLP95    time.Duration // p95 of per-request ITL p95
+	ErrorRate float64       // fraction of requests with status >= 500 or 429
+}
+
+// NoProbe, as Tuning.ProbeWeight, lets a breached pool be drained to 0
+// (a zero ProbeWeight takes the default).
+const NoProbe uint32 = math.MaxUint32
+
+// Tuning controls the step. Zero fields take the defaults of WithDefaults;
+// to ask for a tiny value use the smallest positive one.
+type Tuning struct {
+	Window          time.Duration // observations considered (default 30s)
+	MinSamples      int           // per pool per Window before it is judged (default 20)
+	Interval        time.Duration // how often Tick is expected (default 5s); informational
+	Step            uint32        // max weight points moved per Tick (default 10)
+	Hysteresis      float64       // healthy only when every metric < (1-h)*threshold (default 0.2)
+	Cooldown        time.Duration // after a shift away from a pool, no shift toward it for this long (default 30s)
+	ProbeWeight     uint32        // a breached pool keeps at least this weight (default 5; NoProbe for 0)
+	PrefillPerToken time.Duration // TTFT slope prior, used until enough prompt spread is seen (default 0)
+	BaselineWindow  time.Duration // window for learning the slope (default 10*Window)
+}
+
+// Defaults of Tuning.
+const (
+	DefaultWindow      = 30 * time.Second
+	DefaultMinSamples  = 20
+	DefaultInterval    = 5 * time.Second
+	DefaultStep        = 10
+	DefaultHysteresis  = 0.2
+	DefaultCooldown    = 30 * time.Second
+	DefaultProbeWeight = 5
+)
+
+const (
+	ringCap     = 4096 // observations kept per pool
+	historyCap  = 50   // decisions kept per virtual model
+	minPromptCV = 0.2  // prompt-length spread needed to learn the slope
+	percentile  = 0.95
+)
+
+// WithDefaults returns t with its zero fields set to the defaults.
+func (t Tuning) WithDefaults() Tuning {
+	if t.Window == 0 {
+		t.Window = DefaultWindow
+	}
+	if t.MinSamples == 0 {
+		t.MinSamples = DefaultMinSamples
+	}
+	if t.Interval == 0 {
+		t.Interval = DefaultInterval
+	}
+	if t.Step == 0 {
+		t.Step = DefaultStep
+	}
+	if t.Hysteresis == 0 {
+		t.Hysteresis = DefaultHysteresis
+	}
+	if t.Cooldown == 0 {
+		t.Cooldown = DefaultCooldown
+	}
+	if t.ProbeWeight == 0 {
+		t.ProbeWeight = DefaultProbeWeight
+	}
+	if t.BaselineWindow == 0 {
+		t.BaselineWindow = 10 * t.Window
+	}
+	return t
+}
+
+// floor is the weight a breached pool keeps.
+func (t Tuning) floor() uint32 {
+	if t.ProbeWeight == NoProbe {
+		return 0
+	}
+	return t.ProbeWeight
+}
+
+// VirtualModel is what clients ask for, backed by pools.
+type VirtualModel struct {
+	Name   string
+	Pools  []Pool
+	SLA    SLA
+	Tuning Tuning
+}
+
+// Validate checks the model with its Tuning defaulted. Error messages name
+// the offending field.
+func (vm VirtualModel) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("virtual model %q: %s: %s", vm.Name, field, fmt.Sprintf(format, args...)))
+	}
+	if vm.Name == "" {
+		bad("Name", "must not be empty")
+	}
+	if len(vm.Pools) == 0 {
+		bad("Pools", "at least one pool is required")
+	}
+	seen := map[string]bool{}
+	for i, p := range vm.Pools {
+		switch {
+		case p.Name == "":
+			bad(fmt.Sprintf("Pools[%d].Name", i), "must not be empty")
+		case seen[p.Name]:
+			bad(fmt.Sprintf("Pools[%d].Name", i), "duplicate pool %q", p.Name)
+		}
+		seen[p.Name] = true
+		if p.Priority < 0 {
+			bad(fmt.Sprintf("Pools[%d].Priority", i), "must be >= 0, got %d", p.Priority)
+		}
+	}
+	if vm.SLA.TTFTP95 < 0 {
+		bad("SLA.TTFTP95", "must be >= 0, got %s", vm.SLA.TTFTP95)
+	}
+	if vm.SLA.ITLP95 < 0 {
+		bad("SLA.ITLP95", "must be >= 0, got %s", vm.SLA.ITLP95)
+	}
+	if !(vm.SLA.ErrorRate >= 0 && vm.SLA.ErrorRate <= 1) {
+		bad("SLA.ErrorRate", "must be in [0, 1], got %v", vm.SLA.ErrorRate)
+	}
+	t := vm.Tuning.WithDefaults()
+	if t.Window < 0 {
+		bad("Tuning.Window", "must be > 0, got %s", t.Window)
+	}
+	if t.MinSamples < 0 || t.MinSamples > ringCap/2 {
+		bad("Tuning.MinSamples", "must be in [1, %d], got %d", ringCap/2, t.MinSamples)
+	}
+	if t.Interval < 0 {
+		bad("Tuning.Interval", "must be > 0, got %s", t.Interval)
+	}
+	if t.Step > 100 {
+		bad("Tuning.Step", "must be in [1, 100], got %d", t.Step)
+	}
+	if !(t.Hysteresis > 0 && t.Hysteresis < 1) {
+		bad("Tuning.Hysteresis", "must be in (0, 1), got %v", t.Hysteresis)
+	}
+	if t.Cooldown < 0 {
+		bad("Tuning.Cooldown", "must be >= 0, got %s", t.Cooldown)
+	}
+	if t.ProbeWeight != NoProbe && t.ProbeWeight >= 100 {
+		bad("Tuning.ProbeWeight", "must be < 100 (or NoProbe), got %d", t.ProbeWeight)
+	}
+	if t.PrefillPerToken < 0 {
+		bad("Tuning.PrefillPerToken", "must be >= 0, got %s", t.PrefillPerToken)
+	}
+	if t.BaselineWindow < t.Window {
+		bad("Tuning.BaselineWindow", "must be >= Window %s, got %s", t.Window, t.BaselineWindow)
+	}
+	return errors.Join(errs...)
+}
+
+// Observation is one finished request as reported by the meter.
+type Observation struct {
+	At           time.Time
+	VirtualModel string
+	Pool         string
+	PromptTokens int
+	TTFT         time.Duration
+	ITLP95       time.Duration // per-request ITL p95 (0 if not streamed / < 2 tokens)
+	Status       int
+}
+
+// Decision is one change of a virtual model's weights.
+type Decision struct {
+	At           time.Time
+	VirtualModel string
+	From, To     map[string]uint32 // weights before/after
+	Reason       string            // which pool, which metric, the numbers vs thresholds
+	Stats        map[string]PoolStats
+}
+
+// PoolStats is how a pool was judged at a Tick.
+type PoolStats struct {
+	Samples       int
+	ExcessTTFTP95 time.Duration
+	TTFTP95       time.Duration // raw, for display
+	ITLP95        time.Duration
+	ErrorRate     float64
+	Slope         time.Duration // learned TTFT per prompt token
+	Breached      bool
+	Healthy       bool   // below thresholds with hysteresis
+	Why           string // e.g. "excess TTFT p95 412ms > SLA 300ms"
+}
+
+// ModelState is a snapshot of one virtual model, for debug pages and metrics.
+type ModelState struct {
+	Name    string
+	SLA     SLA
+	Weights map[string]uint32
+	Pools   map[string]PoolStats // as judged at the last Tick
+	History []Decision           // last decisions, oldest first
+}
+
+type sample struct {
+	at     int64 // unix nanoseconds
+	tokens int64
+	ttft   int64
+	itl    int64
+	failed bool
+}
+
+type poolState struct {
+	pool     Pool
+	buf      []sample // ring of up to ringCap samples
+	next     int      // where the next sample goes once buf is full
+	lastAway time.Time
+	stats    PoolStats
+}
+
+func (p *poolState) add(s sample) {
+	if len(p.buf) < ringCap {
+		p.buf = append(p.buf, s)
+		return
+	}
+	p.buf[p.next] = s
+	p.next = (p.next + 1) % ringCap
+}
+
+type model struct {
+	name    string
+	sla     SLA
+	tun     Tuning
+	pools   []*poolState
+	order   []int // pool indexes by priority, then declaration order
+	byPool  map[string]int
+	weights []uint32
+	desired []uint32 // initial weights, where shifts back return to
+	history []Decision
+}
+
+// Controller holds the observations and weights of all virtual models.
+// Observe, Tick, Weights and State are safe for concurrent use.
+type Controller struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	models  []*model
+	byName  map[string]*model
+	ignored uint64 // observations for unknown virtual models or pools
+
+	// scratch buffers for Tick, reused under mu
+	excess, ttft, itl []int64
+}
+
+// New validates the models and returns a controller with every virtual
+// model's weight on its primary pools. now is the clock (time.Now if nil).
+func New(models []VirtualModel, now func() time.Time) (*Controller, error) {
+	if now == nil {
+		now = time.Now
+	}
+	c := &Controller{now: now, byName: map[string]*model{}}
+	var errs []error
+	for _, vm := range models {
+		if err := vm.Validate(); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if c.byName[vm.Name] != nil {
+			errs = append(errs, fmt.Errorf("virtual model %q: Name: duplicate virtual model", vm.Name))
+			continue
+		}
+		m := &model{
+			name:   vm.Name,
+			sla:    vm.SLA,
+			tun:    vm.Tuning.WithDefaults(),
+			byPool: map[string]int{},
+		}
+		for i, p := range vm.Pools {
+			m.pools = append(m.pools, &poolState{pool: p})
+			m.byPool[p.Name] = i
+			m.order = append(m.order, i)
+		}
+		slices.SortStableFunc(m.order, func(a, b int) int { return vm.Pools[a].Priority - vm.Pools[b].Priority })
+		m.desired = initialWeights(vm.Pools, m.order)
+		m.weights = slices.Clone(m.desired)
+		c.models = append(c.models, m)
+		c.byName[vm.Name] = m
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// initialWeights puts 100 on the top-priority pools, split evenly, the
+// remainder going to the first of them in order.
+func initialWeights(pools []Pool, order []int) []uint32 {
+	w := make([]uint32, len(pools))
+	top := pools[order[0]].Priority
+	n := 0
+	for _, i := range order {
+		if pools[i].Priority == top {
+			n++
+		}
+	}
+	for k, i := range order[:n] {
+		w[i] = uint32(100 / n)
+		if k < 100%n {
+			w[i]++
+		}
+	}
+	return w
+}
+
+// Observe records one request. Observations for unknown virtual models or
+// pools are ignored (and counted). A zero At means now.
+func (c *Controller) Observe(o Observation) {
+	at := o.At
+	if at.IsZero() {
+		at = c.now()
+	}
+	s := sample{
+		at:     at.UnixNano(),
+		tokens: int64(max(o.PromptTokens, 0)),
+		ttft:   int64(o.TTFT),
+		itl:    int64(o.ITLP95),
+		failed: o.Status >= 500 || o.Status == 429,
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.byName[o.VirtualModel]
+	if m == nil {
+		c.ignored++
+		return
+	}
+	i, ok := m.byPool[o.Pool]
+	if !ok {
+		c.ignored++
+		return
+	}
+	m.pools[i].add(s)
+}
+
+// Tick runs one decision step for every virtual model and returns the
+// decisions that changed weights, in model order.
+func (c *Controller) Tick() []Decision {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	var out []Decision
+	for _, m := range c.models {
+		for _, p := range m.pools {
+			p.stats = c.judge(p, m.sla, m.tun, now)
+		}
+		if d, ok := m.step(now); ok {
+			m.history = append(m.history, cloneDecision(d))
+			if len(m.history) > historyCap {
+				m.history = slices.Delete(m.history, 0, len(m.history)-historyCap)
+			}
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Weights returns a copy of the virtual model's current weights by pool
+// name, or nil for an unknown virtual model.
+func (c *Controller) Weights(vm string) map[string]uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.byName[vm]
+	if m == nil {
+		return nil
+	}
+	return m.weightMap()
+}
+
+// State returns a snapshot of every virtual model, in configuration order.
+func (c *Controller) State() []ModelState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]ModelState, 0, len(c.models))
+	for _, m := range c.models {
+		s := ModelState{
+			Name:    m.name,
+			SLA:     m.sla,
+			Weights: m.weightMap(),
+			Pools:   m.statsMap(),
+			History: make([]Decision, 0, len(m.history)),
+		}
+		for _, d := range m.history {
+			s.History = append(s.History, cloneDecision(d))
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (m *model) weightMap() map[string]uint32 {
+	w := make(map[string]uint32, len(m.pools))
+	for i, p := range m.pools {
+		w[p.pool.Name] = m.weights[i]
+	}
+	return w
+}
+
+func (m *model) statsMap() map[string]PoolStats {
+	s := make(map[string]PoolStats, len(m.pools))
+	for _, p := range m.pools {
+		s[p.pool.Name] = p.stats
+	}
+	return s
+}
+
+func cloneDecision(d Decision) Decision {
+	d.From = maps.Clone(d.From)
+	d.To = maps.Clone(d.To)
+	d.Stats = maps.Clone(d.Stats)
+	return d
+}
+
+// cooledDown reports whether a shift toward pool i is allowed.
+func (m *model) cooledDown(i int, now time.Time) bool {
+	last := m.pools[i].lastAway
+	return last.IsZero() || now.Sub(last) >= m.tun.Cooldown
+}
+
+// step moves weight for one Tick: away from a breached pool or, failing
+// that, back toward a recovered one. It reports whether weights changed.
+func (m *model) step(now time.Time) (Decision, bool) {
+	floor := m.tun.floor()
+	from, to, amt, reason := -1, -1, uint32(0), ""
+
+	// Shift away from the highest-priority breached pool that still has
+	// weight above the floor and somewhere to send it.
+	for k, i := range m.order {
+		st := m.pools[i].stats
+		if !st.Breached || m.weights[i] <= floor {
+			continue
+		}
+		j := m.awayTarget(k, now)
+		if j < 0 {
+			continue
+		}
+		from, to = i, j
+		amt = min(m.tun.Step, m.weights[i]-floor)
+		m.pools[i].lastAway = now
+		reason = fmt.Sprintf("shift %d from %q to %q: %q breached: %s",
+			amt, m.pools[i].pool.Name, m.pools[j].pool.Name, m.pools[i].pool.Name, st.Why)
+		break
+	}
+
+	// Otherwise shift back toward the highest-priority pool below its
+	// initial weight that has recovered and cooled down.
+	if from < 0 {
+		for _, h := range m.order {
+			if m.weights[h] >= m.desired[h] || !m.cooledDown(h, now) {
+				continue
+			}
+			st := m.pools[h].stats
+			blind := floor == 0 && m.weights[h] == 0 && !st.Breached && !st.Healthy
+			if !st.Healthy && !blind {
+				continue
+			}
+			src := -1
+			for _, s := range slices.Backward(m.order) {
+				if s != h && m.weights[s] > m.desired[s] {
+					src = s
+					break
+				}
+			}
+			if src < 0 {
+				continue
+			}
+			from, to = src, h
+			amt = min(m.tun.Step, m.desired[h]-m.weights[h], m.weights[src]-m.desired[src])
+			why := st.Why
+			if blind {
+				why = "drained and unobserved; probing blind"
+			}
+			cool := "never shifted away"
+			if last := m.pools[h].lastAway; !last.IsZero() {
+				cool = fmt.Sprintf("last shift away %s ago >= cooldown %s", now.Sub(last), m.tun.Cooldown)
+			}
+			reason = fmt.Sprintf("shift %d back to %q from %q: %s; %s",
+				amt, m.pools[h].pool.Name, m.pools[src].pool.Name, why, cool)
+			break
+		}
+	}
+	if from < 0 || amt == 0 {
+		return Decision{}, false
+	}
+	d := Decision{At: now, VirtualModel: m.name, From: m.weightMap(), Reason: reason}
+	m.weights[from] -= amt
+	m.weights[to] += amt
+	d.To = m.weightMap()
+	d.Stats = m.statsMap()
+	return d, true
+}
+
+// awayTarget picks where traffic leaving m.order[k] goes: the next pool by
+// priority that is neither breached nor cooling down, looking at
+// lower-priority pools first and then higher-priority ones. -1 if none.
+func (m *model) awayTarget(k int, now time.Time) int {
+	ok := func(j int) bool { return !m.pools[j].stats.Breached && m.cooledDown(j, now) }
+	for _, j := range m.order[k+1:] {
+		if ok(j) {
+			return j
+		}
+	}
+	for _, j := range m.order[:k] {
+		if ok(j) {
+			return j
+		}
+	}
+	return -1
+}
+
+// judge computes a pool's statistics over the Window and its verdict.
+func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolStats {
+	cut := now.Add(-t.Window).UnixNano()
+	bcut := now.Add(-t.BaselineWindow).UnixNano()
+
+	// Slope of TTFT on prompt tokens over the baseline, by least squares
+	// on centred values (two passes, for numerical stability).
+	var bn int
+	var sx, sy float64
+	for _, s := range p.buf {
+		if s.at >= bcut {
+			bn++
+			sx += float64(s.tokens)
+			sy += float64(s.ttft)
+		}
+	}
+	slope := float64(t.PrefillPerToken)
+	if bn >= 2*t.MinSamples && bn > 1 && sx > 0 {
+		mx, my := sx/float64(bn), sy/float64(bn)
+		var sxx, sxy float64
+		for _, s := range p.buf {
+			if s.at >= bcut {
+				dx := float64(s.tokens) - mx
+				sxx += dx * dx
+				sxy += dx * (float64(s.ttft) - my)
+			}
+		}
+		if sxx > 0 && math.Sqrt(sxx/float64(bn))/mx > minPromptCV {
+			slope = max(0, sxy/sxx)
+		}
+	}
+
+	excess, ttft, itl := c.excess[:0], c.ttft[:0], c.itl[:0]
+	failed := 0
+	for _, s := range p.buf {
+		if s.at < cut {
+			continue
+		}
+		ttft = append(ttft, s.ttft)
+		excess = append(excess, max(0, s.ttft-int64(slope*float64(s.tokens))))
+		if s.itl > 0 {
+			itl = append(itl, s.itl)
+		}
+		if s.failed {
+			failed++
+		}
+	}
+	c.excess, c.ttft, c.itl = excess, ttft, itl
+
+	st := PoolStats{
+		Samples:       len(ttft),
+		ExcessTTFTP95: time.Duration(p95(excess)),
+		TTFTP95:       time.Duration(p95(ttft)),
+		ITLP95:        time.Duration(p95(itl)),
+		Slope:         time.Duration(math.Round(slope)),
+	}
+	if st.Samples > 0 {
+		st.ErrorRate = float64(failed) / float64(st.Samples)
+	}
+	if st.Samples < t.MinSamples {
+		st.Why = fmt.Sprintf("unknown: %d samples in %s < MinSamples %d", st.Samples, t.Window, t.MinSamples)
+		return st
+	}
+
+	type metric struct {
+		name       string
+		val, limit float64
+		show       func(float64) string
+	}
+	dur := func(v float64) string { return fmtDur(time.Duration(v)) }
+	pct := func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
+	var ms []metric
+	if sla.TTFTP95 > 0 {
+		ms = append(ms, metric{"excess TTFT p95", float64(st.ExcessTTFTP95), float64(sla.TTFTP95), dur})
+	}
+	if sla.ITLP95 > 0 && len(itl) >= t.MinSamples {
+		// Too few streamed requests: ITL is not judged.
+		ms = append(ms, metric{"ITL p95", float64(st.ITLP95), float64(sla.ITLP95), dur})
+	}
+	if sla.ErrorRate > 0 {
+		ms = append(ms, metric{"error rate", st.ErrorRate, sla.ErrorRate, pct})
+	}
+	var breached, band, fine []string
+	for _, m := range ms {
+		healthyBelow := (1 - t.Hysteresis) * m.limit
+		switch {
+		case m.val > m.limit:
+			breached = append(breached, fmt.Sprintf("%s %s > SLA %s", m.name, m.show(m.val), m.show(m.limit)))
+		case m.val >= healthyBelow:
+			band = append(band, fmt.Sprintf("%s %s >= %s (SLA %s less %.0f%% hysteresis)",
+				m.name, m.show(m.val), m.show(healthyBelow), m.show(m.limit), 100*t.Hysteresis))
+		default:
+			fine = append(fine, fmt.Sprintf("%s %s < %s", m.name, m.show(m.val), m.show(healthyBelow)))
+		}
+	}
+	switch {
+	case len(breached) > 0:
+		st.Breached = true
+		st.Why = strings.Join(breached, "; ")
+	case len(band) > 0:
+		st.Why = "not yet healthy: " + strings.Join(band, "; ")
+	default:
+		st.Healthy = true
+		st.Why = "healthy"
+		if len(fine) > 0 {
+			st.Why += ": " + strings.Join(fine, "; ")
+		}
+	}
+	return st
+}
+
+// p95 sorts v and returns its nearest-rank 95th percentile (0 if empty).
+func p95(v []int64) int64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[int(math.Ceil(percentile*float64(len(v))))-1]
+}
+
+// fmtDur rounds a duration for display.
+func fmtDur(d time.Duration) string {
+	switch {
+	case d >= 10*time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	case d >= 10*time.Microsecond:
+		return d.Round(10 * time.Microsecond).String()
+	}
+	return d.String()
+}
