@@ -1,0 +1,235 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// ModelHeader is the request header the routes match on. infergate's gate
+// sets it from the request body's "model" before Envoy picks a route.
+const ModelHeader = "x-infergate-model"
+
+// DefaultRouteConfigName is the RDS resource name used when Options leaves
+// RouteConfigName empty.
+const DefaultRouteConfigName = "infergate"
+
+// DefaultRetryOn is the retry_on used when a Retry leaves On empty.
+const DefaultRetryOn = "5xx,reset,connect-failure,retriable-status-codes"
+
+// FallbackRouteName is the name of the final route that answers 404 for
+// models no route matched.
+const FallbackRouteName = "infergate-unknown-model"
+
+// Route is one virtual model: requests whose x-infergate-model equals
+// VirtualModel are spread over the clusters in Weights.
+type Route struct {
+	// VirtualModel is matched exactly on the x-infergate-model header.
+	VirtualModel string
+	// Weights maps an Envoy cluster name to its weight. Zero weights are
+	// allowed (the cluster stays in the route but gets no traffic); the
+	// total must be positive.
+	Weights map[string]uint32
+	// Timeout is the route timeout; 0 disables it (needed for long streams).
+	Timeout time.Duration
+	// Retry is the optional retry policy.
+	Retry *Retry
+}
+
+// Retry is a route's retry policy. Retries go to a different host when
+// one is available (previous_hosts predicate).
+type Retry struct {
+	// Attempts is num_retries: retries after the first try.
+	Attempts uint32
+	// On is Envoy's retry_on; empty means DefaultRetryOn.
+	On string
+	// RetriableStatusCodes are retried when On contains
+	// "retriable-status-codes"; empty means 429.
+	RetriableStatusCodes []uint32
+	// PerTryTimeout bounds each try; 0 means the route timeout applies.
+	PerTryTimeout time.Duration
+}
+
+// ValidateRoutes checks routes the way SetRoutes does before building:
+// non-empty, unique virtual models; non-empty cluster names; positive total
+// weight that fits Envoy's uint32 sum.
+func ValidateRoutes(routes []Route) error {
+	seen := make(map[string]bool, len(routes))
+	var errs []error
+	for i, r := range routes {
+		name := r.VirtualModel
+		if name == "" {
+			errs = append(errs, fmt.Errorf("route %d: empty virtual model", i))
+			name = fmt.Sprintf("#%d", i)
+		} else if seen[name] {
+			errs = append(errs, fmt.Errorf("route %q: duplicate virtual model", name))
+		}
+		seen[name] = true
+		if r.Timeout < 0 {
+			errs = append(errs, fmt.Errorf("route %q: negative timeout", name))
+		}
+		if len(r.Weights) == 0 {
+			errs = append(errs, fmt.Errorf("route %q: no clusters", name))
+			continue
+		}
+		var total uint64
+		for cluster, w := range r.Weights {
+			if strings.TrimSpace(cluster) == "" {
+				errs = append(errs, fmt.Errorf("route %q: empty cluster name", name))
+			}
+			total += uint64(w)
+		}
+		switch {
+		case total == 0:
+			errs = append(errs, fmt.Errorf("route %q: weights total 0", name))
+		case total > uint64(^uint32(0)):
+			errs = append(errs, fmt.Errorf("route %q: weights total %d overflows uint32", name, total))
+		}
+		if r.Retry != nil && r.Retry.PerTryTimeout < 0 {
+			errs = append(errs, fmt.Errorf("route %q: negative per-try timeout", name))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// BuildRouteConfiguration builds the RDS resource: one virtual host
+// matching every domain, one route per virtual model (sorted by name, so
+// the output is deterministic), then extra (verbatim, in order), then,
+// when fallback404 is set, a catch-all route answering 404 with an
+// OpenAI-style JSON error.
+//
+// It does not validate; see ValidateRoutes and the resource's
+// ValidateAll.
+//
+// Nothing in the resource carries a TTL: Envoy keeps serving the last
+// configuration it accepted for as long as the control plane is away.
+func BuildRouteConfiguration(name string, routes []Route, fallback404 bool, extra ...*routev3.Route) *routev3.RouteConfiguration {
+	sorted := slices.Clone(routes)
+	slices.SortStableFunc(sorted, func(a, b Route) int { return strings.Compare(a.VirtualModel, b.VirtualModel) })
+
+	vh := &routev3.VirtualHost{
+		Name:    name,
+		Domains: []string{"*"},
+	}
+	for _, r := range sorted {
+		vh.Routes = append(vh.Routes, buildRoute(r))
+	}
+	vh.Routes = append(vh.Routes, extra...)
+	if fallback404 {
+		vh.Routes = append(vh.Routes, unknownModelRoute())
+	}
+	return &routev3.RouteConfiguration{
+		Name:         name,
+		VirtualHosts: []*routev3.VirtualHost{vh},
+	}
+}
+
+func buildRoute(r Route) *routev3.Route {
+	clusters := make([]string, 0, len(r.Weights))
+	for c := range r.Weights {
+		clusters = append(clusters, c)
+	}
+	slices.Sort(clusters)
+	wc := &routev3.WeightedCluster{}
+	for _, c := range clusters {
+		wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{
+			Name:   c,
+			Weight: wrapperspb.UInt32(r.Weights[c]),
+		})
+	}
+	action := &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_WeightedClusters{WeightedClusters: wc},
+		// Always explicit: Envoy's default is 15s, and 0 disables it.
+		Timeout:     durationpb.New(r.Timeout),
+		RetryPolicy: buildRetry(r.Retry),
+	}
+	return &routev3.Route{
+		Name: r.VirtualModel,
+		Match: &routev3.RouteMatch{
+			PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
+			Headers: []*routev3.HeaderMatcher{{
+				Name: ModelHeader,
+				HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+					MatchPattern: &matcherv3.StringMatcher_Exact{Exact: r.VirtualModel},
+				}},
+			}},
+		},
+		Action: &routev3.Route_Route{Route: action},
+	}
+}
+
+var previousHosts = func() *anypb.Any {
+	a, err := anypb.New(&previoushostsv3.PreviousHostsPredicate{})
+	if err != nil {
+		panic(err)
+	}
+	return a
+}()
+
+func buildRetry(r *Retry) *routev3.RetryPolicy {
+	if r == nil {
+		return nil
+	}
+	on := r.On
+	if on == "" {
+		on = DefaultRetryOn
+	}
+	p := &routev3.RetryPolicy{
+		RetryOn:    on,
+		NumRetries: wrapperspb.UInt32(r.Attempts),
+		RetryHostPredicate: []*routev3.RetryPolicy_RetryHostPredicate{{
+			Name:       "envoy.retry_host_predicates.previous_hosts",
+			ConfigType: &routev3.RetryPolicy_RetryHostPredicate_TypedConfig{TypedConfig: previousHosts},
+		}},
+		HostSelectionRetryMaxAttempts: 3,
+	}
+	if strings.Contains(on, "retriable-status-codes") {
+		p.RetriableStatusCodes = slices.Clone(r.RetriableStatusCodes)
+		if len(p.RetriableStatusCodes) == 0 {
+			p.RetriableStatusCodes = []uint32{429}
+		}
+	}
+	if r.PerTryTimeout > 0 {
+		p.PerTryTimeout = durationpb.New(r.PerTryTimeout)
+	}
+	return p
+}
+
+// unknownModelRoute answers every request no earlier route took with a 404
+// shaped like OpenAI's model_not_found error. json_format escapes the
+// header value, so a hostile model name cannot break the JSON.
+func unknownModelRoute() *routev3.Route {
+	body, err := structpb.NewStruct(map[string]any{
+		"error": map[string]any{
+			"message": "The model '%REQ(" + ModelHeader + ")%' does not exist or you do not have access to it.",
+			"type":    "invalid_request_error",
+			"param":   "model",
+			"code":    "model_not_found",
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	return &routev3.Route{
+		Name:  FallbackRouteName,
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{
+			Status: 404,
+			BodyFormat: &corev3.SubstitutionFormatString{
+				Format:      &corev3.SubstitutionFormatString_JsonFormat{JsonFormat: body},
+				ContentType: "application/json",
+			},
+		}},
+	}
+}

@@ -1,0 +1,280 @@
+// Package server is infergate's xDS control plane. It owns exactly one
+// resource, the RDS RouteConfiguration that spreads each virtual model
+// over its pools, and serves it over gRPC (RDS and ADS, state-of-the-world
+// and delta) to any Envoy, whatever its node id.
+//
+// Everything else in Envoy's configuration (listeners, clusters, the
+// ext_proc filter) stays the operator's: the route configuration only
+// names clusters, so those must exist in Envoy's static config or come
+// from another control plane.
+//
+// Resources carry no TTL and the snapshot cache does not heartbeat, so
+// when this server is down or unreachable Envoy keeps routing with the
+// last configuration it accepted, and picks up the current one when its
+// xDS stream reconnects.
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/protobuf/proto"
+)
+
+// nodeGroup is the single snapshot-cache key every Envoy node maps to.
+const nodeGroup = "infergate"
+
+// constantHash maps every Envoy node to nodeGroup, so all Envoys, whatever
+// their node id, get the same snapshot.
+type constantHash struct{}
+
+func (constantHash) ID(*corev3.Node) string { return nodeGroup }
+
+// Options configures a Server.
+type Options struct {
+	// RouteConfigName is the RDS resource name Envoy's HCM asks for;
+	// default "infergate".
+	RouteConfigName string
+	// ExtraRoutes are Envoy routes appended verbatim after the virtual
+	// models and before the fallback, e.g. a model name routed to one
+	// cluster with options Route cannot express.
+	ExtraRoutes []*routev3.Route
+	// NoFallback404 drops the final route that answers 404 with an
+	// OpenAI-style JSON body for unknown models (on by default).
+	NoFallback404 bool
+	// ShutdownTimeout bounds the graceful stop once Serve's context is
+	// done; default 5s.
+	ShutdownTimeout time.Duration
+	// MaxConcurrentStreams per gRPC connection; default 100.
+	MaxConcurrentStreams uint32
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Server serves the infergate RouteConfiguration over xDS.
+type Server struct {
+	name     string
+	extra    []*routev3.Route
+	fallback bool
+	shutdown time.Duration
+	streams  uint32
+	log      *slog.Logger
+	cache    cache.SnapshotCache
+
+	mu      sync.Mutex
+	version string
+}
+
+// New returns a Server with no routes yet: Envoys that connect wait until
+// the first SetRoutes.
+func New(opts Options) *Server {
+	s := &Server{
+		name:     opts.RouteConfigName,
+		extra:    opts.ExtraRoutes,
+		fallback: !opts.NoFallback404,
+		shutdown: opts.ShutdownTimeout,
+		streams:  opts.MaxConcurrentStreams,
+		log:      opts.Logger,
+	}
+	if s.name == "" {
+		s.name = DefaultRouteConfigName
+	}
+	if s.shutdown <= 0 {
+		s.shutdown = 5 * time.Second
+	}
+	if s.streams == 0 {
+		s.streams = 100
+	}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	s.log = s.log.With("component", "xds")
+	s.cache = cache.NewSnapshotCache(false, constantHash{}, cacheLogger{s.log})
+	return s
+}
+
+// Version is the version of the current snapshot, "" before the first
+// successful SetRoutes.
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.version
+}
+
+// SetRoutes validates routes, builds the RouteConfiguration and publishes
+// it to every connected and future Envoy. The version is a hash of the
+// resource's content: identical routes give the same version and publish
+// nothing. On error the previous snapshot stays in place.
+func (s *Server) SetRoutes(routes []Route) (string, error) {
+	rc, version, err := s.build(routes)
+	if err != nil {
+		return "", err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if version == s.version {
+		return version, nil
+	}
+	snap, err := cache.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RouteType: {rc}})
+	if err != nil {
+		return "", fmt.Errorf("xds: snapshot: %w", err)
+	}
+	if err := consistent(snap, s.name); err != nil {
+		return "", err
+	}
+	if err := s.cache.SetSnapshot(context.Background(), nodeGroup, snap); err != nil {
+		return "", fmt.Errorf("xds: set snapshot: %w", err)
+	}
+	s.log.Info("xds routes updated", "version", version, "virtual_models", len(routes))
+	s.version = version
+	return version, nil
+}
+
+// build is SetRoutes without side effects.
+func (s *Server) build(routes []Route) (*routev3.RouteConfiguration, string, error) {
+	if err := ValidateRoutes(routes); err != nil {
+		return nil, "", fmt.Errorf("xds: invalid routes: %w", err)
+	}
+	rc := BuildRouteConfiguration(s.name, routes, s.fallback, s.extra...)
+	if err := rc.ValidateAll(); err != nil {
+		return nil, "", fmt.Errorf("xds: invalid route configuration: %w", err)
+	}
+	version, err := contentVersion(rc)
+	if err != nil {
+		return nil, "", err
+	}
+	return rc, version, nil
+}
+
+// contentVersion hashes the deterministic encoding of rc.
+func contentVersion(rc *routev3.RouteConfiguration) (string, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(rc)
+	if err != nil {
+		return "", fmt.Errorf("xds: marshal: %w", err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+// consistent checks the snapshot holds exactly the one route
+// configuration Envoy's listeners ask for. The snapshot's own
+// Consistent() cannot be used: it requires every RDS resource to be
+// referenced by an LDS resource of the same snapshot, and the listeners
+// are not ours.
+func consistent(snap *cache.Snapshot, name string) error {
+	for typ, res := range snap.Resources {
+		want := 0
+		if types.ResponseType(typ) == types.Route {
+			want = 1
+		}
+		if len(res.Items) != want {
+			return fmt.Errorf("xds: inconsistent snapshot: %d resources of type %d, want %d", len(res.Items), typ, want)
+		}
+	}
+	if _, ok := snap.GetResources(resource.RouteType)[name]; !ok {
+		return fmt.Errorf("xds: inconsistent snapshot: no route configuration %q", name)
+	}
+	return nil
+}
+
+// Serve serves xDS on lis until ctx is done, then stops gracefully within
+// ShutdownTimeout (xDS streams are closed first, so this is quick), and
+// returns nil. It registers RDS and ADS, so Envoy may use either.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	xctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	xs := serverv3.NewServer(xctx, s.cache, serverv3.CallbackFuncs{
+		StreamOpenFunc: func(_ context.Context, id int64, typ string) error {
+			s.log.Debug("xds stream open", "stream", id, "type", typ)
+			return nil
+		},
+		StreamClosedFunc: func(id int64, node *corev3.Node) {
+			s.log.Debug("xds stream closed", "stream", id, "node", node.GetId())
+		},
+		DeltaStreamOpenFunc: func(_ context.Context, id int64, typ string) error {
+			s.log.Debug("xds delta stream open", "stream", id, "type", typ)
+			return nil
+		},
+		DeltaStreamClosedFunc: func(id int64, node *corev3.Node) {
+			s.log.Debug("xds delta stream closed", "stream", id, "node", node.GetId())
+		},
+	})
+	gs := grpc.NewServer(
+		grpc.MaxConcurrentStreams(s.streams),
+		// Envoy's HTTP/2 keepalive pings (connection_keepalive) are
+		// welcome down to 10s, even with no stream open.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             10 * time.Second,
+			PermitWithoutStream: true,
+		}),
+		// Detect dead Envoys so their watches are released.
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:    30 * time.Second,
+			Timeout: 10 * time.Second,
+		}),
+	)
+	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xs)
+	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
+
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(lis) }()
+	s.log.Info("xds serving", "addr", lis.Addr().String(), "route_config", s.name)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	cancel() // ends the xDS streams, which GracefulStop would wait for
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	timer := time.NewTimer(s.shutdown)
+	defer timer.Stop()
+	select {
+	case <-stopped:
+	case <-timer.C:
+		s.log.Warn("xds graceful stop timed out; closing connections")
+		gs.Stop()
+		<-stopped
+	}
+	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	s.log.Info("xds stopped")
+	return nil
+}
+
+// cacheLogger adapts slog to go-control-plane's logger.
+type cacheLogger struct{ l *slog.Logger }
+
+func (c cacheLogger) Debugf(format string, args ...any) {
+	c.l.Debug(fmt.Sprintf(format, args...))
+}
+
+func (c cacheLogger) Infof(format string, args ...any) {
+	c.l.Debug(fmt.Sprintf(format, args...))
+}
+
+func (c cacheLogger) Warnf(format string, args ...any) {
+	c.l.Warn(fmt.Sprintf(format, args...))
+}
+
+func (c cacheLogger) Errorf(format string, args ...any) {
+	c.l.Error(fmt.Sprintf(format, args...))
+}
