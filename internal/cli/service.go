@@ -32,6 +32,7 @@ type Service struct {
 	grpc    *grpc.Server
 	ready   atomic.Bool
 	adm     *admissionParts
+	routing *routing           // nil without virtual models
 	stop    context.CancelFunc // ends the watchers
 }
 
@@ -53,6 +54,14 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		stop()
 		return nil, err
 	}
+	rt, err := newRouting(cfg, logger, metrics.Meter())
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	if rt != nil {
+		sinks = append(sinks, rt)
+	}
 	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller})
 	g := grpc.NewServer(
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
@@ -61,13 +70,14 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
 	extprocv3.RegisterExternalProcessorServer(g, srv)
-	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g, adm: adm, stop: stop}, nil
+	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g, adm: adm, routing: rt, stop: stop}, nil
 }
 
 // AdminHandler serves /metrics, /healthz and /readyz.
 func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
+	mux.HandleFunc("GET /debug/controller", s.routing.debugHandler)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
@@ -87,9 +97,25 @@ func (s *Service) AdminHandler() http.Handler {
 
 // Serve runs until ctx is done, then drains: readiness goes false first so
 // load balancers stop sending, then in-flight streams get drainTimeout.
-func (s *Service) Serve(ctx context.Context, extprocLis, adminLis net.Listener) error {
+// xdsLis serves the virtual-model routes; it is only used (and required)
+// when virtual models are configured.
+func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Listener) error {
 	admin := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
+	xdsCtx, stopXDS := context.WithCancel(context.Background())
+	defer stopXDS()
+	if s.routing != nil {
+		if xdsLis == nil {
+			return errors.New("virtual models are configured but there is no xDS listener")
+		}
+		go func() {
+			if err := s.routing.serve(xdsCtx, xdsLis); err != nil {
+				errc <- fmt.Errorf("xds: %w", err)
+			}
+		}()
+	} else if xdsLis != nil {
+		xdsLis.Close()
+	}
 	go func() { errc <- s.grpc.Serve(extprocLis) }()
 	go func() {
 		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
@@ -106,6 +132,8 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis net.Listener) 
 		err = fmt.Errorf("server stopped: %w", err)
 	}
 	s.ready.Store(false)
+	// Envoy keeps its last routes while the control plane is away.
+	stopXDS()
 	stopped := make(chan struct{})
 	go func() { s.grpc.GracefulStop(); close(stopped) }()
 	select {
@@ -134,5 +162,13 @@ func (s *Service) ListenAndServe(ctx context.Context) error {
 		ep.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
-	return s.Serve(ctx, ep, ad)
+	var xl net.Listener
+	if s.routing != nil {
+		if xl, err = net.Listen("tcp", s.cfg.XDS.Listen); err != nil {
+			ep.Close()
+			ad.Close()
+			return fmt.Errorf("xds listener: %w", err)
+		}
+	}
+	return s.Serve(ctx, ep, ad, xl)
 }

@@ -10,33 +10,58 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
-// The drop-in snippet users copy is exactly what the tested demo bootstrap
-// runs: same filters, same local replies, same cluster protocol settings.
+// The drop-in snippet users copy is exactly what the tested bootstraps run
+// (demo.yaml, and sla.yaml with its routes over xDS): same filters, same
+// local replies, same cluster protocol settings.
 func TestSnippetMatchesTestedBootstrap(t *testing.T) {
-	var demo struct {
-		StaticResources struct {
-			Listeners []struct {
-				FilterChains []struct {
-					Filters []struct {
-						TypedConfig map[string]any `yaml:"typed_config"`
-					} `yaml:"filters"`
-				} `yaml:"filter_chains"`
-			} `yaml:"listeners"`
-			Clusters []map[string]any `yaml:"clusters"`
-		} `yaml:"static_resources"`
-	}
 	var snippet struct {
 		HTTPFilters          []any            `yaml:"http_filters"`
 		LocalReplyConfig     any              `yaml:"local_reply_config"`
 		ResponseHeadersToAdd any              `yaml:"response_headers_to_add"`
 		Clusters             []map[string]any `yaml:"clusters"`
 	}
-	demoYAML := renderEnvoy(t, "envoy/demo.yaml", map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2",
-		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json"})
-	if err := yaml.Unmarshal([]byte(demoYAML), &demo); err != nil {
-		t.Fatalf("envoy/demo.yaml: %v", err)
-	}
 	readYAML(t, "envoy/snippet.yaml", &snippet)
+	for _, bootstrap := range []string{"envoy/demo.yaml", "envoy/sla.yaml"} {
+		t.Run(bootstrap, func(t *testing.T) {
+			checkSnippet(t, bootstrap, snippet.HTTPFilters, snippet.LocalReplyConfig, snippet.Clusters)
+		})
+	}
+	// The virtual-host response headers: static in demo.yaml; the xDS
+	// server adds the same ones to the routes it serves (internal/cli).
+	demo := readDemo(t, "envoy/demo.yaml")
+	hcm := demo.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig
+	vhost := hcm["route_config"].(map[string]any)["virtual_hosts"].([]any)[0].(map[string]any)
+	if !reflect.DeepEqual(vhost["response_headers_to_add"], snippet.ResponseHeadersToAdd) {
+		t.Errorf("envoy/snippet.yaml response_headers_to_add differs from envoy/demo.yaml's")
+	}
+}
+
+type bootstrapDoc struct {
+	StaticResources struct {
+		Listeners []struct {
+			FilterChains []struct {
+				Filters []struct {
+					TypedConfig map[string]any `yaml:"typed_config"`
+				} `yaml:"filters"`
+			} `yaml:"filter_chains"`
+		} `yaml:"listeners"`
+		Clusters []map[string]any `yaml:"clusters"`
+	} `yaml:"static_resources"`
+}
+
+func readDemo(t *testing.T, bootstrap string) bootstrapDoc {
+	t.Helper()
+	var demo bootstrapDoc
+	rendered := renderEnvoy(t, bootstrap, map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2",
+		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6"})
+	if err := yaml.Unmarshal([]byte(rendered), &demo); err != nil {
+		t.Fatalf("%s: %v", bootstrap, err)
+	}
+	return demo
+}
+
+func checkSnippet(t *testing.T, bootstrap string, filters []any, localReply any, clusters []map[string]any) {
+	demo := readDemo(t, bootstrap)
 
 	hcm := demo.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig
 	var infergateFilters []any
@@ -45,15 +70,11 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 			infergateFilters = append(infergateFilters, f)
 		}
 	}
-	if len(infergateFilters) != 2 || !reflect.DeepEqual(infergateFilters, snippet.HTTPFilters) {
-		t.Errorf("envoy/snippet.yaml http_filters differ from envoy/demo.yaml's infergate filters")
+	if len(infergateFilters) != 2 || !reflect.DeepEqual(infergateFilters, filters) {
+		t.Errorf("envoy/snippet.yaml http_filters differ from %s's infergate filters", bootstrap)
 	}
-	vhost := hcm["route_config"].(map[string]any)["virtual_hosts"].([]any)[0].(map[string]any)
-	if !reflect.DeepEqual(vhost["response_headers_to_add"], snippet.ResponseHeadersToAdd) {
-		t.Errorf("envoy/snippet.yaml response_headers_to_add differs from envoy/demo.yaml's")
-	}
-	if !reflect.DeepEqual(hcm["local_reply_config"], snippet.LocalReplyConfig) {
-		t.Errorf("envoy/snippet.yaml local_reply_config differs from envoy/demo.yaml's")
+	if !reflect.DeepEqual(hcm["local_reply_config"], localReply) {
+		t.Errorf("envoy/snippet.yaml local_reply_config differs from %s's", bootstrap)
 	}
 	var demoCluster map[string]any
 	for _, c := range demo.StaticResources.Clusters {
@@ -61,12 +82,12 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 			demoCluster = c
 		}
 	}
-	if demoCluster == nil || len(snippet.Clusters) != 1 {
+	if demoCluster == nil || len(clusters) != 1 {
 		t.Fatal("infergate cluster missing")
 	}
 	for _, k := range []string{"name", "connect_timeout", "typed_extension_protocol_options"} {
-		if !reflect.DeepEqual(demoCluster[k], snippet.Clusters[0][k]) {
-			t.Errorf("infergate cluster %s differs between demo and snippet", k)
+		if !reflect.DeepEqual(demoCluster[k], clusters[0][k]) {
+			t.Errorf("infergate cluster %s differs between %s and the snippet", k, bootstrap)
 		}
 	}
 }

@@ -80,6 +80,7 @@ func startPool(t *testing.T, cfg mock.Config) *pool {
 // gateway is infergate in-process; Stamps reads its request log.
 type gateway struct {
 	ExtProcAddr string
+	XDSAddr     string // virtual-model routes, when the config has virtual models
 	AdminURL    string
 	requests    *testutil.Buffer
 	stop        context.CancelFunc
@@ -111,7 +112,12 @@ func startInfergate(t *testing.T, yamlConfig string) *gateway {
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &gateway{ExtProcAddr: ep.Addr().String(), AdminURL: "http://" + ad.Addr().String(),
 		requests: requests, stop: cancel, done: make(chan error, 1), conns: tracker}
-	go func() { g.done <- svc.Serve(ctx, tracker, ad) }()
+	xl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.XDSAddr = xl.Addr().String()
+	go func() { g.done <- svc.Serve(ctx, tracker, ad, xl) }()
 	t.Cleanup(func() {
 		g.Stop(t)
 		if t.Failed() {
@@ -203,14 +209,14 @@ type envoy struct {
 
 // startEnvoy renders envoy/demo.yaml for the given ports and runs the
 // pinned Envoy on it. Its log is shown only when the test fails.
-func startEnvoy(t *testing.T, extprocAddrs []string, poolA, poolB string) *envoy {
+func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, poolA, poolB string) *envoy {
 	t.Helper()
 	bin := envoyBinary(t)
 	dir := t.TempDir()
-	rendered := renderEnvoy(t, "envoy/demo.yaml", map[string]string{
+	rendered := renderEnvoy(t, bootstrap, map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
 		"EXTPROC_PORT": port(t, extprocAddrs[0]), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
-		"JWKS_FILE": testIssuer(t).jwksPath,
+		"JWKS_FILE": testIssuer(t).jwksPath, "XDS_PORT": port(t, xdsAddr),
 	})
 	// More infergate replicas: more endpoints in the infergate cluster, so
 	// a request's gate and meter streams may land on different replicas.
@@ -356,6 +362,11 @@ func startStack(t *testing.T) *stack {
 // startStackWith runs replicas infergate processes with the given config
 // behind one Envoy.
 func startStackWith(t *testing.T, config string, replicas int) *stack {
+	return startStackOn(t, "envoy/demo.yaml", config, replicas)
+}
+
+// startStackOn is startStackWith on another bootstrap under envoy/.
+func startStackOn(t *testing.T, bootstrap, config string, replicas int) *stack {
 	t.Helper()
 	s := &stack{
 		PoolA: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
@@ -368,7 +379,7 @@ func startStackWith(t *testing.T, config string, replicas int) *stack {
 		addrs = append(addrs, g.ExtProcAddr)
 	}
 	s.Gateway = s.Replicas[0]
-	s.Envoy = startEnvoy(t, addrs, s.PoolA.Addr, s.PoolB.Addr)
+	s.Envoy = startEnvoy(t, bootstrap, addrs, s.Replicas[0].XDSAddr, s.PoolA.Addr, s.PoolB.Addr)
 	return s
 }
 

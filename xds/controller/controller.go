@@ -470,7 +470,11 @@ func (m *model) step(now time.Time) (Decision, bool) {
 				continue
 			}
 			st := m.pools[h].stats
-			blind := floor == 0 && m.weights[h] == 0 && !st.Breached && !st.Healthy
+			// A drained pool (at its probe weight, or at zero) often gets too
+			// little traffic to be judged: once cooled down, send it one
+			// step anyway. If it is still slow it breaches again, with
+			// enough samples now, and is drained again after the step.
+			blind := m.weights[h] <= floor && !st.Breached && !st.Healthy
 			if !st.Healthy && !blind {
 				continue
 			}
@@ -488,7 +492,7 @@ func (m *model) step(now time.Time) (Decision, bool) {
 			amt = min(m.tun.Step, m.desired[h]-m.weights[h], m.weights[src]-m.desired[src])
 			why := st.Why
 			if blind {
-				why = "drained and unobserved; probing blind"
+				why = "drained and too little traffic to judge; probing blind with one step"
 			}
 			cool := "never shifted away"
 			if last := m.pools[h].lastAway; !last.IsZero() {

@@ -56,6 +56,9 @@ type Options struct {
 	// models and before the fallback, e.g. a model name routed to one
 	// cluster with options Route cannot express.
 	ExtraRoutes []*routev3.Route
+	// ResponseHeadersToAdd go on the virtual host, e.g. OpenAI's
+	// x-ratelimit-* headers formatted from the gate's dynamic metadata.
+	ResponseHeadersToAdd []*corev3.HeaderValueOption
 	// NoFallback404 drops the final route that answers 404 with an
 	// OpenAI-style JSON body for unknown models (on by default).
 	NoFallback404 bool
@@ -72,6 +75,7 @@ type Options struct {
 type Server struct {
 	name     string
 	extra    []*routev3.Route
+	headers  []*corev3.HeaderValueOption
 	fallback bool
 	shutdown time.Duration
 	streams  uint32
@@ -88,6 +92,7 @@ func New(opts Options) *Server {
 	s := &Server{
 		name:     opts.RouteConfigName,
 		extra:    opts.ExtraRoutes,
+		headers:  opts.ResponseHeadersToAdd,
 		fallback: !opts.NoFallback404,
 		shutdown: opts.ShutdownTimeout,
 		streams:  opts.MaxConcurrentStreams,
@@ -153,6 +158,7 @@ func (s *Server) build(routes []Route) (*routev3.RouteConfiguration, string, err
 		return nil, "", fmt.Errorf("xds: invalid routes: %w", err)
 	}
 	rc := BuildRouteConfiguration(s.name, routes, s.fallback, s.extra...)
+	rc.VirtualHosts[0].ResponseHeadersToAdd = s.headers
 	if err := rc.ValidateAll(); err != nil {
 		return nil, "", fmt.Errorf("xds: invalid route configuration: %w", err)
 	}

@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"html/template"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/xds/controller"
+	"github.com/infergate/infergate/xds/server"
+)
+
+// routing is SLA-driven routing: the meter's stamps feed the controller,
+// each interval the controller decides weights, and the xDS server hands
+// them to Envoy as the virtual-model routes.
+type routing struct {
+	cfg      []config.VirtualModel
+	ctrl     *controller.Controller
+	xds      *server.Server
+	log      *slog.Logger
+	interval time.Duration
+	breaches metric.Int64Counter
+}
+
+// newRouting returns nil when no virtual model is configured.
+func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter) (*routing, error) {
+	if len(cfg.VirtualModels) == 0 {
+		return nil, nil
+	}
+	models := make([]controller.VirtualModel, len(cfg.VirtualModels))
+	interval := time.Duration(0)
+	for i, vm := range cfg.VirtualModels {
+		m := controller.VirtualModel{
+			Name: vm.Name,
+			SLA:  controller.SLA{TTFTP95: vm.SLA.TTFTP95, ITLP95: vm.SLA.ITLP95, ErrorRate: vm.SLA.ErrorRate},
+			Tuning: controller.Tuning{Window: vm.Tuning.Window, MinSamples: vm.Tuning.MinSamples, Interval: vm.Tuning.Interval,
+				Step: vm.Tuning.Step, Hysteresis: vm.Tuning.Hysteresis, Cooldown: vm.Tuning.Cooldown,
+				ProbeWeight: vm.Tuning.ProbeWeight, PrefillPerToken: vm.Tuning.PrefillPerToken}.WithDefaults(),
+		}
+		for _, p := range vm.Pools {
+			m.Pools = append(m.Pools, controller.Pool{Name: p.Cluster, Priority: p.Priority})
+		}
+		if interval == 0 || m.Tuning.Interval < interval {
+			interval = m.Tuning.Interval
+		}
+		models[i] = m
+	}
+	ctrl, err := controller.New(models, time.Now)
+	if err != nil {
+		return nil, fmt.Errorf("virtualModels: %w", err)
+	}
+	// The same x-ratelimit-* response headers as envoy/demo.yaml's static
+	// routes: written by Envoy from the gate's metadata.
+	var headers []*corev3.HeaderValueOption
+	for _, h := range []string{"limit-requests", "remaining-requests", "reset-requests", "limit-tokens", "remaining-tokens", "reset-tokens"} {
+		name := "x-ratelimit-" + h
+		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{
+			Key: name, Value: "%DYNAMIC_METADATA(" + extproc.MetadataNamespace + ":" + name + ")%"}})
+	}
+	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval,
+		xds: server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})}
+	if r.breaches, err = meter.Int64Counter("infergate.sla.decisions",
+		metric.WithDescription("Weight changes made by the SLA controller, by virtual model.")); err != nil {
+		return nil, err
+	}
+	if _, err = meter.Int64ObservableGauge("infergate.pool.weight",
+		metric.WithDescription("Route weight of each pool of a virtual model (of 100)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			for _, st := range r.ctrl.State() {
+				for pool, w := range st.Weights {
+					o.Observe(int64(w), metric.WithAttributes(attribute.String("virtual_model", st.Name),
+						attribute.String("infergate.pool", pool)))
+				}
+			}
+			return nil
+		})); err != nil {
+		return nil, err
+	}
+	if _, err := r.push(); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Record implements extproc.Sink: every metered request is an observation.
+func (r *routing) Record(_ context.Context, st *extproc.Stamp) {
+	if st.Decision == "deny" || st.Pool == "" {
+		return
+	}
+	r.ctrl.Observe(controller.Observation{At: time.Now(), VirtualModel: st.Model, Pool: st.Pool,
+		PromptTokens: st.PromptTokens, TTFT: st.TTFT, ITLP95: st.ITLP95, Status: st.Status})
+}
+
+// push publishes the current weights as routes; unchanged routes publish
+// nothing new.
+func (r *routing) push() (string, error) {
+	routes := make([]server.Route, 0, len(r.cfg))
+	for _, vm := range r.cfg {
+		route := server.Route{VirtualModel: vm.Name, Weights: r.ctrl.Weights(vm.Name)}
+		if vm.Retry != nil {
+			route.Retry = &server.Retry{Attempts: vm.Retry.Attempts, On: vm.Retry.On, RetriableStatusCodes: vm.Retry.StatusCodes}
+		}
+		routes = append(routes, route)
+	}
+	return r.xds.SetRoutes(routes)
+}
+
+// run ticks the controller until ctx is done.
+func (r *routing) run(ctx context.Context) {
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		decisions := r.ctrl.Tick()
+		for _, d := range decisions {
+			r.breaches.Add(ctx, 1, metric.WithAttributes(attribute.String("virtual_model", d.VirtualModel)))
+			r.log.Info("route weights changed", "virtual_model", d.VirtualModel, "from", d.From, "to", d.To, "reason", d.Reason)
+		}
+		if len(decisions) > 0 {
+			if v, err := r.push(); err != nil {
+				r.log.Error("publishing routes failed; Envoy keeps the previous weights", "err", err)
+			} else {
+				r.log.Info("routes published", "version", v)
+			}
+		}
+	}
+}
+
+// serve runs the xDS server and the controller loop.
+func (r *routing) serve(ctx context.Context, lis net.Listener) error {
+	go r.run(ctx)
+	return r.xds.Serve(ctx, lis)
+}
+
+var debugPage = template.Must(template.New("controller").Funcs(template.FuncMap{
+	"ms":  func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) },
+	"pct": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"sorted": func(m map[string]uint32) []string {
+		keys := make([]string, 0, len(m))
+		for k := range m {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		return keys
+	},
+}).Parse(`<!doctype html><html><head><meta charset="utf-8"><title>infergate controller</title>
+<style>body{font:14px system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.5em}
+td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}
+.bad{color:#b00;font-weight:600}.ok{color:#070}</style></head><body>
+<h1>SLA controller</h1>
+{{range .}}<h2>{{.Name}}</h2>
+<p>SLA: excess TTFT p95 &le; {{ms .SLA.TTFTP95}}, ITL p95 &le; {{ms .SLA.ITLP95}}, error rate &le; {{pct .SLA.ErrorRate}} (0 = off)</p>
+<table><tr><th class="l">pool</th><th>weight</th><th>samples</th><th>excess TTFT p95</th><th>TTFT p95</th><th>ITL p95</th><th>errors</th><th>slope/token</th><th class="l">state</th></tr>
+{{$pools := .Pools}}{{range $p := sorted .Weights}}{{$s := index $pools $p}}<tr><td class="l">{{$p}}</td><td>{{index $.Weights $p}}</td>
+<td>{{$s.Samples}}</td><td>{{ms $s.ExcessTTFTP95}}</td><td>{{ms $s.TTFTP95}}</td><td>{{ms $s.ITLP95}}</td><td>{{pct $s.ErrorRate}}</td><td>{{ms $s.Slope}}</td>
+<td class="l {{if $s.Breached}}bad{{else if $s.Healthy}}ok{{end}}">{{if $s.Breached}}breached{{else if $s.Healthy}}healthy{{else}}unknown{{end}} {{$s.Why}}</td></tr>{{end}}</table>
+<table><tr><th class="l">time</th><th class="l">weights</th><th class="l">why</th></tr>
+{{range .History}}<tr><td class="l">{{.At.Format "15:04:05"}}</td><td class="l">{{.From}} &rarr; {{.To}}</td><td class="l">{{.Reason}}</td></tr>{{else}}<tr><td class="l" colspan="3">no changes yet</td></tr>{{end}}</table>
+{{else}}<p>No virtual models configured.</p>{{end}}</body></html>`))
+
+// debugHandler renders /debug/controller.
+func (r *routing) debugHandler(w http.ResponseWriter, _ *http.Request) {
+	var states []controller.ModelState
+	if r != nil {
+		states = r.ctrl.State()
+	}
+	w.Header().Set("content-type", "text/html; charset=utf-8")
+	if err := debugPage.Execute(w, states); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}

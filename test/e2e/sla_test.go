@@ -1,0 +1,140 @@
+package e2e
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const slaConfig = `
+virtualModels:
+- name: llama
+  pools:
+  - {cluster: pool-a, priority: 0}
+  - {cluster: pool-b, priority: 1}
+  sla: {ttftP95: 150ms}
+  tuning: {window: 2s, minSamples: 8, interval: 250ms, step: 20, cooldown: 1500ms, probeWeight: 2}
+`
+
+// weights reads infergate_pool_weight for both pools from one scrape.
+func weights(t *testing.T, adminURL string) (a, b float64) {
+	t.Helper()
+	for _, line := range strings.Split(get(t, adminURL+"/metrics"), "\n") {
+		if !strings.HasPrefix(line, "infergate_pool_weight{") {
+			continue
+		}
+		f := strings.Fields(line)
+		v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+		switch {
+		case strings.Contains(line, `infergate_pool="pool-a"`):
+			a = v
+		case strings.Contains(line, `infergate_pool="pool-b"`):
+			b = v
+		}
+	}
+	return a, b
+}
+
+// setTTFT degrades or restores a pool live.
+func setTTFT(t *testing.T, p *pool, ms string) {
+	t.Helper()
+	resp, err := http.Post("http://"+p.Addr+"/mock/control", "application/json", strings.NewReader(`{"ttft_ms": `+ms+`}`))
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("mock control: %v %v", err, resp)
+	}
+	resp.Body.Close()
+}
+
+// A pool that crosses its SLA loses traffic to the backup in bounded steps,
+// the client's TTFT comes back under the SLA, and traffic returns to the
+// primary gradually once it recovers.
+func TestSLADegradeAndRecover(t *testing.T) {
+	s := startStackOn(t, "envoy/sla.yaml", slaConfig, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// Load: 4 clients streaming the virtual model back to back.
+	type obs struct {
+		at   time.Time
+		ttft time.Duration
+	}
+	var mu sync.Mutex
+	var seen []obs
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				start := time.Now()
+				r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("llama", 4, true, ""), map[string]string{"x-mock-itl-ms": "5"})
+				if r.Status != 200 {
+					t.Errorf("status %d: %s", r.Status, r.Body)
+					return
+				}
+				if c := contentEvents(r.Events); len(c) > 0 {
+					mu.Lock()
+					seen = append(seen, obs{start, c[0].At})
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	// Weights, sampled, to check every move is bounded.
+	var history [][2]float64
+	sample := func() (float64, float64) {
+		a, b := weights(t, s.Gateway.AdminURL)
+		history = append(history, [2]float64{a, b})
+		return a, b
+	}
+	waitFor(t, 5*time.Second, func() bool { a, _ := sample(); return a == 100 }, "all traffic on the primary")
+
+	setTTFT(t, s.PoolA, "400")
+	degraded := time.Now()
+	waitFor(t, 10*time.Second, func() bool { _, b := sample(); return b >= 98 }, "traffic to move to the backup")
+	t.Logf("moved to the backup %v after the primary slowed down", time.Since(degraded).Round(time.Millisecond))
+	// With the primary at its probe weight, the client's TTFT p95 is back under the SLA.
+	time.Sleep(1500 * time.Millisecond)
+	mu.Lock()
+	var recent []time.Duration
+	for _, o := range seen {
+		if time.Since(o.at) < time.Second {
+			recent = append(recent, o.ttft)
+		}
+	}
+	mu.Unlock()
+	slices.Sort(recent)
+	if len(recent) < 10 {
+		t.Fatalf("only %d recent requests", len(recent))
+	}
+	if p95 := recent[len(recent)*95/100]; p95 > 150*time.Millisecond {
+		t.Errorf("client TTFT p95 %v after the shift, SLA 150ms", p95)
+	}
+
+	setTTFT(t, s.PoolA, "50")
+	recovered := time.Now()
+	waitFor(t, 15*time.Second, func() bool { a, _ := sample(); return a == 100 }, "traffic to return to the primary")
+	t.Logf("back on the primary %v after it recovered", time.Since(recovered).Round(time.Millisecond))
+	cancel()
+	wg.Wait()
+
+	for i := 1; i < len(history); i++ {
+		// Samples are ~25 ms apart and ticks 250 ms, so a sample sees at
+		// most one step (20); allow two for a slow scrape, never more.
+		if d := math.Abs(history[i][0] - history[i-1][0]); d > 40 {
+			t.Errorf("weight of the primary jumped from %v to %v", history[i-1][0], history[i][0])
+		}
+		if history[i][0]+history[i][1] != 100 {
+			t.Errorf("weights %v do not sum to 100", history[i])
+		}
+	}
+	if page := get(t, s.Gateway.AdminURL+"/debug/controller"); !strings.Contains(page, "pool-a") || !strings.Contains(page, "excess TTFT") {
+		t.Errorf("/debug/controller page lacks the pools: %.300s", page)
+	}
+}
