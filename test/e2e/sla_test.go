@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -138,3 +139,57 @@ func TestSLADegradeAndRecover(t *testing.T) {
 		t.Errorf("/debug/controller page lacks the pools: %.300s", page)
 	}
 }
+
+// A healthy pool whose long prompts take long (5% of prompts, 10x longer,
+// their TTFT far above the SLA) never moves traffic: the controller judges
+// the TTFT the prompt length does not explain. Short prompts slowing down
+// do move it.
+func TestSLANoFalseSwitchOnLongPrompts(t *testing.T) {
+	s := startStackOn(t, "envoy/sla.yaml", slaConfig, 1)
+	cfg := s.PoolA.Config()
+	cfg.TTFTPerPromptToken = 3 * time.Millisecond // 6 words: ~68 ms; 60 words: ~230 ms
+	s.PoolA.SetConfig(cfg)
+	short := "tell me a story about envoy"
+	long := strings.Repeat(short+" ", 10)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	var n atomicCounter
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				prompt := short
+				if n.next()%20 == 0 { // 5%
+					prompt = long
+				}
+				body := `{"model":"llama","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+				r := stream(t, s.Envoy.URL+"/v1/chat/completions", body, map[string]string{"x-mock-itl-ms": "5"})
+				if r.Status != 200 {
+					t.Errorf("status %d", r.Status)
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(5 * time.Second) // 20 controller intervals
+	if a, _ := weights(t, s.Gateway.AdminURL); a != 100 {
+		t.Errorf("primary weight %v: long prompts caused a switch", a)
+	}
+	changes := metricSum(t, s.Gateway.AdminURL, "infergate_sla_decisions_total", `virtual_model="llama"`)
+	t.Logf("weight changes with 5%% long prompts: %v", changes)
+	if changes != 0 {
+		t.Errorf("%v weight changes, want 0", changes)
+	}
+	// Now the short prompts slow down (queueing): that must move traffic.
+	cfg.TTFT = 300 * time.Millisecond
+	s.PoolA.SetConfig(cfg)
+	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, s.Gateway.AdminURL); return b >= 50 }, "a queueing primary to lose traffic")
+	cancel()
+	wg.Wait()
+}
+
+type atomicCounter struct{ v atomic.Int64 }
+
+func (c *atomicCounter) next() int64 { return c.v.Add(1) }
