@@ -21,6 +21,7 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+[ -n "${DEMO_KEEP:-}" ] && trap 'for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; done; echo "kept $WORK"' EXIT
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -141,5 +142,53 @@ try sk-demo-initech  llama-3.1-70b-instruct 16 "free tier, large model"
 try sk-demo-initech  llama-3.1-8b-instruct  4096 "free tier, max_tokens over the tier's cap"
 try sk-demo-acme     llama-3.1-70b-instruct 16 "premium tier, large model"
 note "Keys never appear in logs; each decision is in the request log with its reason and timings."
+
+say "SLA routing: virtual model \"llama\" on pool-a (primary) and pool-b (backup), SLA TTFT p95 200 ms"
+kill "${PIDS[2]}" "${PIDS[3]}"; wait "${PIDS[2]}" "${PIDS[3]}" 2>/dev/null || true
+export XDS_PORT=$(free_port)
+cat >"$WORK/sla.yaml" <<CONFIG
+virtualModels:
+- name: llama
+  pools: [{cluster: pool-a, priority: 0}, {cluster: pool-b, priority: 1}]
+  sla: {ttftP95: 200ms}
+  tuning: {window: 3s, minSamples: 8, interval: 500ms, step: 25, cooldown: 2s, probeWeight: 2}
+xds: {listen: "127.0.0.1:$XDS_PORT"}
+CONFIG
+bin/infergate serve --config "$WORK/sla.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT \
+  --admin-listen 127.0.0.1:$INFERGATE_ADMIN >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS[2]=$!
+wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate with virtual models"
+scripts/render-envoy.sh envoy/sla.yaml >"$WORK/envoy-sla.yaml"
+"$ENVOY_BIN" -c "$WORK/envoy-sla.yaml" --disable-hot-restart -l warning >"$WORK/envoy.log" 2>&1 & PIDS[3]=$!
+wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "envoy with routes over xDS"
+bin/infergate bench --target gateway=http://127.0.0.1:$LISTEN_PORT --model llama --concurrency 4 \
+  --requests 2000 --max-tokens 8 >/dev/null 2>&1 & LOAD=$!
+weights() { curl -s http://127.0.0.1:$INFERGATE_ADMIN/metrics | awk -F'[ "]' '/^infergate_pool_weight/ {for (i=1;i<NF;i++) if ($i ~ /pool=$/) p=$(i+1); w[p]=$NF} END {printf "pool-a %3d%%  pool-b %3d%%", w["pool-a"], w["pool-b"]}'; }
+for t in $(seq 1 22); do
+  case $t in
+    4)  curl -s -X POST http://127.0.0.1:$POOL_A_PORT/mock/control -d '{"ttft_ms": 600}' >/dev/null; event="<- pool-a slows down: TTFT 120 -> 600 ms" ;;
+    11) curl -s -X POST http://127.0.0.1:$POOL_A_PORT/mock/control -d '{"ttft_ms": 120}' >/dev/null; event="<- pool-a recovers" ;;
+    *)  event="" ;;
+  esac
+  printf '   t=%4.1fs  %s  %s\n' "$(echo "$t * 0.5" | bc)" "$(weights)" "$event"
+  sleep 0.5
+done
+kill "$LOAD" 2>/dev/null || true
+note "Why it moved (infergate's log, first changes each way):"
+python3 - "$WORK/infergate.log" <<'PY'
+import json, sys
+seen = set()
+for line in open(sys.argv[1]):
+    try:
+        r = json.loads(line)
+    except ValueError:
+        continue
+    if r.get("msg") != "route weights changed":
+        continue
+    kind = "back" if " back to " in r["reason"] else "away"
+    if kind not in seen:
+        seen.add(kind)
+        print("   -", r["reason"][:170])
+PY
+note "Each change is on http://127.0.0.1:$INFERGATE_ADMIN/debug/controller while it runs."
 
 say "Done; everything the demo started is stopped"

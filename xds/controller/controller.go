@@ -226,7 +226,11 @@ type poolState struct {
 	buf      []sample // ring of up to ringCap samples
 	next     int      // where the next sample goes once buf is full
 	lastAway time.Time
-	stats    PoolStats
+	// judgeFrom: samples before this are not judged — set when a drained
+	// pool is probed, so its verdict reflects traffic since the probe, not
+	// the slow window that drained it.
+	judgeFrom time.Time
+	stats     PoolStats
 }
 
 func (p *poolState) add(s sample) {
@@ -493,6 +497,7 @@ func (m *model) step(now time.Time) (Decision, bool) {
 			why := st.Why
 			if blind {
 				why = "drained and too little traffic to judge; probing blind with one step"
+				m.pools[h].judgeFrom = now
 			}
 			cool := "never shifted away"
 			if last := m.pools[h].lastAway; !last.IsZero() {
@@ -534,7 +539,7 @@ func (m *model) awayTarget(k int, now time.Time) int {
 
 // judge computes a pool's statistics over the Window and its verdict.
 func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolStats {
-	cut := now.Add(-t.Window).UnixNano()
+	cut := max(now.Add(-t.Window).UnixNano(), p.judgeFrom.UnixNano())
 	bcut := now.Add(-t.BaselineWindow).UnixNano()
 
 	// Slope of TTFT on prompt tokens over the baseline, by least squares
