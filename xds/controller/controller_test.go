@@ -719,3 +719,32 @@ func BenchmarkTick(b *testing.B) {
 		c.Tick()
 	}
 }
+
+// A drained pool that recovers while getting too little traffic to judge
+// is probed with one step and then judged on traffic since the probe only:
+// the slow samples that drained it must not drain it again.
+func TestProbeJudgesOnlyNewTraffic(t *testing.T) {
+	s := newSim(t, twoPools(Tuning{ProbeWeight: 2, Window: 30 * time.Second, Cooldown: 10 * time.Second, MinSamples: 20}))
+	s.perTick = 200 // 2% of it, 4 per tick, is 24 per window: judged while slow (MinSamples 20)
+	s.pools["primary"] = slower(time.Second)
+	s.run(15)
+	if w := s.c.Weights("chat")["primary"]; w != 2 {
+		t.Fatalf("primary at %d, want drained to 2", w)
+	}
+	s.perTick = 100 // 2 per tick, 12 per window: too few to judge, so it is probed blind
+	s.pools["primary"] = normal
+	for range 40 {
+		s.step()
+		if w := s.c.Weights("chat")["primary"]; w == 100 {
+			break
+		}
+	}
+	for _, d := range s.all {
+		if d.To["primary"] < d.From["primary"] && strings.Contains(d.Reason, "breached") && d.At.After(t0.Add(15*5*time.Second)) {
+			t.Errorf("drained again after it recovered: %s", d.Reason)
+		}
+	}
+	if w := s.c.Weights("chat")["primary"]; w != 100 {
+		t.Errorf("primary at %d after recovering, want 100", w)
+	}
+}
