@@ -33,7 +33,8 @@ Usage:
   infergate <command> [flags]
 
 Commands:
-  serve      run the ext_proc service and admin port (embedded default config)
+  serve      run the ext_proc service, the admin port and, with virtual models,
+             the SLA controller and its xDS server (embedded default config)
   extproc    run the ext_proc service alone (for scaled-out deployments)
   bench      stream load at OpenAI-compatible targets and compare them side by side
   mock       run a mock OpenAI-compatible upstream with a fixed token cadence
@@ -133,6 +134,11 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 	}
 	if *adminAddr != "" {
 		cfg.Admin.Listen = *adminAddr
+	}
+	if name == "extproc" {
+		// The ext_proc service alone: routing decisions belong to `serve`
+		// (and, later, to a separate controller).
+		cfg.VirtualModels = nil
 	}
 	logger := newLogger(stderr, cfg.Log)
 	svc, err := NewService(cfg, logger, stdout)
