@@ -83,17 +83,9 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	case "memory":
 		c.Limiter = ratelimit.NewMemory(clock)
 	case "redis":
-		r := cfg.RateLimit.Redis
-		opts := &redis.Options{Addr: r.Address, Username: r.Username, DB: r.DB,
-			DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: 1}
-		if r.PasswordFile != "" {
-			b, err := os.ReadFile(r.PasswordFile)
-			if err != nil {
-				return nil, fmt.Errorf("ratelimit.redis.passwordFile: %w", err)
-			}
-			opts.Password = strings.TrimSpace(string(b))
+		if p.redis, err = redisClient(cfg.RateLimit.Redis); err != nil {
+			return nil, err
 		}
-		p.redis = redis.NewClient(opts)
 		mode := ratelimit.FailClosed
 		if cfg.RateLimit.OnBackendError == "local" {
 			mode = ratelimit.FailLocal
@@ -102,6 +94,20 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
 	}
 	return p, nil
+}
+
+// redisClient connects to the shared Redis (rate limits and observations).
+func redisClient(r config.Redis) (*redis.Client, error) {
+	opts := &redis.Options{Addr: r.Address, Username: r.Username, DB: r.DB,
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: 1}
+	if r.PasswordFile != "" {
+		b, err := os.ReadFile(r.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit.redis.passwordFile: %w", err)
+		}
+		opts.Password = strings.TrimSpace(string(b))
+	}
+	return redis.NewClient(opts), nil
 }
 
 // health is nil, or why the last reload of keys or policies was refused.

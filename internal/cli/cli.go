@@ -36,6 +36,7 @@ Commands:
   serve      run the ext_proc service, the admin port and, with virtual models,
              the SLA controller and its xDS server (embedded default config)
   extproc    run the ext_proc service alone (for scaled-out deployments)
+  controller run the SLA controller and xDS server alone, fed through Redis
   bench      stream load at OpenAI-compatible targets and compare them side by side
   mock       run a mock OpenAI-compatible upstream with a fixed token cadence
   validate   check a config file and exit
@@ -64,6 +65,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch cmd {
 	case "serve", "extproc":
 		return runServe(ctx, cmd, rest, stdout, stderr)
+	case "controller":
+		return runController(ctx, rest, stderr)
 	case "bench":
 		return runBench(ctx, rest, stdout, stderr)
 	case "mock":

@@ -17,6 +17,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/xds/controller"
+	"github.com/infergate/infergate/xds/feed"
 	"github.com/infergate/infergate/xds/server"
 )
 
@@ -94,11 +95,28 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter) (*rout
 
 // Record implements extproc.Sink: every metered request is an observation.
 func (r *routing) Record(_ context.Context, st *extproc.Stamp) {
-	if st.Decision == "deny" || st.Pool == "" {
-		return
+	if o, ok := observation(st); ok {
+		r.ctrl.Observe(o)
 	}
-	r.ctrl.Observe(controller.Observation{At: time.Now(), VirtualModel: st.Model, Pool: st.Pool,
-		PromptTokens: st.PromptTokens, TTFT: st.TTFT, ITLP95: st.ITLP95, Status: st.Status})
+}
+
+// observation turns a stamp into what the controller judges pools by.
+func observation(st *extproc.Stamp) (controller.Observation, bool) {
+	if st.Decision == "deny" || st.Pool == "" {
+		return controller.Observation{}, false
+	}
+	return controller.Observation{At: time.Now(), VirtualModel: st.Model, Pool: st.Pool,
+		PromptTokens: st.PromptTokens, TTFT: st.TTFT, ITLP95: st.ITLP95, Status: st.Status}, true
+}
+
+// publishSink sends observations to the shared Redis stream, for the
+// controllers of every replica (see xds/feed).
+type publishSink struct{ p *feed.Publisher }
+
+func (s publishSink) Record(_ context.Context, st *extproc.Stamp) {
+	if o, ok := observation(st); ok {
+		s.p.Publish(o)
+	}
 }
 
 // push publishes the current weights as routes; unchanged routes publish

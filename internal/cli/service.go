@@ -18,6 +18,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/telemetry"
+	"github.com/infergate/infergate/xds/feed"
 )
 
 // drainTimeout bounds a graceful stop: in-flight streams (long LLM
@@ -59,7 +60,17 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		stop()
 		return nil, err
 	}
-	if rt != nil {
+	switch {
+	case adm.redis != nil:
+		// Replicas share Redis: every one publishes its observations and
+		// every controller reads them all, so they decide alike.
+		pub := feed.NewPublisher(adm.redis, feed.DefaultStream, logger)
+		go pub.Run(ctx)
+		sinks = append(sinks, publishSink{pub})
+		if rt != nil {
+			go feed.Subscribe(ctx, adm.redis, feed.DefaultStream, rt.ctrl.Observe, logger)
+		}
+	case rt != nil:
 		sinks = append(sinks, rt)
 	}
 	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller})

@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"log/slog"
 	"math"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -11,6 +13,12 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/cli"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/testutil"
+	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
 const slaConfig = `
@@ -193,3 +201,86 @@ func TestSLANoFalseSwitchOnLongPrompts(t *testing.T) {
 type atomicCounter struct{ v atomic.Int64 }
 
 func (c *atomicCounter) next() int64 { return c.v.Add(1) }
+
+// Split mode: two ext_proc replicas and a separate controller share one
+// Redis; the controller sees both replicas' observations and moves the
+// weights as serve does.
+func TestSLASplitMode(t *testing.T) {
+	srv := redisserver.Start(t)
+	shared := "ratelimit: {backend: redis, redis: {address: " + srv.Addr() + "}}\n"
+	s := &stack{
+		PoolA: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
+		PoolB: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
+	}
+	var addrs []string
+	for range 2 {
+		g := startInfergate(t, shared) // no virtual models: ext_proc only, publishing observations
+		s.Replicas = append(s.Replicas, g)
+		addrs = append(addrs, g.ExtProcAddr)
+	}
+	ctrlAdmin, ctrlXDS := startController(t, slaConfig+shared)
+	s.Envoy = startEnvoy(t, "envoy/sla.yaml", addrs, ctrlXDS, s.PoolA.Addr, s.PoolB.Addr)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("llama", 4, true, ""), map[string]string{"x-mock-itl-ms": "5"})
+				if r.Status != 200 {
+					t.Errorf("status %d", r.Status)
+					return
+				}
+			}
+		}()
+	}
+	waitFor(t, 5*time.Second, func() bool { a, _ := weights(t, ctrlAdmin); return a == 100 }, "the controller to publish its routes")
+	setTTFT(t, s.PoolA, "400")
+	start := time.Now()
+	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, ctrlAdmin); return b >= 98 }, "traffic to move to the backup")
+	t.Logf("split mode: moved to the backup %v after the primary slowed down", time.Since(start).Round(time.Millisecond))
+	cancel()
+	wg.Wait()
+	if a, b := s.PoolA.Served(), s.PoolB.Served(); b == 0 || a == 0 {
+		t.Errorf("pool-a served %d, pool-b %d", a, b)
+	}
+}
+
+// startController runs `infergate controller` in-process; it returns the
+// admin URL and the xDS address.
+func startController(t *testing.T, yamlConfig string) (string, string) {
+	t.Helper()
+	cfg, err := config.Parse([]byte(yamlConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &testutil.Buffer{}
+	svc, err := cli.NewControllerService(cfg, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	al, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	xl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx, al, xl) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("controller log:\n%s", logs.String())
+		}
+	})
+	admin := "http://" + al.Addr().String()
+	waitHTTP(t, admin+"/readyz")
+	return admin, xl.Addr().String()
+}

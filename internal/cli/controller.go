@@ -1,0 +1,113 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/telemetry"
+	"github.com/infergate/infergate/xds/feed"
+)
+
+// ControllerService is the SLA controller and its xDS server on their own,
+// fed by the observations every ext_proc replica publishes to Redis. Any
+// number may run: each reads every observation and decides alike.
+type ControllerService struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	metrics *telemetry.Metrics
+	routing *routing
+	rdb     *redis.Client
+}
+
+// NewControllerService needs virtual models and the shared Redis
+// (ratelimit.backend: redis).
+func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerService, error) {
+	if len(cfg.VirtualModels) == 0 {
+		return nil, errors.New("controller: no virtualModels configured")
+	}
+	if cfg.RateLimit.Backend != "redis" {
+		return nil, errors.New("controller: observations come from the shared Redis; set ratelimit.backend: redis")
+	}
+	metrics, err := telemetry.New()
+	if err != nil {
+		return nil, err
+	}
+	rt, err := newRouting(cfg, logger, metrics.Meter())
+	if err != nil {
+		return nil, err
+	}
+	rdb, err := redisClient(cfg.RateLimit.Redis)
+	if err != nil {
+		return nil, err
+	}
+	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb}, nil
+}
+
+// Serve runs until ctx is done. Envoy keeps the last routes while no
+// controller serves them.
+func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.Listener) error {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", c.metrics.Handler())
+	mux.HandleFunc("GET /debug/controller", c.routing.debugHandler)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := c.rdb.Ping(r.Context()).Err(); err != nil {
+			http.Error(w, "not ready: redis: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	admin := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = admin.Serve(adminLis) }()
+	go feed.Subscribe(ctx, c.rdb, feed.DefaultStream, c.routing.ctrl.Observe, c.log)
+	c.log.Info("infergate controller serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String())
+	err := c.routing.serve(ctx, xdsLis)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = admin.Shutdown(shutdownCtx)
+	_ = c.metrics.Shutdown(shutdownCtx)
+	c.rdb.Close()
+	c.log.Info("infergate controller stopped")
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("xds: %w", err)
+	}
+	return nil
+}
+
+func runController(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlagSet("controller", `Run the SLA controller and its xDS server alone. It reads the observations that
+ext_proc replicas publish to the shared Redis (ratelimit.backend: redis) and
+serves the virtual-model routes to Envoy; run as many as you like.`, stderr)
+	path := fs.String("config", "", "YAML config file with virtualModels and ratelimit.redis (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	logger := newLogger(stderr, cfg.Log)
+	svc, err := NewControllerService(cfg, logger)
+	if err != nil {
+		return err
+	}
+	xl, err := net.Listen("tcp", cfg.XDS.Listen)
+	if err != nil {
+		return fmt.Errorf("xds listener: %w", err)
+	}
+	al, err := net.Listen("tcp", cfg.Admin.Listen)
+	if err != nil {
+		xl.Close()
+		return fmt.Errorf("admin listener: %w", err)
+	}
+	return svc.Serve(ctx, al, xl)
+}
