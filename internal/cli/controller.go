@@ -41,12 +41,13 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	if err != nil {
 		return nil, err
 	}
-	rt, err := newRouting(cfg, logger, metrics.Meter())
+	rdb, err := redisClient(cfg.RateLimit.Redis)
 	if err != nil {
 		return nil, err
 	}
-	rdb, err := redisClient(cfg.RateLimit.Redis)
+	rt, err := newRouting(cfg, logger, metrics.Meter(), rdb)
 	if err != nil {
+		rdb.Close()
 		return nil, err
 	}
 	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb}, nil

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"html/template"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -31,10 +33,16 @@ type routing struct {
 	log      *slog.Logger
 	interval time.Duration
 	breaches metric.Int64Counter
+	// store keeps the weights in the shared Redis, so a restarted
+	// controller resumes where it was instead of jumping to the primary.
+	store redis.UniversalClient
 }
 
+// weightsKey is the Redis hash of the weights in force, by virtual model.
+const weightsKey = "ig:weights"
+
 // newRouting returns nil when no virtual model is configured.
-func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter) (*routing, error) {
+func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter, store redis.UniversalClient) (*routing, error) {
 	if len(cfg.VirtualModels) == 0 {
 		return nil, nil
 	}
@@ -68,7 +76,7 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter) (*rout
 		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{
 			Key: name, Value: "%DYNAMIC_METADATA(" + extproc.MetadataNamespace + ":" + name + ")%"}})
 	}
-	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval,
+	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store,
 		xds: server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})}
 	if r.breaches, err = meter.Int64Counter("infergate.sla.decisions",
 		metric.WithDescription("Weight changes made by the SLA controller, by virtual model.")); err != nil {
@@ -87,10 +95,51 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter) (*rout
 		})); err != nil {
 		return nil, err
 	}
+	r.restore()
 	if _, err := r.push(); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+// restore resumes the weights saved in Redis, if any.
+func (r *routing) restore() {
+	if r.store == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	saved, err := r.store.HGetAll(ctx, weightsKey).Result()
+	if err != nil {
+		r.log.Warn("could not read saved weights; starting from the primaries", "err", err)
+		return
+	}
+	for vm, raw := range saved {
+		var w map[string]uint32
+		if err := json.Unmarshal([]byte(raw), &w); err != nil {
+			continue
+		}
+		if err := r.ctrl.Restore(vm, w); err != nil {
+			r.log.Warn("saved weights not restored", "virtual_model", vm, "err", err)
+			continue
+		}
+		r.log.Info("weights restored", "virtual_model", vm, "weights", w)
+	}
+}
+
+// save records the weights in force for the next controller to start.
+func (r *routing) save(ctx context.Context) {
+	if r.store == nil {
+		return
+	}
+	fields := make([]any, 0, 2*len(r.cfg))
+	for _, vm := range r.cfg {
+		b, _ := json.Marshal(r.ctrl.Weights(vm.Name))
+		fields = append(fields, vm.Name, string(b))
+	}
+	if err := r.store.HSet(ctx, weightsKey, fields...).Err(); err != nil {
+		r.log.Warn("could not save weights", "err", err)
+	}
 }
 
 // Record implements extproc.Sink: every metered request is an observation.
@@ -153,6 +202,7 @@ func (r *routing) run(ctx context.Context) {
 				r.log.Error("publishing routes failed; Envoy keeps the previous weights", "err", err)
 			} else {
 				r.log.Info("routes published", "version", v)
+				r.save(ctx)
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -55,7 +56,11 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		stop()
 		return nil, err
 	}
-	rt, err := newRouting(cfg, logger, metrics.Meter())
+	var store redis.UniversalClient
+	if adm.redis != nil {
+		store = adm.redis
+	}
+	rt, err := newRouting(cfg, logger, metrics.Meter(), store)
 	if err != nil {
 		stop()
 		return nil, err

@@ -218,8 +218,8 @@ func TestSLASplitMode(t *testing.T) {
 		s.Replicas = append(s.Replicas, g)
 		addrs = append(addrs, g.ExtProcAddr)
 	}
-	ctrlAdmin, ctrlXDS := startController(t, slaConfig+shared)
-	s.Envoy = startEnvoy(t, "envoy/sla.yaml", addrs, ctrlXDS, s.PoolA.Addr, s.PoolB.Addr)
+	ctrl := startController(t, slaConfig+shared, "")
+	s.Envoy = startEnvoy(t, "envoy/sla.yaml", addrs, ctrl.XDSAddr, s.PoolA.Addr, s.PoolB.Addr)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -237,11 +237,30 @@ func TestSLASplitMode(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 5*time.Second, func() bool { a, _ := weights(t, ctrlAdmin); return a == 100 }, "the controller to publish its routes")
+	waitFor(t, 5*time.Second, func() bool { a, _ := weights(t, ctrl.AdminURL); return a == 100 }, "the controller to publish its routes")
 	setTTFT(t, s.PoolA, "400")
 	start := time.Now()
-	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, ctrlAdmin); return b >= 98 }, "traffic to move to the backup")
+	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, ctrl.AdminURL); return b >= 98 }, "traffic to move to the backup")
 	t.Logf("split mode: moved to the backup %v after the primary slowed down", time.Since(start).Round(time.Millisecond))
+
+	// The controller dies under load: Envoy keeps the last weights (the
+	// load loop above fails the test on any non-200).
+	ctrl.stop()
+	servedA, servedB := s.PoolA.Served(), s.PoolB.Served()
+	time.Sleep(time.Second)
+	if dA, dB := s.PoolA.Served()-servedA, s.PoolB.Served()-servedB; dB < 10*dA {
+		t.Errorf("without a controller pool-a got %d and pool-b %d requests: the last weights were lost", dA, dB)
+	}
+	// Restarted on the same port, it resumes the saved weights rather than
+	// jumping back to the slow primary, and Envoy reconnects.
+	ctrl = startController(t, slaConfig+shared, ctrl.XDSAddr)
+	if a, b := weights(t, ctrl.AdminURL); b < 98 {
+		t.Errorf("restarted controller at pool-a %v / pool-b %v: it must resume the saved weights", a, b)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		return strings.Contains(get(t, s.Envoy.AdminURL+"/stats?filter=rds.infergate.control_plane.connected_state"), "connected_state: 1")
+	}, "Envoy to reconnect to the restarted controller")
+	time.Sleep(500 * time.Millisecond)
 	cancel()
 	wg.Wait()
 	if a, b := s.PoolA.Served(), s.PoolB.Served(); b == 0 || a == 0 {
@@ -249,9 +268,15 @@ func TestSLASplitMode(t *testing.T) {
 	}
 }
 
-// startController runs `infergate controller` in-process; it returns the
-// admin URL and the xDS address.
-func startController(t *testing.T, yamlConfig string) (string, string) {
+// controllerProc is `infergate controller` running in-process.
+type controllerProc struct {
+	AdminURL, XDSAddr string
+	stop              func()
+}
+
+// startController runs `infergate controller` in-process, on xdsAddr
+// ("" for a random port).
+func startController(t *testing.T, yamlConfig, xdsAddr string) *controllerProc {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yamlConfig))
 	if err != nil {
@@ -266,21 +291,25 @@ func startController(t *testing.T, yamlConfig string) (string, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	xl, err := net.Listen("tcp", "127.0.0.1:0")
+	if xdsAddr == "" {
+		xdsAddr = "127.0.0.1:0"
+	}
+	xl, err := net.Listen("tcp", xdsAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- svc.Serve(ctx, al, xl) }()
+	var once sync.Once
+	c := &controllerProc{AdminURL: "http://" + al.Addr().String(), XDSAddr: xl.Addr().String(),
+		stop: func() { once.Do(func() { cancel(); <-done }) }}
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		c.stop()
 		if t.Failed() {
 			t.Logf("controller log:\n%s", logs.String())
 		}
 	})
-	admin := "http://" + al.Addr().String()
-	waitHTTP(t, admin+"/readyz")
-	return admin, xl.Addr().String()
+	waitHTTP(t, c.AdminURL+"/readyz")
+	return c
 }

@@ -667,3 +667,41 @@ func fmtDur(d time.Duration) string {
 	}
 	return d.String()
 }
+
+// Restore resumes a virtual model at weights saved by an earlier run (a
+// restarted controller must not jump back to the primary). Pools drained in
+// the saved weights count as just shifted away from, so the cooldown holds
+// before traffic returns. Weights that do not name exactly the model's
+// pools or do not sum to 100 are refused.
+func (c *Controller) Restore(vm string, weights map[string]uint32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := c.byName[vm]
+	if m == nil {
+		return fmt.Errorf("restore: unknown virtual model %q", vm)
+	}
+	if len(weights) != len(m.pools) {
+		return fmt.Errorf("restore %q: weights for %d pools, the model has %d", vm, len(weights), len(m.pools))
+	}
+	next := make([]uint32, len(m.pools))
+	var sum uint32
+	for name, w := range weights {
+		i, ok := m.byPool[name]
+		if !ok {
+			return fmt.Errorf("restore %q: unknown pool %q", vm, name)
+		}
+		next[i] = w
+		sum += w
+	}
+	if sum != 100 {
+		return fmt.Errorf("restore %q: weights sum to %d, not 100", vm, sum)
+	}
+	now := c.now()
+	for i, w := range next {
+		if w < m.desired[i] {
+			m.pools[i].lastAway = now
+		}
+	}
+	m.weights = next
+	return nil
+}

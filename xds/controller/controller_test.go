@@ -748,3 +748,26 @@ func TestProbeJudgesOnlyNewTraffic(t *testing.T) {
 		t.Errorf("primary at %d after recovering, want 100", w)
 	}
 }
+
+func TestRestore(t *testing.T) {
+	s := newSim(t, twoPools(Tuning{Cooldown: 30 * time.Second}))
+	if err := s.c.Restore("chat", map[string]uint32{"primary": 20, "backup": 80}); err != nil {
+		t.Fatal(err)
+	}
+	if w := s.c.Weights("chat"); w["primary"] != 20 || w["backup"] != 80 {
+		t.Fatalf("weights %v after restore", w)
+	}
+	// A healthy primary comes back only after the cooldown, step by step.
+	ds := s.run(5) // 25 s < cooldown
+	if len(ds) != 0 {
+		t.Errorf("moved before the cooldown: %s", ds[0].Reason)
+	}
+	for _, bad := range []map[string]uint32{{"primary": 50}, {"primary": 50, "other": 50}, {"primary": 50, "backup": 40}} {
+		if err := s.c.Restore("chat", bad); err == nil {
+			t.Errorf("Restore(%v) accepted", bad)
+		}
+	}
+	if err := s.c.Restore("nope", map[string]uint32{"primary": 100}); err == nil {
+		t.Error("unknown virtual model accepted")
+	}
+}
