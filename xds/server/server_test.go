@@ -335,7 +335,7 @@ func TestEnvoy(t *testing.T) {
 		"POOL_A_PORT": portA, "POOL_B_PORT": portB,
 	})
 	envoy.waitFor(t, "llama", "pool-a", time.Now(), 10*time.Second)
-	if c := envoy.counts(t, "llama", 20); c["pool-a"] != 20 {
+	if c := envoy.settled(t, "llama", "pool-a"); c["pool-a"] != 20 {
 		t.Fatalf("weights 100/0: %v", c)
 	}
 
@@ -344,7 +344,7 @@ func TestEnvoy(t *testing.T) {
 	mustSet(t, srv, weights(0, 100))
 	applied := envoy.waitFor(t, "llama", "pool-b", start, 5*time.Second)
 	t.Logf("time to apply weights (SetRoutes to first request on pool-b): %v", applied)
-	if c := envoy.counts(t, "llama", 20); c["pool-b"] != 20 {
+	if c := envoy.settled(t, "llama", "pool-b"); c["pool-b"] != 20 {
 		t.Fatalf("weights 0/100: %v", c)
 	}
 
@@ -379,7 +379,7 @@ func TestEnvoy(t *testing.T) {
 	mustSet(t, srv, weights(100, 0))
 	start = time.Now()
 	envoy.waitFor(t, "llama", "pool-a", start, 5*time.Second)
-	if c := envoy.counts(t, "llama", 20); c["pool-a"] != 20 {
+	if c := envoy.settled(t, "llama", "pool-a"); c["pool-a"] != 20 {
 		t.Fatalf("weights 100/0 again: %v", c)
 	}
 	envoy.waitStat(t, connected, 1, 5*time.Second)
@@ -401,17 +401,32 @@ func TestEnvoy(t *testing.T) {
 	serve(t, srv, lis)
 	envoy.waitStat(t, connected, 1, 10*time.Second)
 	t.Logf("reconnected after %v", time.Since(start))
-	if c := envoy.counts(t, "llama", 20); c["pool-a"] != 20 {
+	if c := envoy.settled(t, "llama", "pool-a"); c["pool-a"] != 20 {
 		t.Fatalf("after reconnect: %v", c)
 	}
 	start = time.Now()
 	mustSet(t, srv, weights(0, 100))
 	applied = envoy.waitFor(t, "llama", "pool-b", start, 5*time.Second)
 	t.Logf("time to apply weights after reconnect: %v", applied)
-	if c := envoy.counts(t, "llama", 20); c["pool-b"] != 20 {
+	if c := envoy.settled(t, "llama", "pool-b"); c["pool-b"] != 20 {
 		t.Fatalf("weights 0/100 after reconnect: %v", c)
 	}
 	if n := envoy.stat("http.llm.rds.infergate.update_rejected"); n != 0 {
 		t.Errorf("Envoy rejected %d updates", n)
+	}
+}
+
+// settled samples 20 requests until all land on pool, for up to 2 s: Envoy
+// applies a new route configuration on each worker thread in turn, so the
+// first request on the new weights does not mean every worker has them.
+func (e *envoyProc) settled(t *testing.T, model, pool string) map[string]int {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		c := e.counts(t, model, 20)
+		if c[pool] == 20 || time.Now().After(deadline) {
+			return c
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
