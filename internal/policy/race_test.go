@@ -1,5 +1,0 @@
-//go:build race
-
-package policy
-
-const raceEnabled = true
