@@ -8,15 +8,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -26,37 +21,11 @@ import (
 	"github.com/infergate/infergate/internal/cli"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/testutil"
+	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
-// repoRoot is two levels up from this package.
-var repoRoot = func() string {
-	wd, _ := os.Getwd()
-	return filepath.Clean(filepath.Join(wd, "..", ".."))
-}()
-
-var (
-	envoyOnce sync.Once
-	envoyPath string
-	envoyErr  error
-)
-
-// envoyBinary finds Envoy the one way the project does: scripts/install-envoy.sh
-// (which honours ENVOY_BIN and installs the pinned version when missing).
-func envoyBinary(t *testing.T) string {
-	t.Helper()
-	envoyOnce.Do(func() {
-		out, err := exec.Command(filepath.Join(repoRoot, "scripts", "install-envoy.sh")).Output()
-		if err != nil {
-			envoyErr = fmt.Errorf("scripts/install-envoy.sh: %w", err)
-			return
-		}
-		envoyPath = strings.TrimSpace(string(out))
-	})
-	if envoyErr != nil {
-		t.Fatal(envoyErr)
-	}
-	return envoyPath
-}
+// repoRoot is the repository's top directory.
+var repoRoot = envoytest.RepoRoot
 
 // pool is a mock inference pool listening on a random port.
 type pool struct {
@@ -201,18 +170,10 @@ func (g *gateway) stamp(t *testing.T, requestID string) Stamp {
 	return Stamp{}
 }
 
-// envoy is a running Envoy with the demo bootstrap.
-type envoy struct {
-	URL      string // listener base URL
-	AdminURL string
-}
-
 // startEnvoy renders envoy/demo.yaml for the given ports and runs the
 // pinned Envoy on it. Its log is shown only when the test fails.
-func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, poolA, poolB string) *envoy {
+func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, poolA, poolB string) *envoytest.Envoy {
 	t.Helper()
-	bin := envoyBinary(t)
-	dir := t.TempDir()
 	rendered := renderEnvoy(t, bootstrap, map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
 		"EXTPROC_PORT": port(t, extprocAddrs[0]), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
@@ -228,89 +189,14 @@ func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, 
 		}
 		rendered = strings.Replace(rendered, line, line+"\n"+strings.Replace(line, port(t, extprocAddrs[0]), port(t, addr), 1), 1)
 	}
-	cfgPath := filepath.Join(dir, "envoy.yaml")
-	adminPath := filepath.Join(dir, "admin-address")
-	if err := os.WriteFile(cfgPath, []byte(rendered), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logs := &testutil.Buffer{}
-	cmd := exec.Command(bin, "-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
-		"-l", "warning", "--concurrency", "2")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() {
-			t.Logf("envoy log:\n%s", logs.String())
-		}
-	})
-	e := &envoy{}
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(adminPath); err == nil && len(b) > 0 && e.AdminURL == "" {
-			e.AdminURL = "http://" + strings.TrimSpace(string(b))
-		}
-		if e.AdminURL != "" {
-			if addr := listenerAddr(e.AdminURL); addr != "" {
-				e.URL = "http://" + addr
-				waitHTTP(t, e.AdminURL+"/ready")
-				return e
-			}
-		}
-		if cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("envoy did not become ready; log:\n%s", logs.String())
-	return nil
+	return envoytest.Start(t, rendered)
 }
 
 // renderEnvoy fills the port placeholders of a config under envoy/, as
 // scripts/render-envoy.sh does.
 func renderEnvoy(t *testing.T, rel string, vars map[string]string) string {
 	t.Helper()
-	tmpl, err := os.ReadFile(filepath.Join(repoRoot, rel))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return os.Expand(string(tmpl), func(k string) string {
-		v, ok := vars[k]
-		if !ok {
-			t.Fatalf("%s: unknown placeholder ${%s}", rel, k)
-		}
-		return v
-	})
-}
-
-// listenerAddr asks Envoy's admin for the port its listener bound.
-func listenerAddr(adminURL string) string {
-	resp, err := http.Get(adminURL + "/listeners?format=json")
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	var out struct {
-		ListenerStatuses []struct {
-			LocalAddress struct {
-				SocketAddress struct {
-					Address   string `json:"address"`
-					PortValue int    `json:"port_value"`
-				} `json:"socket_address"`
-			} `json:"local_address"`
-		} `json:"listener_statuses"`
-	}
-	if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.ListenerStatuses) == 0 {
-		return ""
-	}
-	sa := out.ListenerStatuses[0].LocalAddress.SocketAddress
-	if sa.PortValue == 0 {
-		return ""
-	}
-	return net.JoinHostPort(sa.Address, strconv.Itoa(sa.PortValue))
+	return envoytest.Render(t, rel, vars)
 }
 
 func port(t *testing.T, addr string) string {
@@ -341,7 +227,7 @@ func waitHTTP(t *testing.T, url string) {
 
 // stack is Envoy + infergate + two mock pools, the demo topology.
 type stack struct {
-	Envoy    *envoy
+	Envoy    *envoytest.Envoy
 	Gateway  *gateway   // the first replica
 	Replicas []*gateway // all of them
 	PoolA    *pool

@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,39 +10,14 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
+	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
-
-// repoRoot is two levels up from this package.
-var repoRoot = func() string {
-	wd, _ := os.Getwd()
-	return filepath.Clean(filepath.Join(wd, "..", ".."))
-}()
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // upstream answers every request with its name.
 func upstream(t *testing.T, name string) string {
@@ -87,112 +61,13 @@ func (r *running) stop(t *testing.T) {
 	}
 }
 
-type envoyProc struct {
-	URL      string
-	AdminURL string
-}
+// envoyProc is the test's Envoy, with helpers to send and count requests.
+type envoyProc struct{ *envoytest.Envoy }
 
-// startEnvoy renders envoy/xds-test.yaml and runs the pinned Envoy on it;
-// its log is shown only when the test fails.
+// startEnvoy renders envoy/xds-test.yaml and runs the pinned Envoy on it.
 func startEnvoy(t *testing.T, vars map[string]string) *envoyProc {
 	t.Helper()
-	out, err := exec.Command(filepath.Join(repoRoot, "scripts", "install-envoy.sh")).Output()
-	if err != nil {
-		t.Fatalf("scripts/install-envoy.sh: %v", err)
-	}
-	bin := strings.TrimSpace(string(out))
-	tmpl, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "xds-test.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rendered := os.Expand(string(tmpl), func(k string) string {
-		v, ok := vars[k]
-		if !ok {
-			t.Fatalf("envoy/xds-test.yaml: unknown placeholder ${%s}", k)
-		}
-		return v
-	})
-	dir := t.TempDir()
-	cfgPath := filepath.Join(dir, "envoy.yaml")
-	adminPath := filepath.Join(dir, "admin-address")
-	if err := os.WriteFile(cfgPath, []byte(rendered), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	logs := &syncBuffer{}
-	cmd := exec.Command(bin, "-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
-		"-l", "warning", "--concurrency", "2")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("envoy log:\n%s", logs.String())
-		}
-	})
-	e := &envoyProc{}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			t.Fatalf("envoy exited; log:\n%s", logs.String())
-		default:
-		}
-		if b, err := os.ReadFile(adminPath); err == nil && len(b) > 0 && e.AdminURL == "" {
-			e.AdminURL = "http://" + strings.TrimSpace(string(b))
-		}
-		if e.AdminURL != "" && e.URL == "" {
-			if addr := listenerAddr(e.AdminURL); addr != "" {
-				e.URL = "http://" + addr
-			}
-		}
-		if e.URL != "" && httpOK(e.AdminURL+"/ready") {
-			return e
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("envoy did not become ready; log:\n%s", logs.String())
-	return nil
-}
-
-func httpOK(url string) bool {
-	resp, err := http.Get(url)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
-}
-
-// listenerAddr asks Envoy's admin for the port its listener bound.
-func listenerAddr(adminURL string) string {
-	resp, err := http.Get(adminURL + "/listeners?format=json")
-	if err != nil {
-		return ""
-	}
-	defer resp.Body.Close()
-	var out struct {
-		ListenerStatuses []struct {
-			LocalAddress struct {
-				SocketAddress struct {
-					Address   string `json:"address"`
-					PortValue int    `json:"port_value"`
-				} `json:"socket_address"`
-			} `json:"local_address"`
-		} `json:"listener_statuses"`
-	}
-	if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.ListenerStatuses) == 0 {
-		return ""
-	}
-	sa := out.ListenerStatuses[0].LocalAddress.SocketAddress
-	if sa.PortValue == 0 {
-		return ""
-	}
-	return net.JoinHostPort(sa.Address, strconv.Itoa(sa.PortValue))
+	return &envoyProc{envoytest.Start(t, envoytest.Render(t, "envoy/xds-test.yaml", vars))}
 }
 
 // stat reads one stat from Envoy's admin; -1 when absent.
@@ -307,7 +182,7 @@ func mustSet(t *testing.T, s *Server, routes []Route) string {
 func TestEnvoy(t *testing.T) {
 	poolA, poolB := upstream(t, "pool-a"), upstream(t, "pool-b")
 
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("xds server log:\n%s", logs.String())

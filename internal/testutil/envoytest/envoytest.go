@@ -1,0 +1,162 @@
+// Package envoytest runs the project's pinned Envoy for tests: found the one
+// way the project finds it (scripts/install-envoy.sh, which honours
+// ENVOY_BIN), on random ports, with its log shown only when a test fails.
+package envoytest
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
+)
+
+// RepoRoot is the repository's top directory.
+var RepoRoot = func() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
+}()
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// Binary returns the Envoy to run, installing the pinned one if needed.
+func Binary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		out, err := exec.Command(filepath.Join(RepoRoot, "scripts", "install-envoy.sh")).Output()
+		if err != nil {
+			binErr = fmt.Errorf("scripts/install-envoy.sh: %w", err)
+			return
+		}
+		binPath = strings.TrimSpace(string(out))
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// Render fills the ${NAME} placeholders of a config under envoy/, as
+// scripts/render-envoy.sh does; an unknown placeholder fails the test.
+func Render(t testing.TB, rel string, vars map[string]string) string {
+	t.Helper()
+	tmpl, err := os.ReadFile(filepath.Join(RepoRoot, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return os.Expand(string(tmpl), func(k string) string {
+		v, ok := vars[k]
+		if !ok {
+			t.Fatalf("%s: unknown placeholder ${%s}", rel, k)
+		}
+		return v
+	})
+}
+
+// Envoy is a running Envoy.
+type Envoy struct {
+	URL      string // its first listener
+	AdminURL string
+}
+
+// Start runs Envoy on a rendered config whose listener and admin ports are
+// 0: it waits until Envoy is ready and has bound its listener, and stops it
+// when the test ends.
+func Start(t testing.TB, config string) *Envoy {
+	t.Helper()
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "envoy.yaml")
+	adminPath := filepath.Join(dir, "admin-address")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logs := &testutil.Buffer{}
+	cmd := exec.Command(Binary(t), "-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
+		"-l", "warning", "--concurrency", "2")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("envoy log:\n%s", logs.String())
+		}
+	})
+	e := &Envoy{}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-exited:
+			t.Fatalf("envoy exited; log:\n%s", logs.String())
+		default:
+		}
+		if b, err := os.ReadFile(adminPath); err == nil && len(b) > 0 && e.AdminURL == "" {
+			e.AdminURL = "http://" + strings.TrimSpace(string(b))
+		}
+		if e.AdminURL != "" && e.URL == "" {
+			if addr := listenerAddr(e.AdminURL); addr != "" {
+				e.URL = "http://" + addr
+			}
+		}
+		if e.URL != "" && ok(e.AdminURL+"/ready") {
+			return e
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("envoy did not become ready; log:\n%s", logs.String())
+	return nil
+}
+
+func ok(url string) bool {
+	resp, err := http.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// listenerAddr asks Envoy's admin for the port its first listener bound.
+func listenerAddr(adminURL string) string {
+	resp, err := http.Get(adminURL + "/listeners?format=json")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var out struct {
+		ListenerStatuses []struct {
+			LocalAddress struct {
+				SocketAddress struct {
+					Address   string `json:"address"`
+					PortValue int    `json:"port_value"`
+				} `json:"socket_address"`
+			} `json:"local_address"`
+		} `json:"listener_statuses"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.ListenerStatuses) == 0 {
+		return ""
+	}
+	sa := out.ListenerStatuses[0].LocalAddress.SocketAddress
+	if sa.PortValue == 0 {
+		return ""
+	}
+	return net.JoinHostPort(sa.Address, strconv.Itoa(sa.PortValue))
+}
