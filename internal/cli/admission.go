@@ -46,6 +46,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	}}
 	c := p.controller
 	if cfg.Auth.Keys != "" {
+		last, _ := watch.Fingerprint(cfg.Auth.Keys, nil) // before loading: a change meanwhile is seen
 		keys, err := identity.LoadKeys(cfg.Auth.Keys)
 		if err != nil {
 			return nil, fmt.Errorf("auth.keys: %w", err)
@@ -53,7 +54,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		c.Keys = &identity.KeySet{}
 		c.Keys.Store(keys)
 		log.Info("API keys loaded", "path", cfg.Auth.Keys, "keys", keys.Len())
-		go watch.Poll(ctx, cfg.Auth.Keys, cfg.Policy.ReloadInterval, func() error {
+		go watch.Poll(ctx, cfg.Auth.Keys, nil, last, cfg.Policy.ReloadInterval, func() error {
 			keys, err := identity.LoadKeys(cfg.Auth.Keys)
 			if err != nil {
 				return err

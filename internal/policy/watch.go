@@ -2,16 +2,12 @@ package policy
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
+
+	filewatch "github.com/infergate/infergate/internal/watch"
 )
 
 // DefaultInterval is how often a Watcher polls when given no interval.
@@ -30,8 +26,7 @@ type Watcher struct {
 	lastErr  atomic.Pointer[error] // nil after a good reload
 	ok, fail atomic.Int64
 
-	fingerprint uint64 // of the files last loaded (or tried); poll goroutine only
-	done        chan struct{}
+	done chan struct{}
 }
 
 // Watch loads dir (an error if that fails) and reloads it, until ctx is
@@ -45,7 +40,7 @@ func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Lo
 		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Watcher{dir: dir, interval: interval, log: log, done: make(chan struct{})}
-	fp, err := fingerprint(dir)
+	fp, err := filewatch.Fingerprint(dir, isPolicyFile)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", dir, err)
 	}
@@ -53,10 +48,12 @@ func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Lo
 	if err != nil {
 		return nil, err
 	}
-	w.fingerprint = fp
 	w.engine.Store(e)
 	log.Info("policy loaded", "dir", dir, "modules", e.modules, "tests", e.tests)
-	go w.run(ctx)
+	go func() {
+		defer close(w.done)
+		filewatch.Poll(ctx, dir, isPolicyFile, fp, interval, func() error { return w.reload(ctx) }, w.failed)
+	}()
 	return w, nil
 }
 
@@ -84,101 +81,25 @@ func (w *Watcher) Reloads() (ok, failed int64) { return w.ok.Load(), w.fail.Load
 // Done is closed when the watcher has stopped polling (ctx is done).
 func (w *Watcher) Done() <-chan struct{} { return w.done }
 
-func (w *Watcher) run(ctx context.Context) {
-	defer close(w.done)
-	t := time.NewTicker(w.interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			w.poll(ctx)
-		}
-	}
-}
-
-// poll reloads when the fingerprint changed. The fingerprint is taken
-// before loading, so a change made while loading is seen next time. An
-// unchanged fingerprint is not retried: a broken version stays reported
-// until the files change again.
-func (w *Watcher) poll(ctx context.Context) {
-	fp, err := fingerprint(w.dir)
-	if fp == w.fingerprint {
-		return
-	}
-	w.fingerprint = fp
+// reload loads the directory again; on success the new version serves.
+func (w *Watcher) reload(ctx context.Context) error {
 	start := time.Now()
-	var e *Engine
-	if err == nil {
-		e, err = Load(ctx, w.dir)
-	} else {
-		err = fmt.Errorf("policy %s: %w", w.dir, err)
-	}
+	e, err := Load(ctx, w.dir)
 	if err != nil {
-		if ctx.Err() != nil {
-			return // shutting down, not a broken policy
-		}
-		w.fail.Add(1)
-		w.lastErr.Store(&err)
-		w.log.Error("policy reload failed; the previous policy keeps serving", "dir", w.dir, "err", err)
-		return
+		return err
 	}
 	w.engine.Store(e)
 	w.lastErr.Store(nil)
 	w.ok.Add(1)
 	w.log.Info("policy reloaded", "dir", w.dir, "modules", e.modules, "tests", e.tests,
 		"took", time.Since(start).Round(time.Millisecond))
-}
-
-// maxWalkDepth bounds the directory walk (symbolic links may loop).
-const maxWalkDepth = 32
-
-// fingerprint hashes the relative path, size and modification time of
-// every file Load would read. Links are followed, as Load follows them. On
-// error it still returns a hash, of the error, so that a directory that
-// stays broken is reported once.
-func fingerprint(dir string) (uint64, error) {
-	var lines []string
-	err := walk(dir, "", 0, &lines)
-	h := fnv.New64a()
-	if err != nil {
-		h.Write([]byte("error: " + err.Error()))
-		return h.Sum64(), err
-	}
-	slices.Sort(lines)
-	for _, l := range lines {
-		h.Write([]byte(l))
-	}
-	return h.Sum64(), nil
-}
-
-func walk(path, rel string, depth int, lines *[]string) error {
-	info, err := os.Stat(path)
-	if err != nil {
-		return err
-	}
-	if !info.IsDir() {
-		if depth == 0 || isPolicyFile(info.Name()) {
-			*lines = append(*lines, fmt.Sprintf("%s\x00%d\x00%d\n", rel, info.Size(), info.ModTime().UnixNano()))
-		}
-		return nil
-	}
-	if depth > maxWalkDepth {
-		return errors.New("directories nested too deep (a symbolic link loop?): " + path)
-	}
-	entries, err := os.ReadDir(path)
-	if err != nil {
-		return err
-	}
-	for _, ent := range entries {
-		name := ent.Name()
-		if strings.HasPrefix(name, ".") {
-			continue
-		}
-		if err := walk(filepath.Join(path, name), filepath.Join(rel, name), depth+1, lines); err != nil {
-			return err
-		}
-	}
 	return nil
+}
+
+// failed records a refused version; the previous one keeps serving.
+func (w *Watcher) failed(err error) {
+	err = fmt.Errorf("policy %s: %w", w.dir, err)
+	w.fail.Add(1)
+	w.lastErr.Store(&err)
+	w.log.Error("policy reload failed; the previous policy keeps serving", "dir", w.dir, "err", err)
 }

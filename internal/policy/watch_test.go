@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	filewatch "github.com/infergate/infergate/internal/watch"
 )
 
 // syncBuffer is a log destination safe for the watcher's goroutine.
@@ -209,9 +211,9 @@ func TestWatcherReportsMissingDirectory(t *testing.T) {
 
 func TestFingerprint(t *testing.T) {
 	dir := copyPolicies(t)
-	fp := func() uint64 {
+	fp := func() string {
 		t.Helper()
-		h, err := fingerprint(dir)
+		h, err := filewatch.Fingerprint(dir, isPolicyFile)
 		if err != nil {
 			t.Fatal(err)
 		}

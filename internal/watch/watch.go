@@ -5,50 +5,76 @@ package watch
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
-// Fingerprint summarises path (a file, or a directory's regular files,
-// following symlinks) by names, sizes and modification times.
-func Fingerprint(path string) (string, error) {
-	h := sha256.New()
-	st, err := os.Stat(path)
+// maxDepth bounds the directory walk (symbolic links may loop).
+const maxDepth = 32
+
+// Fingerprint summarises path — a file, or every file below a directory
+// whose name keep accepts (nil keeps all), skipping names that start with
+// a dot and following links — by relative names, sizes and modification
+// times. On error it still returns a fingerprint, of the error, so that a
+// path that stays broken is reported once.
+func Fingerprint(path string, keep func(name string) bool) (string, error) {
+	var lines []string
+	err := walk(path, "", 0, keep, &lines)
+	h := fnv.New64a()
 	if err != nil {
-		return "", err
+		h.Write([]byte("error: " + err.Error()))
+		return strconv.FormatUint(h.Sum64(), 16), err
 	}
-	files := []string{path}
-	if st.IsDir() {
-		entries, err := os.ReadDir(path)
-		if err != nil {
-			return "", err
-		}
-		files = files[:0]
-		for _, e := range entries {
-			files = append(files, filepath.Join(path, e.Name()))
-		}
-		sort.Strings(files)
+	slices.Sort(lines)
+	for _, l := range lines {
+		h.Write([]byte(l))
 	}
-	for _, f := range files {
-		fi, err := os.Stat(f)
-		if err != nil || fi.IsDir() {
-			continue
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00%d\n", filepath.Base(f), fi.Size(), fi.ModTime().UnixNano())
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return strconv.FormatUint(h.Sum64(), 16), nil
 }
 
-// Poll calls reload each time path's fingerprint changes, checking every
-// interval until ctx is done. A failed reload is reported to onError and
-// retried at the next change; the caller keeps serving what it had.
-func Poll(ctx context.Context, path string, interval time.Duration, reload func() error, onError func(error)) {
-	last, _ := Fingerprint(path)
+func walk(path, rel string, depth int, keep func(string) bool, lines *[]string) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !info.IsDir() {
+		if depth == 0 || keep == nil || keep(info.Name()) {
+			*lines = append(*lines, fmt.Sprintf("%s\x00%d\x00%d\n", rel, info.Size(), info.ModTime().UnixNano()))
+		}
+		return nil
+	}
+	if depth > maxDepth {
+		return errors.New("directories nested too deep (a symbolic link loop?): " + path)
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		return err
+	}
+	for _, ent := range entries {
+		if strings.HasPrefix(ent.Name(), ".") {
+			continue
+		}
+		if err := walk(filepath.Join(path, ent.Name()), filepath.Join(rel, ent.Name()), depth+1, keep, lines); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Poll checks path every interval until ctx is done and calls reload each
+// time its fingerprint differs from last (taken by the caller before it
+// loaded, so a change made meanwhile is seen). A fingerprint error or a
+// failed reload goes to onError once, and is not retried until the files
+// change again; the caller keeps serving what it had.
+func Poll(ctx context.Context, path string, keep func(string) bool, last string, interval time.Duration,
+	reload func() error, onError func(error)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -57,16 +83,15 @@ func Poll(ctx context.Context, path string, interval time.Duration, reload func(
 			return
 		case <-t.C:
 		}
-		fp, err := Fingerprint(path)
-		if err != nil {
-			onError(err)
-			continue
-		}
+		fp, err := Fingerprint(path, keep)
 		if fp == last {
 			continue
 		}
 		last = fp
-		if err := reload(); err != nil {
+		if err == nil {
+			err = reload()
+		}
+		if err != nil && ctx.Err() == nil {
 			onError(err)
 		}
 	}

@@ -15,7 +15,8 @@ func TestPollReloadsOnChange(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reloads := make(chan struct{}, 10)
-	go Poll(ctx, dir, 10*time.Millisecond, func() error { reloads <- struct{}{}; return nil }, func(error) {})
+	last, _ := Fingerprint(dir, nil)
+	go Poll(ctx, dir, nil, last, 10*time.Millisecond, func() error { reloads <- struct{}{}; return nil }, func(error) {})
 	select {
 	case <-reloads:
 		t.Fatal("reloaded without a change")
