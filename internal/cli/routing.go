@@ -32,7 +32,7 @@ type routing struct {
 	xds      *server.Server
 	log      *slog.Logger
 	interval time.Duration
-	breaches metric.Int64Counter
+	decisions metric.Int64Counter
 	// store keeps the weights in the shared Redis, so a restarted
 	// controller resumes where it was instead of jumping to the primary.
 	store redis.UniversalClient
@@ -78,7 +78,7 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter, store 
 	}
 	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store,
 		xds: server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})}
-	if r.breaches, err = meter.Int64Counter("infergate.sla.decisions",
+	if r.decisions, err = meter.Int64Counter("infergate.sla.decisions",
 		metric.WithDescription("Weight changes made by the SLA controller, by virtual model.")); err != nil {
 		return nil, err
 	}
@@ -194,7 +194,7 @@ func (r *routing) run(ctx context.Context) {
 		}
 		decisions := r.ctrl.Tick()
 		for _, d := range decisions {
-			r.breaches.Add(ctx, 1, metric.WithAttributes(attribute.String("virtual_model", d.VirtualModel)))
+			r.decisions.Add(ctx, 1, metric.WithAttributes(attribute.String("virtual_model", d.VirtualModel)))
 			r.log.Info("route weights changed", "virtual_model", d.VirtualModel, "from", d.From, "to", d.To, "reason", d.Reason)
 		}
 		if len(decisions) > 0 {
