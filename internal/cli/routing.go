@@ -27,11 +27,11 @@ import (
 // each interval the controller decides weights, and the xDS server hands
 // them to Envoy as the virtual-model routes.
 type routing struct {
-	cfg      []config.VirtualModel
-	ctrl     *controller.Controller
-	xds      *server.Server
-	log      *slog.Logger
-	interval time.Duration
+	cfg       []config.VirtualModel
+	ctrl      *controller.Controller
+	xds       *server.Server
+	log       *slog.Logger
+	interval  time.Duration
 	decisions metric.Int64Counter
 	// store keeps the weights in the shared Redis, so a restarted
 	// controller resumes where it was instead of jumping to the primary.
