@@ -83,8 +83,11 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 			m.stamp.Status = atoi(h[":status"])
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
-		m.stamp.Pool = attrString(attrs, "xds.cluster_name")
 		m.stamp.Attempts = attrInt(attrs, "upstream.request_attempt_count")
+		m.stamp.PoolsTried = servingPools(attrString(attrs, "xds.cluster_name"), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
+		if n := len(m.stamp.PoolsTried); n > 0 {
+			m.stamp.Pool = m.stamp.PoolsTried[n-1]
+		}
 		m.sse = strings.HasPrefix(h["content-type"], "text/event-stream")
 		if r.ResponseHeaders.GetEndOfStream() {
 			m.chunkAt = at

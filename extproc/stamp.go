@@ -17,12 +17,15 @@ import (
 // between Envoy and infergate cancels; Gateway.Total compares Envoy's
 // request.time with infergate's clock and assumes they are in sync.
 type Stamp struct {
-	RequestID        string
-	Principal        string // key id or JWT subject, never a credential
-	Tenant           string
-	Model            string // the model the client asked for
-	ResponseModel    string // the model the upstream answered as
-	Pool             string // Envoy cluster that served it
+	RequestID     string
+	Principal     string // key id or JWT subject, never a credential
+	Tenant        string
+	Model         string // the model the client asked for
+	ResponseModel string // the model the upstream answered as
+	Pool          string // the pool (Envoy cluster) that served it
+	// PoolsTried are the pools the attempts went to, in order; the last
+	// is Pool. More than one when a retry fell back to the next pool.
+	PoolsTried       []string
 	Upstream         string // upstream host:port
 	Status           int
 	Attempts         int
@@ -83,6 +86,7 @@ func (l LogSink) Record(ctx context.Context, s *Stamp) {
 		slog.String("upstream", s.Upstream),
 		slog.Int("status", s.Status),
 		slog.Int("attempts", s.Attempts),
+		slog.Any("pools_tried", s.PoolsTried),
 		slog.Bool("stream", s.Stream),
 		slog.Int("prompt_tokens", s.PromptTokens),
 		slog.Int("completion_tokens", s.CompletionTokens),

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"time"
 
@@ -144,18 +145,23 @@ func (r *routing) save(ctx context.Context) {
 
 // Record implements extproc.Sink: every metered request is an observation.
 func (r *routing) Record(_ context.Context, st *extproc.Stamp) {
-	if o, ok := observation(st); ok {
-		r.ctrl.Observe(o)
-	}
+	observations(st, r.ctrl.Observe)
 }
 
-// observation turns a stamp into what the controller judges pools by.
-func observation(st *extproc.Stamp) (controller.Observation, bool) {
+// observations turns a stamp into what the controller judges pools by: the
+// serving pool's latency and status, and a failure for each pool an
+// earlier attempt failed on.
+func observations(st *extproc.Stamp, observe func(controller.Observation)) {
 	if st.Decision == "deny" || st.Pool == "" {
-		return controller.Observation{}, false
+		return
 	}
-	return controller.Observation{At: time.Now(), VirtualModel: st.Model, Pool: st.Pool,
-		PromptTokens: st.PromptTokens, TTFT: st.TTFT, ITLP95: st.ITLP95, Status: st.Status}, true
+	now := time.Now()
+	for _, p := range st.PoolsTried[:max(len(st.PoolsTried)-1, 0)] {
+		observe(controller.Observation{At: now, VirtualModel: st.Model, Pool: p,
+			PromptTokens: st.PromptTokens, Status: controller.FailedAttempt})
+	}
+	observe(controller.Observation{At: now, VirtualModel: st.Model, Pool: st.Pool,
+		PromptTokens: st.PromptTokens, TTFT: st.TTFT, ITLP95: st.ITLP95, Status: st.Status})
 }
 
 // publishSink sends observations to the shared Redis stream, for the
@@ -163,9 +169,7 @@ func observation(st *extproc.Stamp) (controller.Observation, bool) {
 type publishSink struct{ p *feed.Publisher }
 
 func (s publishSink) Record(_ context.Context, st *extproc.Stamp) {
-	if o, ok := observation(st); ok {
-		s.p.Publish(o)
-	}
+	observations(st, s.p.Publish)
 }
 
 // push publishes the current weights as routes; unchanged routes publish
@@ -176,6 +180,13 @@ func (r *routing) push() (string, error) {
 		route := server.Route{VirtualModel: vm.Name, Weights: r.ctrl.Weights(vm.Name)}
 		if vm.Retry != nil {
 			route.Retry = &server.Retry{Attempts: vm.Retry.Attempts, On: vm.Retry.On, RetriableStatusCodes: vm.Retry.StatusCodes}
+		}
+		if vm.RetriesAcrossPools() {
+			pools := slices.Clone(vm.Pools)
+			slices.SortStableFunc(pools, func(a, b config.PoolRef) int { return a.Priority - b.Priority })
+			for _, p := range pools {
+				route.Fallback = append(route.Fallback, p.Cluster)
+			}
 		}
 		routes = append(routes, route)
 	}
@@ -240,11 +251,19 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4
 {{range .History}}<tr><td class="l">{{.At.Format "15:04:05"}}</td><td class="l">{{.From}} &rarr; {{.To}}</td><td class="l">{{.Reason}}</td></tr>{{else}}<tr><td class="l" colspan="3">no changes yet</td></tr>{{end}}</table>
 {{else}}<p>No virtual models configured.</p>{{end}}</body></html>`))
 
-// debugHandler renders /debug/controller.
-func (r *routing) debugHandler(w http.ResponseWriter, _ *http.Request) {
-	var states []controller.ModelState
+// debugHandler renders /debug/controller; ?format=json gives the same
+// state as JSON (durations in nanoseconds).
+func (r *routing) debugHandler(w http.ResponseWriter, req *http.Request) {
+	states := []controller.ModelState{}
 	if r != nil {
 		states = r.ctrl.State()
+	}
+	if req.URL.Query().Get("format") == "json" {
+		w.Header().Set("content-type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(states)
+		return
 	}
 	w.Header().Set("content-type", "text/html; charset=utf-8")
 	if err := debugPage.Execute(w, states); err != nil {

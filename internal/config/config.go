@@ -83,6 +83,19 @@ type RetryRule struct {
 	Attempts    uint32   `yaml:"attempts"`
 	On          string   `yaml:"on"`
 	StatusCodes []uint32 `yaml:"statusCodes"`
+	// AcrossPools sends each retry to the next pool by priority instead of
+	// the same pool (default true with two or more pools). It needs Envoy
+	// to take its clusters from infergate's xDS too (cds_config; see
+	// envoy/sla.yaml); false keeps retries inside the pool, RDS only.
+	AcrossPools *bool `yaml:"acrossPools"`
+}
+
+// RetriesAcrossPools reports whether vm's retries go to the next pool.
+func (vm VirtualModel) RetriesAcrossPools() bool {
+	if vm.Retry == nil || len(vm.Pools) < 2 {
+		return false
+	}
+	return vm.Retry.AcrossPools == nil || *vm.Retry.AcrossPools
 }
 
 // XDS is the control plane Envoy fetches the virtual-model routes from.
@@ -360,6 +373,12 @@ func (c *Config) validate() error {
 		check(t.MinSamples >= 0, at+".tuning.minSamples", "must not be negative")
 		check(t.Step <= 100 && t.ProbeWeight <= 50, at+".tuning", "step must be at most 100 and probeWeight at most 50")
 		check(t.Hysteresis >= 0 && t.Hysteresis < 1, at+".tuning.hysteresis", "must be in [0, 1), got %v", t.Hysteresis)
+		if vm.Retry != nil {
+			check(vm.Retry.Attempts >= 1 && vm.Retry.Attempts <= 10, at+".retry.attempts", "must be 1 to 10, got %d", vm.Retry.Attempts)
+			for _, code := range vm.Retry.StatusCodes {
+				check(code >= 400 && code <= 599, at+".retry.statusCodes", "%d is not an HTTP error status", code)
+			}
+		}
 	}
 	check(oneOf(c.Log.Level, "debug", "info", "warn", "error"), "log.level",
 		"must be one of debug, info, warn, error; got %q", c.Log.Level)

@@ -111,32 +111,33 @@ func (g *gateway) Stop(t *testing.T) {
 
 // Stamp is one request-log line.
 type Stamp struct {
-	RequestID        string  `json:"request_id"`
-	Principal        string  `json:"principal"`
-	Tenant           string  `json:"tenant"`
-	Model            string  `json:"model"`
-	Pool             string  `json:"pool"`
-	Upstream         string  `json:"upstream"`
-	Status           int     `json:"status"`
-	Attempts         int     `json:"attempts"`
-	Stream           bool    `json:"stream"`
-	PromptTokens     int     `json:"prompt_tokens"`
-	CompletionTokens int     `json:"completion_tokens"`
-	TokenSource      string  `json:"token_source"`
-	TTFTms           float64 `json:"ttft_ms"`
-	ITLP50ms         float64 `json:"itl_p50_ms"`
-	ITLP95ms         float64 `json:"itl_p95_ms"`
-	ITLMaxms         float64 `json:"itl_max_ms"`
-	ContentEvents    int     `json:"content_events"`
-	E2Ems            float64 `json:"e2e_ms"`
-	Gatewayms        float64 `json:"gateway_ms"`
-	Gatems           float64 `json:"gate_ms"`
-	Policyms         float64 `json:"policy_ms"`
-	RateLimitms      float64 `json:"ratelimit_ms"`
-	Checksms         float64 `json:"checks_ms"`
-	Decision         string  `json:"decision"`
-	Reason           string  `json:"reason"`
-	Complete         bool    `json:"complete"`
+	RequestID        string   `json:"request_id"`
+	Principal        string   `json:"principal"`
+	Tenant           string   `json:"tenant"`
+	Model            string   `json:"model"`
+	Pool             string   `json:"pool"`
+	PoolsTried       []string `json:"pools_tried"`
+	Upstream         string   `json:"upstream"`
+	Status           int      `json:"status"`
+	Attempts         int      `json:"attempts"`
+	Stream           bool     `json:"stream"`
+	PromptTokens     int      `json:"prompt_tokens"`
+	CompletionTokens int      `json:"completion_tokens"`
+	TokenSource      string   `json:"token_source"`
+	TTFTms           float64  `json:"ttft_ms"`
+	ITLP50ms         float64  `json:"itl_p50_ms"`
+	ITLP95ms         float64  `json:"itl_p95_ms"`
+	ITLMaxms         float64  `json:"itl_max_ms"`
+	ContentEvents    int      `json:"content_events"`
+	E2Ems            float64  `json:"e2e_ms"`
+	Gatewayms        float64  `json:"gateway_ms"`
+	Gatems           float64  `json:"gate_ms"`
+	Policyms         float64  `json:"policy_ms"`
+	RateLimitms      float64  `json:"ratelimit_ms"`
+	Checksms         float64  `json:"checks_ms"`
+	Decision         string   `json:"decision"`
+	Reason           string   `json:"reason"`
+	Complete         bool     `json:"complete"`
 }
 
 // stamps returns every request-log line so far.

@@ -29,6 +29,10 @@ virtualModels:
   - {cluster: pool-b, priority: 1}
   sla: {ttftP95: 150ms}
   tuning: {window: 2s, minSamples: 8, interval: 250ms, step: 20, cooldown: 3s, probeWeight: 2}
+  # Retries fall back to the other pool: the routes name aggregate clusters
+  # served over CDS, so every SLA test (controller restart included) runs
+  # on them.
+  retry: {attempts: 1}
 `
 
 // weights reads infergate_pool_weight for both pools from one scrape.

@@ -19,9 +19,9 @@ type Pool struct {
 
 // SLA holds a virtual model's thresholds; a zero field disables the metric.
 type SLA struct {
-	TTFTP95   time.Duration // p95 of excess TTFT (see the package comment)
-	ITLP95    time.Duration // p95 of per-request ITL p95
-	ErrorRate float64       // fraction of requests with status >= 500 or 429
+	TTFTP95   time.Duration `json:"ttft_p95_ns"` // p95 of excess TTFT (see the package comment)
+	ITLP95    time.Duration `json:"itl_p95_ns"`  // p95 of per-request ITL p95
+	ErrorRate float64       `json:"error_rate"`  // fraction of requests (and failed attempts) with status >= 500 or 429
 }
 
 // NoProbe, as Tuning.ProbeWeight, lets a breached pool be drained to 0
@@ -179,38 +179,43 @@ type Observation struct {
 	PromptTokens int
 	TTFT         time.Duration
 	ITLP95       time.Duration // per-request ITL p95 (0 if not streamed / < 2 tokens)
-	Status       int
+	Status       int           // HTTP status, or FailedAttempt
 }
+
+// FailedAttempt is the Status of an attempt that failed on a pool and was
+// retried on another (its status never reached the meter).
+const FailedAttempt = -1
 
 // Decision is one change of a virtual model's weights.
 type Decision struct {
-	At           time.Time
-	VirtualModel string
-	From, To     map[string]uint32 // weights before/after
-	Reason       string            // which pool, which metric, the numbers vs thresholds
-	Stats        map[string]PoolStats
+	At           time.Time            `json:"at"`
+	VirtualModel string               `json:"virtual_model"`
+	From         map[string]uint32    `json:"from"`   // weights before
+	To           map[string]uint32    `json:"to"`     // weights after
+	Reason       string               `json:"reason"` // which pool, which metric, the numbers vs thresholds
+	Stats        map[string]PoolStats `json:"stats"`
 }
 
 // PoolStats is how a pool was judged at a Tick.
 type PoolStats struct {
-	Samples       int
-	ExcessTTFTP95 time.Duration
-	TTFTP95       time.Duration // raw, for display
-	ITLP95        time.Duration
-	ErrorRate     float64
-	Slope         time.Duration // learned TTFT per prompt token
-	Breached      bool
-	Healthy       bool   // below thresholds with hysteresis
-	Why           string // e.g. "excess TTFT p95 412ms > SLA 300ms"
+	Samples       int           `json:"samples"`
+	ExcessTTFTP95 time.Duration `json:"excess_ttft_p95_ns"`
+	TTFTP95       time.Duration `json:"ttft_p95_ns"` // raw, for display
+	ITLP95        time.Duration `json:"itl_p95_ns"`
+	ErrorRate     float64       `json:"error_rate"`
+	Slope         time.Duration `json:"slope_ns_per_token"` // learned TTFT per prompt token
+	Breached      bool          `json:"breached"`
+	Healthy       bool          `json:"healthy"` // below thresholds with hysteresis
+	Why           string        `json:"why"`     // e.g. "excess TTFT p95 412ms > SLA 300ms"
 }
 
 // ModelState is a snapshot of one virtual model, for debug pages and metrics.
 type ModelState struct {
-	Name    string
-	SLA     SLA
-	Weights map[string]uint32
-	Pools   map[string]PoolStats // as judged at the last Tick
-	History []Decision           // last decisions, oldest first
+	Name    string               `json:"name"`
+	SLA     SLA                  `json:"sla"`
+	Weights map[string]uint32    `json:"weights"`
+	Pools   map[string]PoolStats `json:"pools"`   // as judged at the last Tick
+	History []Decision           `json:"history"` // last decisions, oldest first
 }
 
 type sample struct {
@@ -340,7 +345,7 @@ func (c *Controller) Observe(o Observation) {
 		tokens: int64(max(o.PromptTokens, 0)),
 		ttft:   int64(o.TTFT),
 		itl:    int64(o.ITLP95),
-		failed: o.Status >= 500 || o.Status == 429,
+		failed: o.Status >= 500 || o.Status == 429 || o.Status == FailedAttempt,
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -547,7 +552,7 @@ func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolS
 	var bn int
 	var sx, sy float64
 	for _, s := range p.buf {
-		if s.at >= bcut {
+		if s.at >= bcut && !s.failed {
 			bn++
 			sx += float64(s.tokens)
 			sy += float64(s.ttft)
@@ -558,7 +563,7 @@ func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolS
 		mx, my := sx/float64(bn), sy/float64(bn)
 		var sxx, sxy float64
 		for _, s := range p.buf {
-			if s.at >= bcut {
+			if s.at >= bcut && !s.failed {
 				dx := float64(s.tokens) - mx
 				sxx += dx * dx
 				sxy += dx * (float64(s.ttft) - my)
@@ -570,9 +575,16 @@ func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolS
 	}
 
 	excess, ttft, itl := c.excess[:0], c.ttft[:0], c.itl[:0]
-	failed := 0
+	samples, failed := 0, 0
 	for _, s := range p.buf {
 		if s.at < cut {
+			continue
+		}
+		samples++
+		if s.failed {
+			// A failure has no meaningful latency: it counts toward the
+			// error rate only.
+			failed++
 			continue
 		}
 		ttft = append(ttft, s.ttft)
@@ -580,14 +592,11 @@ func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolS
 		if s.itl > 0 {
 			itl = append(itl, s.itl)
 		}
-		if s.failed {
-			failed++
-		}
 	}
 	c.excess, c.ttft, c.itl = excess, ttft, itl
 
 	st := PoolStats{
-		Samples:       len(ttft),
+		Samples:       samples,
 		ExcessTTFTP95: time.Duration(p95(excess)),
 		TTFTP95:       time.Duration(p95(ttft)),
 		ITLP95:        time.Duration(p95(itl)),

@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -11,7 +12,6 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -45,6 +45,11 @@ type Route struct {
 	Timeout time.Duration
 	// Retry is the optional retry policy.
 	Retry *Retry
+	// Fallback, when set, lists the pools in Weights by priority, and
+	// retries go to the next pool instead of the same one (see
+	// AggregateName). Envoy must then take its clusters (CDS) from this
+	// server too.
+	Fallback []string
 }
 
 // Retry is a route's retry policy. Retries go to a different host when
@@ -96,6 +101,14 @@ func ValidateRoutes(routes []Route) error {
 		case total > uint64(^uint32(0)):
 			errs = append(errs, fmt.Errorf("route %q: weights total %d overflows uint32", name, total))
 		}
+		if len(r.Fallback) > 0 {
+			// Sorted, they equal the sorted pools exactly: each pool once.
+			fallback := slices.Sorted(slices.Values(r.Fallback))
+			pools := slices.Sorted(maps.Keys(r.Weights))
+			if !slices.Equal(fallback, pools) {
+				errs = append(errs, fmt.Errorf("route %q: fallback order %v must list each pool of %v once", name, r.Fallback, pools))
+			}
+		}
 		if r.Retry != nil && r.Retry.PerTryTimeout < 0 {
 			errs = append(errs, fmt.Errorf("route %q: negative per-try timeout", name))
 		}
@@ -143,8 +156,12 @@ func buildRoute(r Route) *routev3.Route {
 	slices.Sort(clusters)
 	wc := &routev3.WeightedCluster{}
 	for _, c := range clusters {
+		name := c
+		if len(r.Fallback) > 0 {
+			name = AggregateName(r.VirtualModel, c)
+		}
 		wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{
-			Name:   c,
+			Name:   name,
 			Weight: wrapperspb.UInt32(r.Weights[c]),
 		})
 	}
@@ -153,6 +170,9 @@ func buildRoute(r Route) *routev3.Route {
 		// Always explicit: Envoy's default is 15s, and 0 disables it.
 		Timeout:     durationpb.New(r.Timeout),
 		RetryPolicy: buildRetry(r.Retry),
+	}
+	if action.RetryPolicy != nil && len(r.Fallback) > 0 {
+		retryOnNextPool(action.RetryPolicy)
 	}
 	return &routev3.Route{
 		Name: r.VirtualModel,
@@ -169,13 +189,7 @@ func buildRoute(r Route) *routev3.Route {
 	}
 }
 
-var previousHosts = func() *anypb.Any {
-	a, err := anypb.New(&previoushostsv3.PreviousHostsPredicate{})
-	if err != nil {
-		panic(err)
-	}
-	return a
-}()
+var previousHosts = mustAny(&previoushostsv3.PreviousHostsPredicate{})
 
 func buildRetry(r *Retry) *routev3.RetryPolicy {
 	if r == nil {

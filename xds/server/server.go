@@ -1,7 +1,9 @@
-// Package server is infergate's xDS control plane. It owns exactly one
-// resource, the RDS RouteConfiguration that spreads each virtual model
-// over its pools, and serves it over gRPC (RDS and ADS, state-of-the-world
-// and delta) to any Envoy, whatever its node id.
+// Package server is infergate's xDS control plane. It owns the RDS
+// RouteConfiguration that spreads each virtual model over its pools and,
+// for virtual models that fall back across pools, the aggregate clusters
+// those routes name (CDS; see AggregateName). It serves them over gRPC
+// (RDS, CDS and ADS, state-of-the-world and delta) to any Envoy, whatever
+// its node id.
 //
 // Everything else in Envoy's configuration (listeners, clusters, the
 // ext_proc filter) stays the operator's: the route configuration only
@@ -22,11 +24,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
@@ -128,7 +134,7 @@ func (s *Server) Version() string {
 // resource's content: identical routes give the same version and publish
 // nothing. On error the previous snapshot stays in place.
 func (s *Server) SetRoutes(routes []Route) (string, error) {
-	rc, version, err := s.build(routes)
+	rc, clusters, version, err := s.build(routes)
 	if err != nil {
 		return "", err
 	}
@@ -137,7 +143,14 @@ func (s *Server) SetRoutes(routes []Route) (string, error) {
 	if version == s.version {
 		return version, nil
 	}
-	snap, err := cache.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RouteType: {rc}})
+	res := map[resource.Type][]types.Resource{resource.RouteType: {rc}}
+	// Always present, even empty: an Envoy taking CDS from us must hear
+	// "no clusters" rather than wait.
+	res[resource.ClusterType] = make([]types.Resource, 0, len(clusters))
+	for _, c := range clusters {
+		res[resource.ClusterType] = append(res[resource.ClusterType], c)
+	}
+	snap, err := cache.NewSnapshot(version, res)
 	if err != nil {
 		return "", fmt.Errorf("xds: snapshot: %w", err)
 	}
@@ -152,50 +165,88 @@ func (s *Server) SetRoutes(routes []Route) (string, error) {
 	return version, nil
 }
 
-// build is SetRoutes without side effects.
-func (s *Server) build(routes []Route) (*routev3.RouteConfiguration, string, error) {
+// build is SetRoutes without side effects: the route configuration and
+// the fallback aggregates it refers to, validated, and their version.
+func (s *Server) build(routes []Route) (*routev3.RouteConfiguration, []*clusterv3.Cluster, string, error) {
 	if err := ValidateRoutes(routes); err != nil {
-		return nil, "", fmt.Errorf("xds: invalid routes: %w", err)
+		return nil, nil, "", fmt.Errorf("xds: invalid routes: %w", err)
 	}
 	rc := BuildRouteConfiguration(s.name, routes, s.fallback, s.extra...)
 	rc.VirtualHosts[0].ResponseHeadersToAdd = s.headers
 	if err := rc.ValidateAll(); err != nil {
-		return nil, "", fmt.Errorf("xds: invalid route configuration: %w", err)
+		return nil, nil, "", fmt.Errorf("xds: invalid route configuration: %w", err)
 	}
-	version, err := contentVersion(rc)
+	var clusters []*clusterv3.Cluster
+	for _, r := range routes {
+		if len(r.Fallback) > 0 {
+			clusters = append(clusters, aggregateClusters(r)...)
+		}
+	}
+	slices.SortFunc(clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.Name, b.Name) })
+	msgs := []proto.Message{rc}
+	for _, c := range clusters {
+		if err := c.ValidateAll(); err != nil {
+			return nil, nil, "", fmt.Errorf("xds: invalid cluster %q: %w", c.Name, err)
+		}
+		msgs = append(msgs, c)
+	}
+	version, err := contentVersion(msgs...)
 	if err != nil {
-		return nil, "", err
+		return nil, nil, "", err
 	}
-	return rc, version, nil
+	return rc, clusters, version, nil
 }
 
-// contentVersion hashes the deterministic encoding of rc.
-func contentVersion(rc *routev3.RouteConfiguration) (string, error) {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(rc)
-	if err != nil {
-		return "", fmt.Errorf("xds: marshal: %w", err)
+// contentVersion hashes the deterministic encoding of msgs.
+func contentVersion(msgs ...proto.Message) (string, error) {
+	h := sha256.New()
+	for _, m := range msgs {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+		if err != nil {
+			return "", fmt.Errorf("xds: marshal: %w", err)
+		}
+		h.Write(b)
 	}
-	sum := sha256.Sum256(b)
-	return hex.EncodeToString(sum[:8]), nil
+	return hex.EncodeToString(h.Sum(nil)[:8]), nil
 }
 
-// consistent checks the snapshot holds exactly the one route
-// configuration Envoy's listeners ask for. The snapshot's own
-// Consistent() cannot be used: it requires every RDS resource to be
-// referenced by an LDS resource of the same snapshot, and the listeners
-// are not ours.
+// consistent checks the snapshot holds exactly the one route configuration
+// Envoy's listeners ask for, plus the aggregate clusters its routes name
+// and no others. The snapshot's own Consistent() cannot be used: it
+// requires every RDS resource to be referenced by an LDS resource of the
+// same snapshot, and the listeners are not ours.
 func consistent(snap *cache.Snapshot, name string) error {
 	for typ, res := range snap.Resources {
-		want := 0
-		if types.ResponseType(typ) == types.Route {
-			want = 1
-		}
-		if len(res.Items) != want {
-			return fmt.Errorf("xds: inconsistent snapshot: %d resources of type %d, want %d", len(res.Items), typ, want)
+		switch types.ResponseType(typ) {
+		case types.Route, types.Cluster:
+		default:
+			if len(res.Items) != 0 {
+				return fmt.Errorf("xds: inconsistent snapshot: unexpected resources of type %d", typ)
+			}
 		}
 	}
-	if _, ok := snap.GetResources(resource.RouteType)[name]; !ok {
-		return fmt.Errorf("xds: inconsistent snapshot: no route configuration %q", name)
+	routes := snap.GetResources(resource.RouteType)
+	rc, ok := routes[name].(*routev3.RouteConfiguration)
+	if !ok || len(routes) != 1 {
+		return fmt.Errorf("xds: inconsistent snapshot: want exactly route configuration %q, have %d", name, len(routes))
+	}
+	clusters := snap.GetResources(resource.ClusterType)
+	referenced := 0
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			for _, wc := range r.GetRoute().GetWeightedClusters().GetClusters() {
+				if !strings.HasPrefix(wc.GetName(), AggregatePrefix) {
+					continue
+				}
+				if _, ok := clusters[wc.GetName()]; !ok {
+					return fmt.Errorf("xds: inconsistent snapshot: route %q names cluster %q, which is missing", r.GetName(), wc.GetName())
+				}
+				referenced++
+			}
+		}
+	}
+	if referenced != len(clusters) {
+		return fmt.Errorf("xds: inconsistent snapshot: %d clusters, %d referenced", len(clusters), referenced)
 	}
 	return nil
 }
@@ -238,6 +289,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	)
 	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xs)
 	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
+	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
 
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()

@@ -1,0 +1,77 @@
+package extproc
+
+import (
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/encoding/prototext"
+)
+
+// Which pool served a request.
+//
+// Envoy reports the cluster the route picked (xds.cluster_name). For a
+// virtual model that falls back across pools that is an aggregate cluster
+// (see xds/server AggregateName) whose metadata lists its pools in the
+// order attempts try them: attempt k goes to the k-th pool (wrapping when
+// retries outnumber pools). Envoy hands the metadata over as the text
+// form of the Metadata proto.
+
+// Cluster metadata namespace and key written by infergate's xDS server.
+const (
+	poolsNamespace = "infergate"
+	poolsKey       = "pools"
+)
+
+// poolOrders caches parsed metadata by its text: a handful of aggregates
+// repeat on every request.
+var poolOrders struct {
+	sync.Mutex
+	m map[string][]string
+}
+
+// maxPoolOrders bounds the cache; it is cleared when full.
+const maxPoolOrders = 1024
+
+// poolOrder returns the pools listed in cluster metadata text, or nil.
+func poolOrder(metadataText string) []string {
+	if metadataText == "" || metadataText == "NULL" {
+		return nil
+	}
+	poolOrders.Lock()
+	defer poolOrders.Unlock()
+	if order, ok := poolOrders.m[metadataText]; ok {
+		return order
+	}
+	var md corev3.Metadata
+	var order []string
+	if prototext.Unmarshal([]byte(metadataText), &md) == nil {
+		for _, v := range md.GetFilterMetadata()[poolsNamespace].GetFields()[poolsKey].GetListValue().GetValues() {
+			if s := v.GetStringValue(); s != "" {
+				order = append(order, s)
+			}
+		}
+	}
+	if poolOrders.m == nil || len(poolOrders.m) >= maxPoolOrders {
+		poolOrders.m = make(map[string][]string)
+	}
+	poolOrders.m[metadataText] = order
+	return order
+}
+
+// servingPools returns the pools a request's attempts went to, in order;
+// the last one served the response. Without a pool order every attempt
+// went to the cluster itself.
+func servingPools(cluster, metadataText string, attempts int) []string {
+	order := poolOrder(metadataText)
+	if len(order) == 0 {
+		if cluster == "" {
+			return nil
+		}
+		order = []string{cluster}
+	}
+	tried := make([]string, max(attempts, 1))
+	for i := range tried {
+		tried[i] = order[i%len(order)]
+	}
+	return tried
+}

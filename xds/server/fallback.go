@@ -1,0 +1,116 @@
+package server
+
+import (
+	"slices"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
+	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// Fallback across pools.
+//
+// Envoy retries stay inside the cluster a weighted route picked, so a pool
+// answering 503 would be retried on itself. To retry on the next pool
+// instead, each weighted entry of a virtual model with a fallback order is
+// an aggregate cluster that lists its pool first and the others after it,
+// by priority: the aggregate's priority levels are the pools, all traffic
+// goes to level 0 while it is healthy, and the route's previous_priorities
+// retry policy sends attempt k to level k-1. The aggregates are served over
+// CDS next to the route configuration; the pools themselves stay the
+// operator's clusters.
+//
+// The meter sees the aggregate's name as the cluster that served the
+// request, so each aggregate carries its pool order as metadata, under
+// MetadataNamespace/PoolsKey, and the meter derives the pool each attempt
+// went to from upstream.request_attempt_count.
+
+// MetadataNamespace is the cluster metadata namespace infergate writes.
+const MetadataNamespace = "infergate"
+
+// PoolsKey holds an aggregate's pools in the order attempts try them.
+const PoolsKey = "pools"
+
+// AggregatePrefix starts the name of every aggregate cluster infergate serves.
+const AggregatePrefix = "infergate-fallback/"
+
+// AggregateName is the aggregate cluster of virtualModel that tries pool first.
+func AggregateName(virtualModel, pool string) string {
+	return AggregatePrefix + virtualModel + "/" + pool
+}
+
+// fallbackOrder is pool followed by the rest of order, which lists the
+// virtual model's pools by priority.
+func fallbackOrder(pool string, order []string) []string {
+	out := make([]string, 0, len(order))
+	out = append(out, pool)
+	for _, p := range order {
+		if p != pool {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// aggregateClusters builds the aggregate clusters r's route refers to.
+func aggregateClusters(r Route) []*clusterv3.Cluster {
+	pools := make([]string, 0, len(r.Weights))
+	for p := range r.Weights {
+		pools = append(pools, p)
+	}
+	slices.Sort(pools)
+	out := make([]*clusterv3.Cluster, 0, len(pools))
+	for _, p := range pools {
+		order := fallbackOrder(p, r.Fallback)
+		cfg := mustAny(&aggregatev3.ClusterConfig{Clusters: order})
+		values := make([]any, len(order))
+		for i, name := range order {
+			values[i] = name
+		}
+		md, err := structpb.NewStruct(map[string]any{PoolsKey: values})
+		if err != nil {
+			panic(err) // strings only: cannot fail
+		}
+		out = append(out, &clusterv3.Cluster{
+			Name:           AggregateName(r.VirtualModel, p),
+			ConnectTimeout: durationpb.New(connectTimeout),
+			LbPolicy:       clusterv3.Cluster_CLUSTER_PROVIDED,
+			ClusterDiscoveryType: &clusterv3.Cluster_ClusterType{ClusterType: &clusterv3.Cluster_CustomClusterType{
+				Name:        "envoy.clusters.aggregate",
+				TypedConfig: cfg,
+			}},
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}},
+		})
+	}
+	return out
+}
+
+// connectTimeout is required on every cluster; an aggregate never connects
+// (its pools do, with their own timeouts).
+const connectTimeout = 5 * time.Second
+
+var previousPriorities = mustAny(&previousprioritiesv3.PreviousPrioritiesConfig{UpdateFrequency: 1})
+
+// retryOnNextPool makes each retry skip the priority levels (pools) already
+// tried.
+func retryOnNextPool(p *routev3.RetryPolicy) {
+	p.RetryPriority = &routev3.RetryPolicy_RetryPriority{
+		Name:       "envoy.retry_priorities.previous_priorities",
+		ConfigType: &routev3.RetryPolicy_RetryPriority_TypedConfig{TypedConfig: previousPriorities},
+	}
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(err)
+	}
+	return a
+}
