@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"math"
 	"net"
@@ -52,6 +53,48 @@ func weights(t *testing.T, adminURL string) (a, b float64) {
 		}
 	}
 	return a, b
+}
+
+// envoyWeight is the weight Envoy's route for the virtual model gives the
+// cluster for pool (the aggregate that tries it first, or the pool itself),
+// from Envoy's config dump; -1 if absent.
+func envoyWeight(t *testing.T, adminURL, pool string) int {
+	t.Helper()
+	// With ?resource=: {"configs": [{"route_config": {...}}]}
+	type routeConfig struct {
+		VirtualHosts []struct {
+			Routes []struct {
+				Route struct {
+					WeightedClusters struct {
+						Clusters []struct {
+							Name   string `json:"name"`
+							Weight int    `json:"weight"`
+						} `json:"clusters"`
+					} `json:"weighted_clusters"`
+				} `json:"route"`
+			} `json:"routes"`
+		} `json:"virtual_hosts"`
+	}
+	var dump struct {
+		Configs []struct {
+			RouteConfig routeConfig `json:"route_config"`
+		} `json:"configs"`
+	}
+	if err := json.Unmarshal([]byte(get(t, adminURL+"/config_dump?resource=dynamic_route_configs")), &dump); err != nil {
+		t.Fatalf("config dump: %v", err)
+	}
+	for _, c := range dump.Configs {
+		for _, vh := range c.RouteConfig.VirtualHosts {
+			for _, r := range vh.Routes {
+				for _, wc := range r.Route.WeightedClusters.Clusters {
+					if wc.Name == pool || strings.HasSuffix(wc.Name, "/"+pool) {
+						return wc.Weight
+					}
+				}
+			}
+		}
+	}
+	return -1
 }
 
 // setTTFT degrades or restores a pool live.
@@ -110,6 +153,20 @@ func TestSLADegradeAndRecover(t *testing.T) {
 
 	setTTFT(t, s.PoolA, "400")
 	degraded := time.Now()
+	// The first shift, as infergate decided it and as Envoy applied it
+	// (its own config dump: the route's weighted clusters).
+	var decided, applied time.Duration
+	waitFor(t, 10*time.Second, func() bool {
+		if a, _ := sample(); a < 100 && decided == 0 {
+			decided = time.Since(degraded)
+		}
+		if w := envoyWeight(t, s.Envoy.AdminURL, "pool-a"); applied == 0 && w >= 0 && w < 100 {
+			applied = time.Since(degraded)
+		}
+		return decided > 0 && applied > 0
+	}, "the first weight shift")
+	t.Logf("first shift: decided %v, applied by Envoy %v after the primary slowed down (25 ms polling)",
+		decided.Round(time.Millisecond), applied.Round(time.Millisecond))
 	waitFor(t, 10*time.Second, func() bool { _, b := sample(); return b >= 98 }, "traffic to move to the backup")
 	shifted := time.Now()
 	t.Logf("moved to the backup %v after the primary slowed down", shifted.Sub(degraded).Round(time.Millisecond))
