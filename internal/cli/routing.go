@@ -21,6 +21,7 @@ import (
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/feed"
+	"github.com/infergate/infergate/xds/loadsignal"
 	"github.com/infergate/infergate/xds/server"
 )
 
@@ -52,7 +53,7 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter, store 
 	for i, vm := range cfg.VirtualModels {
 		m := controller.VirtualModel{
 			Name: vm.Name,
-			SLA:  controller.SLA{TTFTP95: vm.SLA.TTFTP95, ITLP95: vm.SLA.ITLP95, ErrorRate: vm.SLA.ErrorRate},
+			SLA:  controller.SLA{TTFTP95: vm.SLA.TTFTP95, ITLP95: vm.SLA.ITLP95, ErrorRate: vm.SLA.ErrorRate, QueueDepth: vm.SLA.QueueDepth},
 			Tuning: controller.Tuning{Window: vm.Tuning.Window, MinSamples: vm.Tuning.MinSamples, Interval: vm.Tuning.Interval,
 				Step: vm.Tuning.Step, Hysteresis: vm.Tuning.Hysteresis, Cooldown: vm.Tuning.Cooldown,
 				ProbeWeight: vm.Tuning.ProbeWeight, PrefillPerToken: vm.Tuning.PrefillPerToken}.WithDefaults(),
@@ -193,8 +194,52 @@ func (r *routing) push() (string, error) {
 	return r.xds.SetRoutes(routes)
 }
 
+// scrapeLoads reads each pool's model-server metrics every interval and
+// reports the load to the controller, until ctx is done. A pool whose
+// scrape fails keeps its last load until it ages out of the window.
+func (r *routing) scrapeLoads(ctx context.Context) {
+	targets := map[string][]string{}
+	for _, vm := range r.cfg {
+		for _, p := range vm.Pools {
+			if len(p.Metrics) > 0 {
+				targets[p.Cluster] = p.Metrics
+			}
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	client := &http.Client{Timeout: max(r.interval, time.Second)}
+	failing := map[string]bool{}
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		for pool, urls := range targets {
+			l, err := loadsignal.Scrape(ctx, client, urls)
+			if err != nil {
+				if !failing[pool] && ctx.Err() == nil {
+					r.log.Warn("pool metrics scrape failing; its queue depth is not judged until it recovers", "pool", pool, "err", err)
+				}
+				failing[pool] = true
+				continue
+			}
+			if failing[pool] {
+				r.log.Info("pool metrics scrape recovered", "pool", pool)
+			}
+			failing[pool] = false
+			r.ctrl.ObserveLoad(pool, controller.Load{At: l.At, Waiting: l.Waiting, KVCacheUsage: l.KVCacheUsage})
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // run ticks the controller until ctx is done.
 func (r *routing) run(ctx context.Context) {
+	go r.scrapeLoads(ctx)
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
@@ -242,10 +287,10 @@ td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4
 .bad{color:#b00;font-weight:600}.ok{color:#070}</style></head><body>
 <h1>SLA controller</h1>
 {{range .}}<h2>{{.Name}}</h2>
-<p>SLA: excess TTFT p95 &le; {{ms .SLA.TTFTP95}}, ITL p95 &le; {{ms .SLA.ITLP95}}, error rate &le; {{pct .SLA.ErrorRate}} (0 = off)</p>
-<table><tr><th class="l">pool</th><th>weight</th><th>samples</th><th>excess TTFT p95</th><th>TTFT p95</th><th>ITL p95</th><th>errors</th><th>slope/token</th><th class="l">state</th></tr>
+<p>SLA: excess TTFT p95 &le; {{ms .SLA.TTFTP95}}, ITL p95 &le; {{ms .SLA.ITLP95}}, error rate &le; {{pct .SLA.ErrorRate}}, queue depth &le; {{.SLA.QueueDepth}} (0 = off)</p>
+<table><tr><th class="l">pool</th><th>weight</th><th>samples</th><th>excess TTFT p95</th><th>TTFT p95</th><th>ITL p95</th><th>errors</th><th>queue</th><th>KV cache</th><th>slope/token</th><th class="l">state</th></tr>
 {{$pools := .Pools}}{{range $p := sorted .Weights}}{{$s := index $pools $p}}<tr><td class="l">{{$p}}</td><td>{{index $.Weights $p}}</td>
-<td>{{$s.Samples}}</td><td>{{ms $s.ExcessTTFTP95}}</td><td>{{ms $s.TTFTP95}}</td><td>{{ms $s.ITLP95}}</td><td>{{pct $s.ErrorRate}}</td><td>{{ms $s.Slope}}</td>
+<td>{{$s.Samples}}</td><td>{{ms $s.ExcessTTFTP95}}</td><td>{{ms $s.TTFTP95}}</td><td>{{ms $s.ITLP95}}</td><td>{{pct $s.ErrorRate}}</td><td>{{if ge $s.QueueDepth 0.0}}{{$s.QueueDepth}}{{else}}-{{end}}</td><td>{{if ge $s.KVCacheUsage 0.0}}{{pct $s.KVCacheUsage}}{{else}}-{{end}}</td><td>{{ms $s.Slope}}</td>
 <td class="l {{if $s.Breached}}bad{{else if $s.Healthy}}ok{{end}}">{{if $s.Breached}}breached{{else if $s.Healthy}}healthy{{else}}unknown{{end}} {{$s.Why}}</td></tr>{{end}}</table>
 <table><tr><th class="l">time</th><th class="l">weights</th><th class="l">why</th></tr>
 {{range .History}}<tr><td class="l">{{.At.Format "15:04:05"}}</td><td class="l">{{.From}} &rarr; {{.To}}</td><td class="l">{{.Reason}}</td></tr>{{else}}<tr><td class="l" colspan="3">no changes yet</td></tr>{{end}}</table>

@@ -54,6 +54,10 @@ type VirtualModel struct {
 type PoolRef struct {
 	Cluster  string `yaml:"cluster"`
 	Priority int    `yaml:"priority"`
+	// Metrics are the pool's model servers' Prometheus endpoints
+	// (vLLM-style /metrics), scraped every interval for queue depth and
+	// KV-cache usage; optional.
+	Metrics []string `yaml:"metrics"`
 }
 
 // SLA thresholds; a zero value disables that check.
@@ -63,6 +67,9 @@ type SLA struct {
 	TTFTP95   time.Duration `yaml:"ttftP95"`
 	ITLP95    time.Duration `yaml:"itlP95"`
 	ErrorRate float64       `yaml:"errorRate"`
+	// QueueDepth bounds the requests waiting at a pool's model servers
+	// (needs pools[].metrics).
+	QueueDepth float64 `yaml:"queueDepth"`
 }
 
 // Tuning of the weight controller; zero values take the defaults.
@@ -365,9 +372,22 @@ func (c *Config) validate() error {
 			check(!clusters[p.Cluster], fmt.Sprintf("%s.pools.%d.cluster", at, j), "%q is listed twice", p.Cluster)
 			clusters[p.Cluster] = true
 			check(p.Priority >= 0, fmt.Sprintf("%s.pools.%d.priority", at, j), "must be 0 (primary) or more, got %d", p.Priority)
+			for _, m := range p.Metrics {
+				u, err := url.Parse(m)
+				check(err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "",
+					fmt.Sprintf("%s.pools.%d.metrics", at, j), "%q must be an http(s) URL", m)
+			}
 		}
 		check(vm.SLA.TTFTP95 >= 0 && vm.SLA.ITLP95 >= 0, at+".sla", "durations must not be negative")
 		check(vm.SLA.ErrorRate >= 0 && vm.SLA.ErrorRate <= 1, at+".sla.errorRate", "must be between 0 and 1, got %v", vm.SLA.ErrorRate)
+		check(vm.SLA.QueueDepth >= 0, at+".sla.queueDepth", "must not be negative")
+		if vm.SLA.QueueDepth > 0 {
+			scraped := false
+			for _, p := range vm.Pools {
+				scraped = scraped || len(p.Metrics) > 0
+			}
+			check(scraped, at+".sla.queueDepth", "needs pools[].metrics to read the queue from")
+		}
 		t := vm.Tuning
 		check(t.Window >= 0 && t.Interval >= 0 && t.Cooldown >= 0 && t.PrefillPerToken >= 0, at+".tuning", "durations must not be negative")
 		check(t.MinSamples >= 0, at+".tuning.minSamples", "must not be negative")

@@ -98,6 +98,7 @@ func TestDefaultFileSetsEveryKey(t *testing.T) {
 }
 
 func TestValidFile(t *testing.T) {
+	yes := true
 	want := &Config{
 		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512},
 		Admin:   Admin{Listen: "[::1]:9191"},
@@ -119,11 +120,11 @@ func TestValidFile(t *testing.T) {
 		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
 		VirtualModels: []VirtualModel{{
 			Name:  "llama-3-70b",
-			Pools: []PoolRef{{Cluster: "pool-a", Priority: 0}, {Cluster: "pool-b", Priority: 1}},
-			SLA:   SLA{TTFTP95: 300 * time.Millisecond, ITLP95: 50 * time.Millisecond, ErrorRate: 0.05},
+			Pools: []PoolRef{{Cluster: "pool-a", Priority: 0, Metrics: []string{"http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics"}}, {Cluster: "pool-b", Priority: 1}},
+			SLA:   SLA{TTFTP95: 300 * time.Millisecond, ITLP95: 50 * time.Millisecond, ErrorRate: 0.05, QueueDepth: 16},
 			Tuning: Tuning{Window: 20 * time.Second, MinSamples: 10, Interval: 2 * time.Second, Step: 20, Hysteresis: 0.3,
 				Cooldown: 10 * time.Second, ProbeWeight: 2, PrefillPerToken: time.Millisecond},
-			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}},
+			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}, AcrossPools: &yes},
 		}},
 		XDS: XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm"},
 		Log: Log{Level: "debug", Format: "text", Requests: ptr(false)},

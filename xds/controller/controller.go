@@ -22,6 +22,10 @@ type SLA struct {
 	TTFTP95   time.Duration `json:"ttft_p95_ns"` // p95 of excess TTFT (see the package comment)
 	ITLP95    time.Duration `json:"itl_p95_ns"`  // p95 of per-request ITL p95
 	ErrorRate float64       `json:"error_rate"`  // fraction of requests (and failed attempts) with status >= 500 or 429
+	// QueueDepth bounds the requests waiting at the pool's model servers
+	// (vLLM's num_requests_waiting, summed over endpoints), when the pool's
+	// load is reported with ObserveLoad.
+	QueueDepth float64 `json:"queue_depth"`
 }
 
 // NoProbe, as Tuning.ProbeWeight, lets a breached pool be drained to 0
@@ -204,9 +208,13 @@ type PoolStats struct {
 	ITLP95        time.Duration `json:"itl_p95_ns"`
 	ErrorRate     float64       `json:"error_rate"`
 	Slope         time.Duration `json:"slope_ns_per_token"` // learned TTFT per prompt token
-	Breached      bool          `json:"breached"`
-	Healthy       bool          `json:"healthy"` // below thresholds with hysteresis
-	Why           string        `json:"why"`     // e.g. "excess TTFT p95 412ms > SLA 300ms"
+	// QueueDepth and KVCacheUsage are the latest load reported for the
+	// pool (-1: none within the window).
+	QueueDepth   float64 `json:"queue_depth"`
+	KVCacheUsage float64 `json:"kv_cache_usage"`
+	Breached     bool    `json:"breached"`
+	Healthy      bool    `json:"healthy"` // below thresholds with hysteresis
+	Why          string  `json:"why"`     // e.g. "excess TTFT p95 412ms > SLA 300ms"
 }
 
 // ModelState is a snapshot of one virtual model, for debug pages and metrics.
@@ -236,6 +244,7 @@ type poolState struct {
 	// the slow window that drained it.
 	judgeFrom time.Time
 	stats     PoolStats
+	load      Load // latest ObserveLoad
 }
 
 func (p *poolState) add(s sample) {
@@ -360,6 +369,28 @@ func (c *Controller) Observe(o Observation) {
 		return
 	}
 	m.pools[i].add(s)
+}
+
+// Load is a pool's model servers' own view of their load.
+type Load struct {
+	At           time.Time
+	Waiting      float64 // requests queued for a batch slot, all endpoints
+	KVCacheUsage float64 // 0..1, mean over endpoints
+}
+
+// ObserveLoad records the latest load of pool, for every virtual model it
+// serves. A load older than the window is not judged.
+func (c *Controller) ObserveLoad(pool string, l Load) {
+	if l.At.IsZero() {
+		l.At = c.now()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.models {
+		if i, ok := m.byPool[pool]; ok {
+			m.pools[i].load = l
+		}
+	}
 }
 
 // Tick runs one decision step for every virtual model and returns the
@@ -605,8 +636,17 @@ func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolS
 	if st.Samples > 0 {
 		st.ErrorRate = float64(failed) / float64(st.Samples)
 	}
+	st.QueueDepth, st.KVCacheUsage = -1, -1
+	if !p.load.At.IsZero() && p.load.At.UnixNano() >= cut {
+		st.QueueDepth, st.KVCacheUsage = p.load.Waiting, p.load.KVCacheUsage
+	}
 	if st.Samples < t.MinSamples {
 		st.Why = fmt.Sprintf("unknown: %d samples in %s < MinSamples %d", st.Samples, t.Window, t.MinSamples)
+		// A queueing pool finishes few requests: its queue speaks for it.
+		if sla.QueueDepth > 0 && st.QueueDepth > sla.QueueDepth {
+			st.Breached = true
+			st.Why = fmt.Sprintf("queue depth %.0f > SLA %.0f (%d samples)", st.QueueDepth, sla.QueueDepth, st.Samples)
+		}
 		return st
 	}
 
@@ -627,6 +667,9 @@ func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolS
 	}
 	if sla.ErrorRate > 0 {
 		ms = append(ms, metric{"error rate", st.ErrorRate, sla.ErrorRate, pct})
+	}
+	if sla.QueueDepth > 0 && st.QueueDepth >= 0 {
+		ms = append(ms, metric{"queue depth", st.QueueDepth, sla.QueueDepth, func(v float64) string { return fmt.Sprintf("%.0f", v) }})
 	}
 	var breached, band, fine []string
 	for _, m := range ms {

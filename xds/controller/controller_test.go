@@ -771,3 +771,31 @@ func TestRestore(t *testing.T) {
 		t.Error("unknown virtual model accepted")
 	}
 }
+
+// A pool whose model servers report a queue beyond the SLA is drained even
+// before its latency shows it, and even with too few finished requests to
+// judge; a stale load report is not judged.
+func TestQueueDepth(t *testing.T) {
+	vm := twoPools(Tuning{})
+	vm.SLA.QueueDepth = 8
+	s := newSim(t, vm)
+	s.run(12)
+	s.c.ObserveLoad("primary", Load{At: s.now, Waiting: 3, KVCacheUsage: 0.5})
+	if ds := s.step(); len(ds) != 0 {
+		t.Fatalf("queue 3 under SLA 8 moved weights: %v", ds[0].Reason)
+	}
+	if st := s.stats("primary"); st.QueueDepth != 3 || st.KVCacheUsage != 0.5 || !st.Healthy {
+		t.Errorf("stats %+v", st)
+	}
+	s.perTick = 1 // too few samples to judge latency
+	s.c.ObserveLoad("primary", Load{At: s.now, Waiting: 40})
+	ds := s.step()
+	if len(ds) != 1 || !strings.Contains(ds[0].Reason, "queue depth 40 > SLA 8") {
+		t.Fatalf("decisions %v", ds)
+	}
+	// The report ages out of the window: no longer judged.
+	s.run(20)
+	if st := s.stats("primary"); st.QueueDepth != -1 || st.Breached {
+		t.Errorf("stale load still judged: %+v", st)
+	}
+}
