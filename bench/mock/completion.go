@@ -75,19 +75,29 @@ func parseRequest(body []byte) (request, *requestError) {
 	return req, nil
 }
 
-// params are the cadence settings for one request: the server config with
-// any x-mock-* header overrides applied.
+// params are the cadence and fault settings for one request: the server
+// config and faults with any x-mock-* header overrides applied.
 type params struct {
 	ttft           time.Duration
 	itl            time.Duration
 	tokensPerEvent int
 	tokens         int // output tokens forced by x-mock-tokens; 0 = from the request
 	status         int // status injected by x-mock-status; 0 = complete normally
+	retryAfter     time.Duration
+	faults         streamFaults
+	emitTimestamps bool
 }
 
 func (s *Server) parseParams(h http.Header) (params, error) {
-	cfg := s.cfg.Load()
-	p := params{ttft: cfg.TTFT, itl: cfg.ITL, tokensPerEvent: cfg.TokensPerEvent}
+	cfg, f := s.cfg.Load(), s.faults.Load()
+	p := params{
+		ttft: cfg.TTFT, itl: cfg.ITL, tokensPerEvent: cfg.TokensPerEvent,
+		retryAfter: f.RetryAfter, emitTimestamps: cfg.EmitTimestamps,
+		faults: streamFaults{
+			stallAfter: f.StallAfter, stall: f.Stall,
+			resetAfter: f.ResetAfter, malformedAfter: f.MalformedAfter,
+		},
+	}
 	if v, ok, err := intHeader(h, "x-mock-ttft-ms", 0, maxOverrideMillis); err != nil {
 		return p, err
 	} else if ok {
@@ -112,6 +122,39 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 		return p, err
 	} else if ok {
 		p.status = v
+	}
+	if v, ok, err := intHeader(h, "x-mock-retry-after-ms", 0, maxOverrideMillis); err != nil {
+		return p, err
+	} else if ok {
+		p.retryAfter = time.Duration(v) * time.Millisecond
+	}
+	if v, ok, err := intHeader(h, "x-mock-stall-ms", 0, maxOverrideMillis); err != nil {
+		return p, err
+	} else if ok {
+		p.faults.stall = time.Duration(v) * time.Millisecond
+	}
+	// Token positions accept 0 so that a request can opt out of a fault
+	// set for the whole server.
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{
+		{"x-mock-stall-after", &p.faults.stallAfter},
+		{"x-mock-reset-after", &p.faults.resetAfter},
+		{"x-mock-malformed-after", &p.faults.malformedAfter},
+	} {
+		if v, ok, err := intHeader(h, f.name, 0, maxOutputTokens); err != nil {
+			return p, err
+		} else if ok {
+			*f.dst = v
+		}
+	}
+	if raw := h.Get("x-mock-emit-timestamps"); raw != "" {
+		v, err := strconv.ParseBool(strings.TrimSpace(raw))
+		if err != nil {
+			return p, fmt.Errorf("invalid x-mock-emit-timestamps header %q: want 1 or 0", raw)
+		}
+		p.emitTimestamps = v
 	}
 	return p, nil
 }
@@ -142,6 +185,14 @@ type completion struct {
 	includeUsage   bool
 	wordSeed       uint64
 	sched          schedule
+
+	// Capacity model and faults; see start and Server.play.
+	ttft           time.Duration
+	perToken       time.Duration // prefill per uncached prompt token
+	itlPerBatch    time.Duration
+	blocks         []uint64 // prefix cache keys; nil when the cache is off
+	faults         streamFaults
+	emitTimestamps bool
 }
 
 func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*completion, *requestError) {
@@ -159,22 +210,26 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 	}
 
 	var (
-		input  any
-		prompt int
-		ok     bool
+		input any
+		words []string
+		ok    bool
 	)
 	if k == kindChat {
-		input, prompt, ok = messagesInput(req.Messages)
+		input, words, ok = messagesInput(req.Messages)
 		if !ok {
 			return nil, &requestError{"invalid_messages", "messages must be an array of message objects"}
 		}
 	} else {
-		input, prompt, ok = promptInput(req.Prompt)
+		input, words, ok = promptInput(req.Prompt)
 		if !ok {
 			return nil, &requestError{"invalid_prompt", "prompt must be a string, an array of strings or an array of token ids"}
 		}
 	}
-	prompt = max(prompt, 1)
+	prompt := max(len(words), 1)
+	var blocks []uint64
+	if cfg.PrefixCacheTokens > 0 {
+		blocks = blockHashes(req.Model, words)
+	}
 
 	sum := digest(k, req.Model, input, output)
 	first := t0.Add(p.ttft + time.Duration(prompt)*cfg.TTFTPerPromptToken)
@@ -195,7 +250,27 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 			jitter: cfg.Jitter,
 			seed:   binary.BigEndian.Uint64(sum[16:24]),
 		},
+		ttft:           p.ttft,
+		perToken:       cfg.TTFTPerPromptToken,
+		itlPerBatch:    cfg.ITLPerBatch,
+		blocks:         blocks,
+		faults:         p.faults,
+		emitTimestamps: p.emitTimestamps,
 	}, nil
+}
+
+// start anchors the schedule at the request's admission into the batch,
+// with cached prompt tokens skipping prefill. Admitted on arrival with
+// nothing cached, the schedule is the one newCompletion set.
+func (c *completion) start(admitted time.Time, cached int) {
+	c.sched.t0 = admitted
+	uncached := max(c.promptTokens-cached, 1)
+	c.sched.first = admitted.Add(c.ttft + time.Duration(uncached)*c.perToken)
+}
+
+// itl is the gap before the next content event with b requests running.
+func (c *completion) itl(b int64) time.Duration {
+	return c.sched.itl + time.Duration(max(b-1, 0))*c.itlPerBatch
 }
 
 // events is the number of content events; the last may carry fewer than
@@ -226,76 +301,79 @@ func digest(k kind, model string, input any, outputTokens int) [32]byte {
 	return sha256.Sum256(b)
 }
 
-// messagesInput canonicalizes chat messages and counts their prompt words.
-func messagesInput(raw json.RawMessage) (canonical any, words int, ok bool) {
+// messagesInput canonicalizes chat messages and returns their prompt words,
+// the mock's prompt tokens.
+func messagesInput(raw json.RawMessage) (canonical any, words []string, ok bool) {
 	if !isPresent(raw) {
-		return nil, 0, true
+		return nil, nil, true
 	}
 	var msgs []struct {
 		Content json.RawMessage `json:"content"`
 	}
 	if err := json.Unmarshal(raw, &msgs); err != nil {
-		return nil, 0, false
+		return nil, nil, false
 	}
 	for _, m := range msgs {
-		words += contentWords(m.Content)
+		words = appendContentWords(words, m.Content)
 	}
 	if err := json.Unmarshal(raw, &canonical); err != nil {
-		return nil, 0, false
+		return nil, nil, false
 	}
 	return canonical, words, true
 }
 
-// contentWords counts words in a message content that is either a string or
-// an array of parts; only text parts count, other part types and shapes are
-// ignored rather than rejected, as the mock has no use for them.
-func contentWords(raw json.RawMessage) int {
+// appendContentWords appends the words of a message content that is either
+// a string or an array of parts; only text parts count, other part types and
+// shapes are ignored rather than rejected, as the mock has no use for them.
+func appendContentWords(words []string, raw json.RawMessage) []string {
 	if !isPresent(raw) {
-		return 0
+		return words
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return len(strings.Fields(s))
+		return append(words, strings.Fields(s)...)
 	}
 	var parts []struct {
 		Type string `json:"type"`
 		Text string `json:"text"`
 	}
 	if json.Unmarshal(raw, &parts) != nil {
-		return 0
+		return words
 	}
-	n := 0
 	for _, p := range parts {
 		if p.Type == "text" {
-			n += len(strings.Fields(p.Text))
+			words = append(words, strings.Fields(p.Text)...)
 		}
 	}
-	return n
+	return words
 }
 
-// promptInput canonicalizes a legacy completions prompt and counts its
-// tokens: words for text prompts, one per id for pre-tokenized prompts.
-func promptInput(raw json.RawMessage) (canonical any, tokens int, ok bool) {
+// promptInput canonicalizes a legacy completions prompt and returns its
+// tokens: words for text prompts, the ids themselves for pre-tokenized ones.
+func promptInput(raw json.RawMessage) (canonical any, tokens []string, ok bool) {
 	if !isPresent(raw) {
-		return nil, 0, true
+		return nil, nil, true
 	}
 	var s string
 	var ss []string
 	var ids []int64
 	switch {
 	case json.Unmarshal(raw, &s) == nil:
-		tokens = len(strings.Fields(s))
+		tokens = strings.Fields(s)
 	case json.Unmarshal(raw, &ss) == nil:
 		for _, p := range ss {
-			tokens += len(strings.Fields(p))
+			tokens = append(tokens, strings.Fields(p)...)
 		}
 	case json.Unmarshal(raw, &ids) == nil:
-		tokens = len(ids)
+		tokens = make([]string, len(ids))
+		for i, id := range ids {
+			tokens[i] = strconv.FormatInt(id, 10)
+		}
 	default:
-		return nil, 0, false
+		return nil, nil, false
 	}
 	if err := json.Unmarshal(raw, &canonical); err != nil {
-		return nil, 0, false
+		return nil, nil, false
 	}
 	return canonical, tokens, true
 }
@@ -317,12 +395,17 @@ type schedule struct {
 }
 
 func (s schedule) deadline(k int) time.Time {
-	d := s.first.Add(time.Duration(k) * s.itl)
+	return s.jittered(k, s.first.Add(time.Duration(k)*s.itl))
+}
+
+// jittered applies event k's jitter to its un-jittered deadline d.
+func (s schedule) jittered(k int, d time.Time) time.Time {
 	if s.jitter <= 0 {
 		return d
 	}
-	// Random access by k (rather than one sequential PRNG) lets the
-	// non-streaming path compute the last deadline directly.
+	// Random access by k (rather than one sequential PRNG) keeps event k's
+	// jitter a pure function of the request, whichever events the caller
+	// visited before (the non-streaming path skips to the last one).
 	r := (&splitMix64{state: s.seed + uint64(k)*splitMixGamma}).next()
 	d = d.Add(time.Duration(r%uint64(2*s.jitter+1)) - s.jitter)
 	if d.Before(s.t0) {

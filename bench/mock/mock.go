@@ -1,11 +1,65 @@
 // Package mock implements an OpenAI-compatible mock LLM upstream that emits
-// tokens on a fixed, drift-free cadence.
+// tokens on a fixed, drift-free cadence and, when asked, behaves like a GPU
+// inference pool: a bounded batch, a waiting queue and a prefix cache.
 //
 // Response bytes are a pure function of the request's semantic content
 // (model, messages or prompt, and output length), so end-to-end tests can
 // compare bodies byte for byte across gateway paths. Events are scheduled on
 // absolute deadlines, and the mock exports its own achieved-cadence error, so
-// benchmarks can separate mock lateness from gateway overhead.
+// benchmarks can separate mock lateness from gateway overhead. Everything
+// below is off by default and changes timing or faults, never the content.
+//
+// # Capacity model
+//
+// Prompt tokens are the prompt's whitespace-separated words (or token ids).
+// At most MaxBatch requests run at once (0: no limit); later ones wait in a
+// FIFO queue, and beyond MaxQueue waiting ones are refused with 429 and a
+// Retry-After. For a request admitted into the batch at time a:
+//
+//	first token  = a + TTFT + TTFTPerPromptToken·uncached
+//	next token   = previous deadline + ITL(b),  ITL(b) = ITL + ITLPerBatch·(b−1)
+//
+// where uncached is the prompt minus its leading blocks found in the prefix
+// cache (at least 1), and b is the number of requests running when the
+// previous token left, so ITL follows the batch as it changes. The prefix
+// cache (PrefixCacheTokens > 0) is an LRU of 16-token blocks, each keyed by a
+// hash of the whole prompt up to it; a request's blocks are cached when it
+// is admitted. With N output tokens a request holds its slot for
+// S(b) = TTFT + prefill + (N−1)·ITL(b). So in a closed-loop sweep at
+// concurrency C with B = MaxBatch: up to C = B nothing waits, TTFT is flat and
+// ITL grows by ITLPerBatch per request; beyond B, C−B requests queue,
+// throughput stays at B·N/S(B) tokens/s and latency grows as C/B·S(B). The
+// knee of a TTFT SLO is therefore at C ≈ B; an ITL SLO breaks earlier if
+// ITL(C) crosses it first, at C ≈ 1 + (SLO−ITL)/ITLPerBatch.
+//
+// /metrics reports the model's measured state under vLLM's names:
+// vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc (tokens held by running requests, prompt plus
+// output so far, over KVCacheTokens; reported, not enforced), and
+// vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total in tokens.
+//
+// # Faults
+//
+// Faults (server-wide, also settable through /mock/control) and x-mock-*
+// request headers inject an evenly spread error rate (429s carry
+// Retry-After), a stall after output token k, a connection abort after token
+// k (the client sees a truncated body, never a clean end), and one event with
+// truncated JSON after token k.
+//
+// # Emit timestamps
+//
+// With EmitTimestamps, or the request header x-mock-emit-timestamps: 1, every
+// SSE event is preceded, in the same write, by a comment line:
+//
+//	: t=1767225600123456789 seq=0
+//	data: {"id":"chatcmpl-…",…}
+//
+// t is the mock's wall clock, in Unix nanoseconds, just before the event was
+// written; seq numbers the stream's events from 0 (role, content, finish,
+// usage and [DONE] alike). SSE clients, the OpenAI SDKs included, ignore
+// comment lines, and dropping them gives back the unstamped stream exactly.
+// A client on the same clock gets each event's transit time, and events that
+// arrive together despite distinct stamps reveal coalescing on the way.
 package mock
 
 import (
@@ -31,6 +85,7 @@ const (
 	defaultITL            = 20 * time.Millisecond
 	defaultTokensPerEvent = 1
 	defaultMaxTokens      = 64
+	defaultKVCacheTokens  = 1 << 16
 )
 
 // maxBodyBytes bounds request bodies; prompts in tests and benchmarks are far
@@ -46,10 +101,20 @@ type Config struct {
 	TokensPerEvent     int           // tokens carried per content event (default 1)
 	Jitter             time.Duration // uniform ±jitter added to each deadline (deterministic per request, default 0)
 	MaxTokens          int           // output tokens when the request sets no max_tokens / max_completion_tokens (default 64)
+	EmitTimestamps     bool          // precede each SSE event with a ": t=<unix ns> seq=<n>" comment
+
+	// Capacity model (see the package doc); the zero values turn it off.
+	// TTFTPerPromptToken is its prefill cost per uncached prompt token.
+	MaxBatch          int           // requests running at once; more wait in a FIFO queue (0: no limit)
+	MaxQueue          int           // requests waiting at most, beyond which they get 429 (0: no limit; negative: none may wait)
+	ITLPerBatch       time.Duration // ITL added per other running request
+	KVCacheTokens     int           // KV capacity behind vllm:kv_cache_usage_perc (default 65536 when normalized)
+	PrefixCacheTokens int           // prefix cache capacity in tokens, in 16-token blocks (0: off)
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
-// Jitter and TTFTPerPromptToken default to zero and are left alone.
+// Jitter, TTFTPerPromptToken and the capacity model default to zero (off)
+// and are left alone.
 //
 // Because zero means "use the default", a caller wanting no delay at all
 // passes a negative TTFT or ITL (New treats negative durations as zero) or
@@ -85,6 +150,13 @@ func (c Config) normalized() Config {
 		c.MaxTokens = defaultMaxTokens
 	}
 	c.MaxTokens = min(c.MaxTokens, maxOutputTokens)
+	c.MaxBatch = max(c.MaxBatch, 0)
+	c.MaxQueue = max(c.MaxQueue, -1)
+	c.ITLPerBatch = max(c.ITLPerBatch, 0)
+	if c.KVCacheTokens <= 0 {
+		c.KVCacheTokens = defaultKVCacheTokens
+	}
+	c.PrefixCacheTokens = max(c.PrefixCacheTokens, 0)
 	return c
 }
 
@@ -94,6 +166,7 @@ type Server struct {
 	cfg     atomic.Pointer[Config] // swapped at runtime through /mock/control
 	faults  atomic.Pointer[Faults]
 	faultN  atomic.Int64 // completion requests seen by the fault injector
+	engine  engine
 	logger  *slog.Logger
 	metrics *metrics
 	handler http.Handler
@@ -110,10 +183,8 @@ func New(cfg Config, logger *slog.Logger) *Server {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{
-		logger:  logger,
-		metrics: newMetrics(),
-	}
+	s := &Server{logger: logger}
+	s.metrics = newMetrics(s)
 	s.SetConfig(cfg)
 	s.faults.Store(&Faults{})
 	s.handler = s.routes()
@@ -187,18 +258,31 @@ func handleModels(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) completionHandler(k kind) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		code, stream := s.serveCompletion(w, r, k)
+		code, stream, err := s.serveCompletion(w, r, k)
 		s.metrics.requests.WithLabelValues(k.label(), strconv.FormatBool(stream), strconv.Itoa(code)).Inc()
+		if errors.Is(err, errAbort) {
+			// The server then drops the connection without ending the
+			// body (no last chunk on HTTP/1.1, RST_STREAM on HTTP/2).
+			panic(http.ErrAbortHandler)
+		}
 	})
 }
 
-// statusClientClosed is recorded (never sent) when a non-streaming client
-// leaves before its response is due; it follows the nginx convention.
-const statusClientClosed = 499
+// errAbort asks the handler to abort the connection (the reset fault).
+var errAbort = errors.New("mock: injected connection reset")
+
+// Statuses recorded, never sent, following the nginx conventions: a
+// non-streaming client left before its response was due, or the reset fault
+// dropped a non-streaming request without a response.
+const (
+	statusClientClosed = 499
+	statusNoResponse   = 444
+)
 
 // serveCompletion handles one completion request and reports the status it
-// produced and whether the request asked to stream, for the request counter.
-func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind) (code int, stream bool) {
+// produced and whether the request asked to stream, for the request counter,
+// and errAbort when the connection must be cut.
+func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind) (code int, stream bool, err error) {
 	body, readErr := readBody(w, r)
 	// t0 is taken after the body is read so that the configured TTFT is
 	// measured from the moment the mock could start work, independent of how
@@ -210,39 +294,59 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 	if readErr != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(readErr, &tooLarge) {
-			return writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", readErr.Error()), false
+			return writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", readErr.Error()), false, nil
 		}
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading request body: "+readErr.Error()), false
+		return writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading request body: "+readErr.Error()), false, nil
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		return writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed",
-			"method "+r.Method+" not allowed on "+r.URL.Path), false
+			"method "+r.Method+" not allowed on "+r.URL.Path), false, nil
 	}
 	p, err := s.parseParams(r.Header)
 	if err != nil {
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_header", err.Error()), false
+		return writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_header", err.Error()), false, nil
 	}
 	req, apiErr := parseRequest(body)
 	if apiErr != nil {
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream
+		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream, nil
 	}
 	if p.status == 0 {
 		p.status = s.injectFault()
 	}
 	if p.status != 0 {
 		typ, code := injectedErrorKind(p.status)
-		return writeError(w, p.status, typ, code, "mock: injected status "+strconv.Itoa(p.status)), req.Stream
+		setRetryAfter(w.Header(), p.status, p.retryAfter)
+		return writeError(w, p.status, typ, code, "mock: injected status "+strconv.Itoa(p.status)), req.Stream, nil
 	}
 	c, apiErr := newCompletion(k, req, p, *s.cfg.Load(), t0)
 	if apiErr != nil {
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream
+		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream, nil
 	}
+	t, err := s.engine.admit(t0)
+	if err != nil {
+		setRetryAfter(w.Header(), http.StatusTooManyRequests, p.retryAfter)
+		return writeError(w, http.StatusTooManyRequests, typeRateLimit, "queue_full",
+			"mock: the waiting queue is full, retry later"), req.Stream, nil
+	}
+	defer t.release()
 	if req.Stream {
-		s.stream(r.Context(), w, c)
-		return http.StatusOK, true
+		return http.StatusOK, true, s.stream(r.Context(), w, c, t)
 	}
-	return s.complete(r.Context(), w, c), false
+	code, err = s.complete(r.Context(), w, c, t)
+	return code, false, err
+}
+
+// setRetryAfter sets Retry-After on an error response: always on a 429
+// (1s unless configured), on other statuses only when configured.
+func setRetryAfter(h http.Header, status int, d time.Duration) {
+	if d <= 0 {
+		if status != http.StatusTooManyRequests {
+			return
+		}
+		d = time.Second
+	}
+	h.Set("Retry-After", strconv.FormatInt(int64((d+time.Second-1)/time.Second), 10))
 }
 
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
@@ -264,8 +368,10 @@ func injectedErrorKind(status int) (typ, code string) {
 	}
 }
 
-// stream writes c as server-sent events on its absolute schedule.
-func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completion) {
+// stream writes c as server-sent events on its absolute schedule. It
+// returns errAbort when the reset fault fires; a departed client is logged,
+// not returned.
+func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completion, t *ticket) error {
 	s.metrics.activeStreams.Inc()
 	defer s.metrics.activeStreams.Dec()
 
@@ -273,11 +379,12 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completio
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
-	sw := newSSEWriter(w)
+	sw := newSSEWriter(w, c.emitTimestamps)
 
 	// Chat streams open with a role-only chunk at t0, as OpenAI and vLLM do;
 	// legacy completions have none, so flush the headers alone so the client
-	// still sees the response start at t0.
+	// still sees the response start at t0. A request waiting for a batch
+	// slot gets them at t0 too, like a server that accepted it.
 	var err error
 	if c.kind == kindChat {
 		err = sw.send(c.roleChunk())
@@ -286,27 +393,23 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completio
 	}
 	if err != nil {
 		s.clientGone(c, 0, err)
-		return
+		return nil
 	}
 
-	timer := time.NewTimer(math.MaxInt64)
-	defer timer.Stop()
 	words := c.words()
-	events := c.events()
-	for k := range events {
-		deadline := c.sched.deadline(k)
-		if err := sleepUntil(ctx, timer, deadline); err != nil {
-			s.clientGone(c, k, err)
-			return
+	events, err := s.play(ctx, c, t, func(n int) error {
+		return sw.send(c.contentChunk(words.next(n)))
+	}, func() error {
+		// Half of a valid chunk: framed as an event, unparseable as JSON.
+		b, _ := json.Marshal(c.finishChunk())
+		return sw.event(b[:len(b)/2])
+	})
+	if err != nil {
+		if errors.Is(err, errAbort) {
+			return err
 		}
-		n := min(c.tokensPerEvent, c.outputTokens-k*c.tokensPerEvent)
-		if err := sw.send(c.contentChunk(words.next(n))); err != nil {
-			s.clientGone(c, k, err)
-			return
-		}
-		// Measured after the flush: that is when the bytes left the mock,
-		// which is what a downstream meter can observe.
-		s.metrics.lateness.Observe(time.Since(deadline).Seconds())
+		s.clientGone(c, events, err)
+		return nil
 	}
 
 	err = sw.send(c.finishChunk())
@@ -314,23 +417,105 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completio
 		err = sw.send(c.usageChunk())
 	}
 	if err == nil {
-		err = sw.write([]byte("data: [DONE]\n\n"))
+		err = sw.event([]byte("[DONE]"))
 	}
 	if err != nil {
 		s.clientGone(c, events, err)
 	}
+	return nil
 }
 
 // complete writes c as a single JSON body once its last token would have
 // been emitted, so non-streaming latency matches the streaming total.
-func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *completion) int {
+func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *completion, t *ticket) (int, error) {
+	malformed := false
+	if _, err := s.play(ctx, c, t, nil, func() error { malformed = true; return nil }); err != nil {
+		if errors.Is(err, errAbort) {
+			return statusNoResponse, err
+		}
+		s.clientGone(c, 0, err)
+		return statusClientClosed, nil
+	}
+	if malformed {
+		b, _ := json.Marshal(c.fullResponse())
+		b = b[:len(b)/2]
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(b)
+		return http.StatusOK, nil
+	}
+	return writeJSON(w, http.StatusOK, c.fullResponse()), nil
+}
+
+// play waits for c's admission, then walks its content events on their
+// deadlines, calling emit with each event's token count, and applies c's
+// mid-stream faults; malformed sends the broken event. A nil emit (the
+// non-streaming path) only keeps time, sleeping through intermediate events
+// only when the batch or a fault can move them. It returns the number of
+// content events sent.
+func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n int) error, malformed func() error) (int, error) {
+	if err := t.wait(ctx); err != nil {
+		return 0, err
+	}
+	cached := 0
+	if hits, ok := s.engine.matchPrefix(c.blocks); ok {
+		// Like vLLM, at least the last prompt token is always computed.
+		cached = min(hits*blockTokens, c.promptTokens-1)
+		s.metrics.prefixQueries.Add(float64(c.promptTokens))
+		s.metrics.prefixHits.Add(float64(cached))
+	}
+	c.start(t.admitted, cached)
+	t.hold(c.promptTokens)
+
 	timer := time.NewTimer(math.MaxInt64)
 	defer timer.Stop()
-	if err := sleepUntil(ctx, timer, c.sched.deadline(c.events()-1)); err != nil {
-		s.clientGone(c, 0, err)
-		return statusClientClosed
+	f := c.faults
+	events := c.events()
+	base := c.sched.first // the un-jittered deadline of event k
+	sent, held := 0, 0
+	for k := range events {
+		if k > 0 {
+			base = base.Add(c.itl(s.engine.running.Load()))
+		}
+		n := min(c.tokensPerEvent, c.outputTokens-sent)
+		sent += n
+		// at reports whether token position p falls in this event.
+		at := func(p int) bool { return p > sent-n && p <= sent }
+		faulty := at(f.stallAfter) && f.stall > 0 || at(f.resetAfter) || at(f.malformedAfter)
+		if emit == nil && c.itlPerBatch == 0 && !faulty && k < events-1 {
+			continue
+		}
+		deadline := c.sched.jittered(k, base)
+		if err := sleepUntil(ctx, timer, deadline); err != nil {
+			return k, err
+		}
+		if emit != nil {
+			if err := emit(n); err != nil {
+				return k, err
+			}
+			// Measured after the flush: that is when the bytes left the
+			// mock, which is what a downstream meter can observe.
+			s.metrics.lateness.Observe(time.Since(deadline).Seconds())
+		}
+		t.hold(sent - held)
+		held = sent
+		if at(f.malformedAfter) {
+			if err := malformed(); err != nil {
+				return k + 1, err
+			}
+		}
+		if at(f.stallAfter) && f.stall > 0 {
+			base = base.Add(f.stall)
+			if err := sleepUntil(ctx, timer, deadline.Add(f.stall)); err != nil {
+				return k + 1, err
+			}
+		}
+		if at(f.resetAfter) {
+			return k + 1, errAbort
+		}
 	}
-	return writeJSON(w, http.StatusOK, c.fullResponse())
+	return events, nil
 }
 
 func (s *Server) clientGone(c *completion, eventsSent int, err error) {
@@ -360,13 +545,15 @@ func sleepUntil(ctx context.Context, timer *time.Timer, deadline time.Time) erro
 
 // sseWriter frames server-sent events and flushes each one immediately.
 type sseWriter struct {
-	w   http.ResponseWriter
-	rc  *http.ResponseController
-	buf []byte
+	w     http.ResponseWriter
+	rc    *http.ResponseController
+	buf   []byte
+	stamp bool // precede events with an emit-time comment
+	seq   int
 }
 
-func newSSEWriter(w http.ResponseWriter) *sseWriter {
-	return &sseWriter{w: w, rc: http.NewResponseController(w)}
+func newSSEWriter(w http.ResponseWriter, stamp bool) *sseWriter {
+	return &sseWriter{w: w, rc: http.NewResponseController(w), stamp: stamp}
 }
 
 // send writes v as one "data: <json>\n\n" event.
@@ -375,8 +562,23 @@ func (s *sseWriter) send(v any) error {
 	if err != nil {
 		return err
 	}
-	s.buf = append(s.buf[:0], "data: "...)
-	s.buf = append(s.buf, b...)
+	return s.event(b)
+}
+
+// event writes one "data: <payload>\n\n" event, preceded by its
+// ": t=<unix ns> seq=<n>" comment when stamping.
+func (s *sseWriter) event(payload []byte) error {
+	s.buf = s.buf[:0]
+	if s.stamp {
+		s.buf = append(s.buf, ": t="...)
+		s.buf = strconv.AppendInt(s.buf, time.Now().UnixNano(), 10)
+		s.buf = append(s.buf, " seq="...)
+		s.buf = strconv.AppendInt(s.buf, int64(s.seq), 10)
+		s.buf = append(s.buf, '\n')
+		s.seq++
+	}
+	s.buf = append(s.buf, "data: "...)
+	s.buf = append(s.buf, payload...)
 	s.buf = append(s.buf, "\n\n"...)
 	return s.write(s.buf)
 }
@@ -404,9 +606,11 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	lateness      prometheus.Histogram
 	activeStreams prometheus.Gauge
+	prefixQueries prometheus.Counter
+	prefixHits    prometheus.Counter
 }
 
-func newMetrics() *metrics {
+func newMetrics(s *Server) *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -428,7 +632,33 @@ func newMetrics() *metrics {
 			Name: "infergate_mock_active_streams",
 			Help: "Streaming responses currently in progress.",
 		}),
+		// vLLM's names, so that gateways and autoscalers that read vLLM
+		// (e.g. the Gateway API inference extension) can run against the mock.
+		prefixQueries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vllm:prefix_cache_queries_total",
+			Help: "Prefix cache queries, in terms of number of queried tokens.",
+		}),
+		prefixHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "vllm:prefix_cache_hits_total",
+			Help: "Prefix cache hits, in terms of number of cached tokens.",
+		}),
 	}
-	m.registry.MustRegister(m.requests, m.lateness, m.activeStreams)
+	e := &s.engine
+	m.registry.MustRegister(m.requests, m.lateness, m.activeStreams, m.prefixQueries, m.prefixHits,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vllm:num_requests_running",
+			Help: "Number of requests in model execution batches.",
+		}, func() float64 { return float64(e.running.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vllm:num_requests_waiting",
+			Help: "Number of requests waiting to be processed.",
+		}, func() float64 { return float64(e.queued.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "vllm:kv_cache_usage_perc",
+			Help: "KV-cache usage. 1 means 100 percent usage.",
+		}, func() float64 {
+			return min(float64(e.kvTokens.Load())/float64(s.cfg.Load().KVCacheTokens), 1)
+		}),
+	)
 	return m
 }

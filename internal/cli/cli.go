@@ -9,12 +9,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"runtime"
-	"time"
 
-	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/policy"
@@ -180,42 +176,5 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s: policies compile and pass their tests\n", cfg.Policy.Dir)
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)
-	return nil
-}
-
-func runMock(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlagSet("mock", `Run a mock OpenAI-compatible upstream (/v1/chat/completions, /v1/completions,
-/v1/models, /metrics). Output is deterministic per request; tokens stream on
-absolute deadlines t0 + ttft + prompt_tokens*ttft-per-prompt-token + k*itl.
-Per-request overrides: x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens,
-x-mock-tokens-per-event, x-mock-status.`, stderr)
-	listen := fs.String("listen", "127.0.0.1:8001", "address to listen on")
-	def := mock.Config{}.WithDefaults()
-	cfg := mock.Config{}
-	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "time to first content token")
-	fs.DurationVar(&cfg.TTFTPerPromptToken, "ttft-per-prompt-token", 0, "extra prefill time per prompt token")
-	fs.DurationVar(&cfg.ITL, "itl", def.ITL, "gap between content events")
-	fs.IntVar(&cfg.TokensPerEvent, "tokens-per-event", def.TokensPerEvent, "tokens per content event")
-	fs.DurationVar(&cfg.Jitter, "jitter", 0, "uniform +/- jitter on each deadline (deterministic per request)")
-	fs.IntVar(&cfg.MaxTokens, "max-tokens", def.MaxTokens, "output tokens when a request sets no max_tokens")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	logger := slog.New(slog.NewJSONHandler(stderr, nil))
-	lis, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	srv := &http.Server{Handler: mock.New(cfg, logger).Handler(), ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		<-ctx.Done()
-		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdownCtx)
-	}()
-	logger.Info("mock upstream serving", "addr", lis.Addr().String(), "ttft", cfg.TTFT.String(), "itl", cfg.ITL.String())
-	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
 	return nil
 }
