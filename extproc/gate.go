@@ -42,6 +42,7 @@ type gateRequest struct {
 	chunksOwed  int  // streamed body chunks await their answers
 	decided     bool
 	metadata    map[string]map[string]any // forwarded dynamic metadata
+	policyAt    time.Time                 // when the policy was asked (zero: it was not)
 }
 
 // gate runs the blocking filter for one request.
@@ -176,6 +177,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	for _, k := range spoofed {
 		delete(adm.Headers, k)
 	}
+	g.policyAt = s.now()
 	v := s.policy.Decide(ctx, adm)
 	if v.Deny != nil && v.Decision != "shadow_deny" {
 		return s.deny(ctx, g, req.Model, v)
@@ -217,6 +219,11 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	}
 	if v.Reservation != "" {
 		fields["reservation"] = v.Reservation
+	}
+	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &Stamp{RequestID: adm.RequestID, Model: req.Model,
+		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: GatewayTime{Timings: v.Timings}})
+	if sc.IsValid() {
+		fields[traceparentKey] = formatTraceparent(sc)
 	}
 	for k, val := range v.Metadata {
 		fields[k] = val
@@ -304,7 +311,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdi
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
 		slog.String("request_id", g.headers["x-request-id"]), slog.Int("status", v.Deny.Status),
 		slog.String("code", v.Deny.Code), slog.String("message", v.Deny.Message))
-	s.record(ctx, &Stamp{
+	st := &Stamp{
 		RequestID: g.headers["x-request-id"],
 		Model:     model,
 		Principal: v.Principal,
@@ -312,9 +319,15 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdi
 		Status:    v.Deny.Status,
 		Decision:  "deny",
 		Reason:    v.Reason,
+		Start:     g.started,
+		Total:     time.Since(g.started),
 		Gateway:   GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
 		Complete:  true,
-	})
+	}
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
+	}
+	s.record(ctx, st)
 	extra := make([]*corev3.HeaderValueOption, 0, len(v.Headers))
 	for k, val := range v.Headers {
 		extra = append(extra, setHeader(k, val))

@@ -38,6 +38,8 @@ type meterRequest struct {
 	body       []byte
 	// reservation is the rate-limit charge the gate made, settled here.
 	reservation string
+	// gateTraceparent is the gate's span, the parent when Envoy sends none.
+	gateTraceparent string
 }
 
 // meter runs the observing filter. Envoy sends copies and never waits for
@@ -129,6 +131,7 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.stamp.Gateway.RateLimit = us("ratelimit_us")
 	m.stamp.Gateway.Checks = us("checks_us")
 	m.reservation = f["reservation"].GetStringValue()
+	m.gateTraceparent = f[traceparentKey].GetStringValue()
 	m.stamp.PromptTokens = int(f["prompt_tokens"].GetNumberValue())
 }
 
@@ -192,11 +195,14 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if !m.first.IsZero() {
 		st.TTFT = m.first.Sub(m.sentAt)
 	}
+	st.Sent, st.Start = m.sentAt, m.sentAt
 	if !m.envoyStart.IsZero() {
 		// External checks (moderation) happen before the request leaves but
 		// are neither gateway nor model time: the stamp keeps them apart.
 		st.Gateway.Total = max(0, m.sentAt.Sub(m.envoyStart)-st.Gateway.Checks)
+		st.Start = m.envoyStart
 	}
+	st.Total = end.Sub(st.Start)
 	switch {
 	case m.usage != nil:
 		st.TokenSource = "usage"
@@ -206,6 +212,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		st.TokenSource = "events"
 		st.CompletionTokens = st.ContentEvents
 	}
+	st.Gaps = m.gaps
 	if len(m.gaps) > 0 {
 		sorted := slices.Clone(m.gaps)
 		slices.Sort(sorted)
@@ -234,6 +241,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
 		}
 		s.policy.Settle(ctx, settle)
+	}
+	if sc := s.traceMeter(ctx, m, end); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
 	}
 	s.record(ctx, st)
 }

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -45,6 +47,7 @@ type Server struct {
 	metrics *telemetry.Metrics
 	policy  Policy
 	sinks   []Sink
+	tracer  trace.Tracer
 	now     func() time.Time
 }
 
@@ -54,13 +57,14 @@ type Options struct {
 	Metrics *telemetry.Metrics // required
 	Policy  Policy             // default: AllowAll
 	Sinks   []Sink             // where stamps go, in addition to metrics
+	Tracer  trace.Tracer       // default: no tracing
 	Now     func() time.Time
 }
 
 // New returns a Server for cfg.
 func New(cfg *config.Config, opts Options) *Server {
 	s := &Server{cfg: cfg, log: opts.Logger, metrics: opts.Metrics, policy: opts.Policy,
-		sinks: opts.Sinks, now: opts.Now}
+		sinks: opts.Sinks, tracer: opts.Tracer, now: opts.Now}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -69,6 +73,9 @@ func New(cfg *config.Config, opts Options) *Server {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.tracer == nil {
+		s.tracer = noop.NewTracerProvider().Tracer("")
 	}
 	s.sinks = append([]Sink{metricsSink{s.metrics}}, s.sinks...)
 	return s

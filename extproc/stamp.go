@@ -18,6 +18,7 @@ import (
 // request.time with infergate's clock and assumes they are in sync.
 type Stamp struct {
 	RequestID     string
+	TraceID       string // OpenTelemetry trace id, when traced
 	Principal     string // key id or JWT subject, never a credential
 	Tenant        string
 	Model         string // the model the client asked for
@@ -39,8 +40,17 @@ type Stamp struct {
 	// ITL summarises the gaps between content-bearing chunks.
 	ITLP50, ITLP95, ITLMax time.Duration
 	ContentEvents          int
+	// Start is when Envoy received the request; Sent when it left the
+	// gateway for the upstream (zero for requests the gate denied).
+	Start, Sent time.Time
+	// Total is Envoy receiving the request to the response's last byte:
+	// Gateway.Total + Gateway.Checks + E2E.
+	Total time.Duration
 	// Model time: from the request leaving the gateway to the response's last byte.
-	E2E      time.Duration
+	E2E time.Duration
+	// Gaps are the inter-token gaps (up to meter.maxTrackedGaps), for the
+	// request pages; sinks must not keep a reference they modify.
+	Gaps     []time.Duration
 	Gateway  GatewayTime
 	Decision string
 	Reason   string
@@ -78,6 +88,7 @@ type LogSink struct{ Logger *slog.Logger }
 func (l LogSink) Record(ctx context.Context, s *Stamp) {
 	l.Logger.LogAttrs(ctx, slog.LevelInfo, "request",
 		slog.String("request_id", s.RequestID),
+		slog.String("trace_id", s.TraceID),
 		slog.String("principal", s.Principal),
 		slog.String("tenant", s.Tenant),
 		slog.String("model", s.Model),
@@ -97,6 +108,7 @@ func (l LogSink) Record(ctx context.Context, s *Stamp) {
 		slog.Float64("itl_max_ms", ms(s.ITLMax)),
 		slog.Int("content_events", s.ContentEvents),
 		slog.Float64("e2e_ms", ms(s.E2E)),
+		slog.Float64("total_ms", ms(s.Total)),
 		slog.Float64("gateway_ms", ms(s.Gateway.Total)),
 		slog.Float64("gate_ms", ms(s.Gateway.Gate)),
 		slog.Float64("auth_ms", ms(s.Gateway.Auth)),

@@ -8,12 +8,12 @@
 set -euo pipefail
 src=${1:?usage: render-envoy.sh FILE}
 : "${LISTEN_PORT:=10000}" "${ADMIN_PORT:=9901}" "${EXTPROC_PORT:=50051}" "${POOL_A_PORT:=8001}" "${POOL_B_PORT:=8002}"
-: "${XDS_PORT:=18000}"
+: "${XDS_PORT:=18000}" "${OTLP_PORT:=4317}"
 : "${JWKS_FILE:=$(cd "$(dirname "$0")/.." && pwd)/envoy/demo-jwks.json}"
 out=$(sed -e "s/\${LISTEN_PORT}/$LISTEN_PORT/g" -e "s/\${ADMIN_PORT}/$ADMIN_PORT/g" \
   -e "s/\${EXTPROC_PORT}/$EXTPROC_PORT/g" -e "s/\${POOL_A_PORT}/$POOL_A_PORT/g" \
   -e "s/\${POOL_B_PORT}/$POOL_B_PORT/g" -e "s|\${JWKS_FILE}|$JWKS_FILE|g" \
-  -e "s/\${XDS_PORT}/$XDS_PORT/g" "$src")
+  -e "s/\${XDS_PORT}/$XDS_PORT/g" -e "s/\${OTLP_PORT}/$OTLP_PORT/g" "$src")
 if grep -q '\${' <<<"$out"; then
   echo "render-envoy: unfilled placeholder in $src: $(grep -o '\${[A-Z_]*}' <<<"$out" | sort -u | tr '\n' ' ')" >&2
   exit 1

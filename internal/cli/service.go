@@ -18,6 +18,7 @@ import (
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/requestlog"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/xds/feed"
 )
@@ -35,6 +36,8 @@ type Service struct {
 	ready   atomic.Bool
 	adm     *admissionParts
 	routing *routing           // nil without virtual models
+	recent  *requestlog.Ring   // nil when admin.recentRequests is 0
+	tracing *telemetry.Tracing
 	stop    context.CancelFunc // ends the watchers
 }
 
@@ -50,7 +53,17 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	if *cfg.Log.Requests {
 		sinks = append(sinks, extproc.LogSink{Logger: slog.New(slog.NewJSONHandler(requests, nil))})
 	}
+	var recent *requestlog.Ring
+	if cfg.Admin.RecentRequests > 0 {
+		recent = requestlog.NewRing(cfg.Admin.RecentRequests)
+		sinks = append(sinks, recent)
+	}
 	ctx, stop := context.WithCancel(context.Background())
+	tracing, err := telemetry.NewTracing(ctx, cfg.Tracing, Version, metrics)
+	if err != nil {
+		stop()
+		return nil, err
+	}
 	adm, err := newAdmission(ctx, cfg, logger, metrics)
 	if err != nil {
 		stop()
@@ -78,7 +91,8 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	case rt != nil:
 		sinks = append(sinks, rt)
 	}
-	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller})
+	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller,
+		Tracer: tracing.Tracer()})
 	g := grpc.NewServer(
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(cfg.Gate.MaxBodyBytes+1<<20),
@@ -86,7 +100,8 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
 	extprocv3.RegisterExternalProcessorServer(g, srv)
-	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g, adm: adm, routing: rt, stop: stop}, nil
+	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g, adm: adm, routing: rt, recent: recent,
+		tracing: tracing, stop: stop}, nil
 }
 
 // AdminHandler serves /metrics, /healthz and /readyz.
@@ -94,6 +109,11 @@ func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
 	mux.HandleFunc("GET /debug/controller", s.routing.debugHandler)
+	if s.recent != nil {
+		pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
+		mux.Handle("GET /debug/requests", pages)
+		mux.Handle("GET /debug/requests/{id}", pages)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
@@ -161,6 +181,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	defer cancel()
 	_ = admin.Shutdown(shutdownCtx)
 	_ = s.metrics.Shutdown(shutdownCtx)
+	_ = s.tracing.Shutdown(shutdownCtx)
 	s.stop()
 	s.adm.close()
 	s.log.Info("infergate stopped")

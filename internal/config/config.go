@@ -37,6 +37,7 @@ type Config struct {
 	// route weights the controller moves when a pool breaches its SLA.
 	VirtualModels []VirtualModel `yaml:"virtualModels"`
 	XDS           XDS            `yaml:"xds"`
+	Tracing       Tracing        `yaml:"tracing"`
 	Log           Log            `yaml:"log"`
 }
 
@@ -178,9 +179,31 @@ type ExtProc struct {
 	MaxConcurrentStreams uint32 `yaml:"maxConcurrentStreams"`
 }
 
-// Admin is the HTTP port for /metrics, /healthz and /readyz.
+// Admin is the HTTP port for /metrics, /healthz, /readyz and the /debug pages.
 type Admin struct {
 	Listen string `yaml:"listen"`
+	// RecentRequests is how many requests /debug/requests keeps (0: the page is off).
+	RecentRequests int `yaml:"recentRequests"`
+}
+
+// Tracing exports OpenTelemetry spans of every request's phases over OTLP.
+// Standard OTEL_EXPORTER_OTLP_* variables (headers, certificates) apply.
+type Tracing struct {
+	// Endpoint is the OTLP collector, host:port; "" turns tracing off.
+	Endpoint string `yaml:"endpoint"`
+	// Protocol is grpc (port 4317) or http (http/protobuf, port 4318).
+	Protocol string `yaml:"protocol"`
+	// Insecure sends without TLS.
+	Insecure bool `yaml:"insecure"`
+	// SampleRatio samples requests whose trace has no sampling decision
+	// yet; a parent's decision (Envoy's, the client's) is always followed.
+	SampleRatio float64 `yaml:"sampleRatio"`
+	// QueueSize bounds spans waiting for export; beyond it they are
+	// dropped (and counted), never waited for.
+	QueueSize int `yaml:"queueSize"`
+	// TraceURL links a trace id on /debug/requests to your tracing UI,
+	// e.g. http://jaeger:16686/trace/{trace_id}.
+	TraceURL string `yaml:"traceURL"`
 }
 
 // Gate configures the blocking request filter.
@@ -276,6 +299,16 @@ func (c *Config) fillDefaults() {
 		c.ExtProc.MaxConcurrentStreams = 10000
 	}
 	setDefault(&c.Admin.Listen, ":9090")
+	if c.Admin.RecentRequests == 0 {
+		c.Admin.RecentRequests = 1000
+	}
+	setDefault(&c.Tracing.Protocol, "grpc")
+	if c.Tracing.SampleRatio == 0 {
+		c.Tracing.SampleRatio = 1
+	}
+	if c.Tracing.QueueSize == 0 {
+		c.Tracing.QueueSize = 4096
+	}
 	if c.Gate.MaxBodyBytes == 0 {
 		c.Gate.MaxBodyBytes = 1 << 20
 	}
@@ -359,6 +392,11 @@ func (c *Config) validate() error {
 		check(oneOf(ch.OnError, "deny", "allow"), "checks", "%s: onError must be deny or allow; got %q", name, ch.OnError)
 	}
 	check(validAddr(c.XDS.Listen), "xds.listen", "%q is not host:port", c.XDS.Listen)
+	check(c.Admin.RecentRequests >= 0, "admin.recentRequests", "must not be negative")
+	check(c.Tracing.Endpoint == "" || validAddr(c.Tracing.Endpoint), "tracing.endpoint", "%q is not host:port", c.Tracing.Endpoint)
+	check(oneOf(c.Tracing.Protocol, "grpc", "http"), "tracing.protocol", "must be grpc or http; got %q", c.Tracing.Protocol)
+	check(c.Tracing.SampleRatio > 0 && c.Tracing.SampleRatio <= 1, "tracing.sampleRatio", "must be in (0, 1], got %v", c.Tracing.SampleRatio)
+	check(c.Tracing.QueueSize > 0, "tracing.queueSize", "must be positive")
 	names := map[string]bool{}
 	for i, vm := range c.VirtualModels {
 		at := fmt.Sprintf("virtualModels.%d", i)

@@ -19,7 +19,7 @@ import (
 func defaults() *Config {
 	return &Config{
 		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000},
-		Admin:   Admin{Listen: ":9090"},
+		Admin:   Admin{Listen: ":9090", RecentRequests: 1000},
 		Gate: Gate{
 			MaxBodyBytes: 1 << 20,
 			InjectUsage:  ptr(true),
@@ -36,6 +36,7 @@ func defaults() *Config {
 		Checks:        map[string]Check{},
 		VirtualModels: []VirtualModel{},
 		XDS:           XDS{Listen: ":18000", RouteConfigName: "infergate"},
+		Tracing:       Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
 		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
 	}
 }
@@ -67,8 +68,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -101,7 +102,7 @@ func TestValidFile(t *testing.T) {
 	yes := true
 	want := &Config{
 		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512},
-		Admin:   Admin{Listen: "[::1]:9191"},
+		Admin:   Admin{Listen: "[::1]:9191", RecentRequests: 50},
 		Gate: Gate{
 			MaxBodyBytes: 64 << 20,
 			InjectUsage:  ptr(false),
@@ -127,6 +128,8 @@ func TestValidFile(t *testing.T) {
 			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}, AcrossPools: &yes},
 		}},
 		XDS: XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm"},
+		Tracing: Tracing{Endpoint: "otel-collector:4318", Protocol: "http", Insecure: true, SampleRatio: 0.25,
+			QueueSize: 100, TraceURL: "http://jaeger:16686/trace/{trace_id}"},
 		Log: Log{Level: "debug", Format: "text", Requests: ptr(false)},
 	}
 	c, err := Load(filepath.Join("testdata", "valid.yaml"))

@@ -18,6 +18,7 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 		HTTPFilters          []any            `yaml:"http_filters"`
 		LocalReplyConfig     any              `yaml:"local_reply_config"`
 		ResponseHeadersToAdd any              `yaml:"response_headers_to_add"`
+		Tracing              any              `yaml:"tracing"`
 		Clusters             []map[string]any `yaml:"clusters"`
 	}
 	readYAML(t, "envoy/snippet.yaml", &snippet)
@@ -33,6 +34,12 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 	vhost := hcm["route_config"].(map[string]any)["virtual_hosts"].([]any)[0].(map[string]any)
 	if !reflect.DeepEqual(vhost["response_headers_to_add"], snippet.ResponseHeadersToAdd) {
 		t.Errorf("envoy/snippet.yaml response_headers_to_add differs from envoy/demo.yaml's")
+	}
+	for _, bootstrap := range []string{"envoy/demo.yaml", "envoy/sla.yaml"} {
+		tc := readDemo(t, bootstrap).StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig["tracing"]
+		if !reflect.DeepEqual(tc, snippet.Tracing) {
+			t.Errorf("envoy/snippet.yaml tracing differs from %s's", bootstrap)
+		}
 	}
 }
 
@@ -53,7 +60,7 @@ func readDemo(t *testing.T, bootstrap string) bootstrapDoc {
 	t.Helper()
 	var demo bootstrapDoc
 	rendered := renderEnvoy(t, bootstrap, map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2",
-		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6"})
+		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7"})
 	if err := yaml.Unmarshal([]byte(rendered), &demo); err != nil {
 		t.Fatalf("%s: %v", bootstrap, err)
 	}

@@ -117,6 +117,8 @@ type Stamp struct {
 	Model            string   `json:"model"`
 	Pool             string   `json:"pool"`
 	PoolsTried       []string `json:"pools_tried"`
+	TraceID          string   `json:"trace_id"`
+	Totalms          float64  `json:"total_ms"`
 	Upstream         string   `json:"upstream"`
 	Status           int      `json:"status"`
 	Attempts         int      `json:"attempts"`
@@ -178,7 +180,7 @@ func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, 
 	rendered := renderEnvoy(t, bootstrap, map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
 		"EXTPROC_PORT": port(t, extprocAddrs[0]), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
-		"JWKS_FILE": testIssuer(t).jwksPath, "XDS_PORT": port(t, xdsAddr),
+		"JWKS_FILE": testIssuer(t).jwksPath, "XDS_PORT": port(t, xdsAddr), "OTLP_PORT": otlpPort(t),
 	})
 	// More infergate replicas: more endpoints in the infergate cluster, so
 	// a request's gate and meter streams may land on different replicas.

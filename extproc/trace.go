@@ -1,0 +1,174 @@
+package extproc
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/infergate/infergate/internal/telemetry"
+)
+
+// Tracing. Spans are built once a phase is over, from the timestamps the
+// gate and the meter keep anyway, so the per-chunk path does no tracing
+// work at all.
+//
+// Parentage: Envoy's OpenTelemetry tracer sends its ext_proc call span as
+// traceparent in the gRPC metadata of each ext_proc stream, so the gate's
+// and the meter's spans sit under Envoy's request span. Without Envoy
+// tracing the client's traceparent header is the parent, and the meter
+// follows the gate's span (passed in dynamic metadata), so a request is
+// still one trace.
+
+// traceparentKey carries the gate's span context to the meter.
+const traceparentKey = "traceparent"
+
+// formatTraceparent renders sc as a W3C traceparent value.
+func formatTraceparent(sc trace.SpanContext) string {
+	c := propagation.MapCarrier{}
+	telemetry.Propagator.Inject(trace.ContextWithSpanContext(context.Background(), sc), c)
+	return c[traceparentKey]
+}
+
+// mdCarrier reads trace context from gRPC metadata.
+type mdCarrier metadata.MD
+
+func (c mdCarrier) Get(k string) string {
+	if v := metadata.MD(c).Get(k); len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+func (c mdCarrier) Set(k, v string) { metadata.MD(c).Set(k, v) }
+func (c mdCarrier) Keys() []string {
+	out := make([]string, 0, len(c))
+	for k := range c {
+		out = append(out, k)
+	}
+	return out
+}
+
+// traceParent returns ctx with the parent for this request's spans: the
+// ext_proc stream's (Envoy's span), else the first valid of fallbacks.
+func traceParent(ctx context.Context, fallbacks ...map[string]string) context.Context {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if c := telemetry.Propagator.Extract(ctx, mdCarrier(md)); trace.SpanContextFromContext(c).IsValid() {
+			return c
+		}
+	}
+	for _, h := range fallbacks {
+		if h[traceparentKey] == "" {
+			continue
+		}
+		if c := telemetry.Propagator.Extract(ctx, propagation.MapCarrier(h)); trace.SpanContextFromContext(c).IsValid() {
+			return c
+		}
+	}
+	return ctx
+}
+
+// traceGate records the gate's span and, when the policy ran (policyAt set),
+// one child per stage. It returns the gate span's context, for the meter.
+func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end time.Time, st *Stamp) trace.SpanContext {
+	ctx, span := s.tracer.Start(traceParent(ctx, g.headers), "infergate.gate", trace.WithTimestamp(g.started))
+	if !span.IsRecording() {
+		span.End(trace.WithTimestamp(end))
+		return span.SpanContext()
+	}
+	span.SetAttributes(
+		attribute.String("gen_ai.request.model", st.Model),
+		attribute.String("infergate.request_id", st.RequestID),
+		attribute.String("infergate.decision", st.Decision),
+		attribute.String("infergate.reason", st.Reason),
+		attribute.String("infergate.tenant", st.Tenant),
+	)
+	if st.Decision == "deny" {
+		span.SetAttributes(attribute.Int("http.response.status_code", st.Status))
+		span.SetStatus(codes.Error, st.Reason)
+	}
+	if !policyAt.IsZero() {
+		// The stages run back to back from policyAt (internal/admission).
+		at := policyAt
+		for _, stage := range []struct {
+			name string
+			d    time.Duration
+		}{
+			{"infergate.auth", st.Gateway.Auth},
+			{"infergate.policy", st.Gateway.Policy},
+			{"infergate.ratelimit", st.Gateway.RateLimit},
+			{"infergate.moderation", st.Gateway.Checks},
+		} {
+			if stage.d <= 0 {
+				continue
+			}
+			_, child := s.tracer.Start(ctx, stage.name, trace.WithTimestamp(at))
+			at = at.Add(stage.d)
+			child.End(trace.WithTimestamp(at))
+		}
+	}
+	span.End(trace.WithTimestamp(end))
+	return span.SpanContext()
+}
+
+// traceMeter records the upstream's part of the request: a GenAI client
+// span from the request leaving the gateway to the response's end, split
+// into the wait for the first token (queueing and prefill) and the stream
+// (decode), with the stamp's breakdown as attributes.
+func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time) trace.SpanContext {
+	gate := map[string]string{traceparentKey: m.gateTraceparent}
+	st := &m.stamp
+	name := "chat"
+	if st.Model != "" {
+		name += " " + st.Model
+	}
+	ctx, span := s.tracer.Start(traceParent(ctx, gate), name, trace.WithTimestamp(m.sentAt), trace.WithSpanKind(trace.SpanKindClient))
+	if !span.IsRecording() {
+		span.End(trace.WithTimestamp(end))
+		return span.SpanContext()
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	span.SetAttributes(
+		attribute.String("gen_ai.operation.name", "chat"),
+		attribute.String("gen_ai.request.model", st.Model),
+		attribute.String("gen_ai.response.model", st.ResponseModel),
+		attribute.Int("gen_ai.usage.input_tokens", st.PromptTokens),
+		attribute.Int("gen_ai.usage.output_tokens", st.CompletionTokens),
+		attribute.String("server.address", st.Upstream),
+		attribute.Int("http.response.status_code", st.Status),
+		attribute.String("infergate.request_id", st.RequestID),
+		attribute.String("infergate.pool", st.Pool),
+		attribute.Int("infergate.attempts", st.Attempts),
+		attribute.String("infergate.pools_tried", strings.Join(st.PoolsTried, ",")),
+		attribute.String("infergate.decision", st.Decision),
+		attribute.String("infergate.token_source", st.TokenSource),
+		attribute.Float64("infergate.ttft_ms", ms(st.TTFT)),
+		attribute.Float64("infergate.itl_p50_ms", ms(st.ITLP50)),
+		attribute.Float64("infergate.itl_p95_ms", ms(st.ITLP95)),
+		attribute.Float64("infergate.itl_max_ms", ms(st.ITLMax)),
+		attribute.Float64("infergate.total_ms", ms(st.Total)),
+		attribute.Float64("infergate.gateway_ms", ms(st.Gateway.Total)),
+		attribute.Float64("infergate.model_ms", ms(st.E2E)),
+		attribute.Float64("infergate.moderation_ms", ms(st.Gateway.Checks)),
+		attribute.Bool("infergate.complete", st.Complete),
+	)
+	for i, p := range st.PoolsTried {
+		span.AddEvent("attempt", trace.WithTimestamp(m.sentAt),
+			trace.WithAttributes(attribute.Int("infergate.attempt", i+1), attribute.String("infergate.pool", p)))
+	}
+	if st.Status >= 500 || !st.Complete {
+		span.SetStatus(codes.Error, "upstream error or incomplete response")
+	}
+	if !m.first.IsZero() {
+		_, wait := s.tracer.Start(ctx, "infergate.upstream.first_token", trace.WithTimestamp(m.sentAt))
+		wait.End(trace.WithTimestamp(m.first))
+		_, decode := s.tracer.Start(ctx, "infergate.upstream.stream", trace.WithTimestamp(m.first))
+		decode.End(trace.WithTimestamp(end))
+	}
+	span.End(trace.WithTimestamp(end))
+	return span.SpanContext()
+}

@@ -1,0 +1,262 @@
+// Package requestlog keeps the most recent requests' stamps in memory and
+// serves them on the admin port: /debug/requests lists them (filterable),
+// /debug/requests/{id} draws one request's phases as a waterfall with its
+// inter-token latency distribution. Both answer JSON with ?format=json,
+// which is what `infergate bench --join` reads. Server-rendered, no
+// external assets: readable without any tracing backend.
+//
+// The phases, as the stamp defines them:
+//
+//	total      Envoy received the request → the response's last byte
+//	gateway    Envoy and infergate before the request left for the upstream
+//	           (auth, policy, rate limits, routing), moderation excluded
+//	moderation external checks the policy required
+//	model      request left the gateway → last byte: first token (upstream
+//	           queueing + prefill) then stream (decode)
+//
+// so total ≈ gateway + moderation + model.
+package requestlog
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/infergate/infergate/extproc"
+)
+
+// Ring is an extproc.Sink keeping the last N stamps.
+type Ring struct {
+	mu   sync.Mutex
+	buf  []extproc.Stamp
+	next int
+	full bool
+}
+
+// NewRing keeps up to n stamps.
+func NewRing(n int) *Ring { return &Ring{buf: make([]extproc.Stamp, n)} }
+
+// Record implements extproc.Sink.
+func (r *Ring) Record(_ context.Context, s *extproc.Stamp) {
+	r.mu.Lock()
+	r.buf[r.next] = *s
+	r.next = (r.next + 1) % len(r.buf)
+	r.full = r.full || r.next == 0
+	r.mu.Unlock()
+}
+
+// Recent returns the kept stamps, newest first, that pass keep.
+func (r *Ring) Recent(keep func(*extproc.Stamp) bool) []extproc.Stamp {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := r.next
+	if r.full {
+		n = len(r.buf)
+	}
+	out := make([]extproc.Stamp, 0, n)
+	for i := range n {
+		s := &r.buf[(r.next-1-i+len(r.buf))%len(r.buf)]
+		if keep == nil || keep(s) {
+			out = append(out, *s)
+		}
+	}
+	return out
+}
+
+// Find returns the newest stamp with the request id (or trace id).
+func (r *Ring) Find(id string) (extproc.Stamp, bool) {
+	found := r.Recent(func(s *extproc.Stamp) bool { return s.RequestID == id || (s.TraceID != "" && s.TraceID == id) })
+	if len(found) == 0 {
+		return extproc.Stamp{}, false
+	}
+	return found[0], true
+}
+
+// Filter selects requests; zero fields match everything.
+type Filter struct {
+	Model, Pool, Tenant, Decision string
+	// Status is an exact code ("429") or a class ("5xx").
+	Status string
+	// Slow keeps requests whose total time is at least this.
+	Slow time.Duration
+}
+
+// Match reports whether s passes f.
+func (f Filter) Match(s *extproc.Stamp) bool {
+	switch {
+	case f.Model != "" && s.Model != f.Model,
+		f.Pool != "" && s.Pool != f.Pool,
+		f.Tenant != "" && s.Tenant != f.Tenant,
+		f.Decision != "" && s.Decision != f.Decision,
+		f.Slow > 0 && s.Total < f.Slow:
+		return false
+	}
+	if f.Status != "" {
+		code := strconv.Itoa(s.Status)
+		if class, ok := strings.CutSuffix(strings.ToLower(f.Status), "xx"); ok {
+			return len(code) == 3 && code[:1] == class
+		}
+		return code == f.Status
+	}
+	return true
+}
+
+// Record is a stamp as the JSON API shows it (milliseconds).
+type Record struct {
+	RequestID        string    `json:"request_id"`
+	TraceID          string    `json:"trace_id,omitempty"`
+	Start            time.Time `json:"start"`
+	Model            string    `json:"model"`
+	Pool             string    `json:"pool,omitempty"`
+	PoolsTried       []string  `json:"pools_tried,omitempty"`
+	Attempts         int       `json:"attempts,omitempty"`
+	Upstream         string    `json:"upstream,omitempty"`
+	Tenant           string    `json:"tenant,omitempty"`
+	Principal        string    `json:"principal,omitempty"`
+	Status           int       `json:"status"`
+	Decision         string    `json:"decision"`
+	Reason           string    `json:"reason,omitempty"`
+	Stream           bool      `json:"stream"`
+	Complete         bool      `json:"complete"`
+	PromptTokens     int       `json:"prompt_tokens"`
+	CompletionTokens int       `json:"completion_tokens"`
+	TotalMs          float64   `json:"total_ms"`
+	GatewayMs        float64   `json:"gateway_ms"`
+	GateMs           float64   `json:"gate_ms"`
+	AuthMs           float64   `json:"auth_ms"`
+	PolicyMs         float64   `json:"policy_ms"`
+	RateLimitMs      float64   `json:"ratelimit_ms"`
+	ModerationMs     float64   `json:"moderation_ms"`
+	ModelMs          float64   `json:"model_ms"`
+	TTFTMs           float64   `json:"ttft_ms"`
+	ITLP50Ms         float64   `json:"itl_p50_ms"`
+	ITLP95Ms         float64   `json:"itl_p95_ms"`
+	ITLMaxMs         float64   `json:"itl_max_ms"`
+	GapsMs           []float64 `json:"gaps_ms,omitempty"` // detail only
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// NewRecord converts a stamp; gaps are included when withGaps.
+func NewRecord(s *extproc.Stamp, withGaps bool) Record {
+	r := Record{
+		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, Pool: s.Pool,
+		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Tenant: s.Tenant,
+		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason,
+		Stream: s.Stream, Complete: s.Complete, PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,
+		TotalMs: ms(s.Total), GatewayMs: ms(s.Gateway.Total), GateMs: ms(s.Gateway.Gate),
+		AuthMs: ms(s.Gateway.Auth), PolicyMs: ms(s.Gateway.Policy), RateLimitMs: ms(s.Gateway.RateLimit),
+		ModerationMs: ms(s.Gateway.Checks), ModelMs: ms(s.E2E), TTFTMs: ms(s.TTFT),
+		ITLP50Ms: ms(s.ITLP50), ITLP95Ms: ms(s.ITLP95), ITLMaxMs: ms(s.ITLMax),
+	}
+	if withGaps {
+		r.GapsMs = make([]float64, len(s.Gaps))
+		for i, g := range s.Gaps {
+			r.GapsMs[i] = ms(g)
+		}
+	}
+	return r
+}
+
+// Phase is one bar of the waterfall, in milliseconds from the start.
+type Phase struct {
+	Name     string
+	Kind     string // gateway, moderation, model
+	Depth    int    // 1: a part of the phase above it
+	FromMs   float64
+	DurMs    float64
+	LeftPct  float64
+	WidthPct float64
+	// The label goes after the bar, before it (LabelRight: its right edge
+	// at LabelAt) when the bar ends near the right, or inside a long bar.
+	LabelRight  bool
+	LabelInside bool
+	LabelAt     float64
+}
+
+// Phases lays out a request's waterfall.
+func Phases(s *extproc.Stamp) []Phase {
+	total := ms(s.Total)
+	var ps []Phase
+	add := func(name, kind string, depth int, from, dur float64) {
+		if dur <= 0 && depth > 0 {
+			return
+		}
+		ps = append(ps, Phase{Name: name, Kind: kind, Depth: depth, FromMs: from, DurMs: dur})
+	}
+	gw, gate := ms(s.Gateway.Total), ms(s.Gateway.Gate)
+	add("gateway", "gateway", 0, 0, gw)
+	// The gate's stages run back to back at the end of the gate's time,
+	// which ends where the request leaves (minus moderation).
+	at := max(0, gw-gate)
+	add("gate", "gateway", 1, at, gate)
+	for _, st := range []struct {
+		name string
+		d    time.Duration
+	}{{"auth", s.Gateway.Auth}, {"policy", s.Gateway.Policy}, {"rate limit", s.Gateway.RateLimit}} {
+		add(st.name, "gateway", 2, at, ms(st.d))
+		at += ms(st.d)
+	}
+	add("moderation", "moderation", 0, gw, ms(s.Gateway.Checks))
+	if !s.Sent.IsZero() {
+		sent := gw + ms(s.Gateway.Checks)
+		add("model", "model", 0, sent, ms(s.E2E))
+		if s.TTFT > 0 {
+			add("first token (queue + prefill)", "model", 1, sent, ms(s.TTFT))
+			add("stream (decode)", "model", 1, sent+ms(s.TTFT), ms(s.E2E-s.TTFT))
+		}
+	}
+	if total <= 0 {
+		total = 1
+	}
+	for i := range ps {
+		p := &ps[i]
+		p.LeftPct = min(100, 100*p.FromMs/total)
+		p.WidthPct = max(0.3, min(100-p.LeftPct, 100*p.DurMs/total))
+		switch end := p.LeftPct + p.WidthPct; {
+		case end <= 75:
+			p.LabelAt = end
+		case p.LeftPct >= 25:
+			p.LabelRight, p.LabelAt = true, 100-p.LeftPct
+		default:
+			p.LabelInside, p.LabelAt = true, p.LeftPct
+		}
+	}
+	return ps
+}
+
+// Bin is one bar of the ITL histogram.
+type Bin struct {
+	FromMs, ToMs float64
+	Count        int
+	HeightPct    float64
+}
+
+// Histogram bins gaps into at most n equal-width bins.
+func Histogram(gaps []time.Duration, n int) []Bin {
+	if len(gaps) == 0 {
+		return nil
+	}
+	lo, hi := ms(slices.Min(gaps)), ms(slices.Max(gaps))
+	width := (hi - lo) / float64(n)
+	if width <= 0 {
+		return []Bin{{FromMs: lo, ToMs: hi, Count: len(gaps), HeightPct: 100}}
+	}
+	bins := make([]Bin, n)
+	for i := range bins {
+		bins[i].FromMs, bins[i].ToMs = lo+float64(i)*width, lo+float64(i+1)*width
+	}
+	most := 0
+	for _, g := range gaps {
+		i := min(int((ms(g)-lo)/width), n-1)
+		bins[i].Count++
+		most = max(most, bins[i].Count)
+	}
+	for i := range bins {
+		bins[i].HeightPct = 100 * float64(bins[i].Count) / float64(most)
+	}
+	return bins
+}

@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A policy that admits everything, asks for moderation when the request
+// says so, and can be made slow on purpose: a gateway-side delay.
+const tracingPolicy = `package infergate.authz
+
+default allow := false
+
+slow if input.request.headers["x-test-slow-policy"] == "1"
+
+allow if not slow
+
+allow if {
+	slow
+	count([x | some x in numbers.range(1, 60000); x % 7 == 0]) > 0
+}
+
+checks contains "moderation" if input.request.headers["x-test-moderate"] == "1"
+`
+
+// One request is one trace: Envoy's request span, Envoy's ext_proc call
+// spans, and under them infergate's gate (with its stages) and the
+// upstream's GenAI span (first token, stream) with the GenAI attributes.
+// The breakdown adds up, and a delay lands where it happened: slow
+// moderation in moderation, a slow pool in the model, a slow policy in
+// the gateway.
+func TestTracingBreakdown(t *testing.T) {
+	recv := startOTLP(t)
+	moderation := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		time.Sleep(150 * time.Millisecond)
+	}))
+	defer moderation.Close()
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte(tracingPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf(`
+auth: {policyHeaders: [x-test-slow-policy, x-test-moderate]}
+policy: {dir: %s}
+checks: {moderation: {url: %s, timeout: 2s}}
+tracing: {endpoint: %q, insecure: true}
+`, dir, moderation.URL, recv.Addr)
+	s := startStackWith(t, cfg, 1)
+
+	send := func(hdr map[string]string) Stamp {
+		t.Helper()
+		r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 6, true, ""), hdr)
+		if r.Status != 200 {
+			t.Fatalf("status %d: %s", r.Status, r.Body)
+		}
+		want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+			chatBody("pool-a", 6, true, `,"stream_options":{"include_usage":true}`), hdr)
+		if string(r.Body) != string(want.Body) || len(r.Reads) < 6 {
+			t.Fatalf("body through the gateway differs from the mock's, or arrived in %d reads", len(r.Reads))
+		}
+		st := s.Gateway.stamp(t, r.RequestID)
+		if st.TraceID == "" {
+			t.Fatalf("stamp has no trace id: %+v", st)
+		}
+		return st
+	}
+	baseSt := send(map[string]string{"x-mock-ttft-ms": "60", "x-mock-itl-ms": "10"})
+	mod := send(map[string]string{"x-test-moderate": "1", "x-mock-ttft-ms": "60", "x-mock-itl-ms": "10"})
+	pool := send(map[string]string{"x-mock-ttft-ms": "300", "x-mock-itl-ms": "10"})
+	slowSt := send(map[string]string{"x-test-slow-policy": "1", "x-mock-ttft-ms": "60", "x-mock-itl-ms": "10"})
+	// Envoy exports in batches (every 5 s): wait once for all four traces.
+	type result struct {
+		st    Stamp
+		spans []span
+	}
+	var base, slow result
+	waitFor(t, 20*time.Second, func() bool {
+		for _, st := range []Stamp{baseSt, mod, pool, slowSt} {
+			spans := recv.trace(st.TraceID)
+			if !hasSpan(spans, "envoy", "ingress") || !hasSpan(spans, "infergate", "chat pool-a") || !hasSpan(spans, "infergate", "infergate.gate") {
+				return false
+			}
+		}
+		return true
+	}, "Envoy's and infergate's spans of the four traces")
+	base = result{baseSt, recv.trace(baseSt.TraceID)}
+	slow = result{slowSt, recv.trace(slowSt.TraceID)}
+
+	// 1. Parentage, attributes, and the sum.
+	ingress := findSpan(t, base.spans, "envoy", "ingress")
+	gate := findSpan(t, base.spans, "infergate", "infergate.gate")
+	chat := findSpan(t, base.spans, "infergate", "chat pool-a")
+	for _, child := range []span{gate, chat} {
+		parent := byID(base.spans, child.ParentID)
+		if parent == nil || parent.Service != "envoy" || parent.ParentID != ingress.SpanID {
+			t.Errorf("%s's parent is %+v; want one of Envoy's ext_proc call spans under its request span %s", child.Name, parent, ingress.SpanID)
+		}
+	}
+	for _, name := range []string{"infergate.auth", "infergate.policy"} {
+		if sp := findSpan(t, base.spans, "infergate", name); sp.ParentID != gate.SpanID {
+			t.Errorf("%s not under the gate span", name)
+		}
+	}
+	first := findSpan(t, base.spans, "infergate", "infergate.upstream.first_token")
+	streamed := findSpan(t, base.spans, "infergate", "infergate.upstream.stream")
+	if first.ParentID != chat.SpanID || streamed.ParentID != chat.SpanID {
+		t.Error("first-token and stream spans not under the GenAI span")
+	}
+	for k, want := range map[string]any{"gen_ai.operation.name": "chat", "gen_ai.request.model": "pool-a",
+		"gen_ai.usage.output_tokens": int64(6), "infergate.pool": "pool-a", "infergate.attempts": int64(1)} {
+		if chat.Attrs[k] != want {
+			t.Errorf("GenAI span %s = %v, want %v", k, chat.Attrs[k], want)
+		}
+	}
+	if in, _ := chat.Attrs["gen_ai.usage.input_tokens"].(int64); in <= 0 {
+		t.Errorf("gen_ai.usage.input_tokens %v", chat.Attrs["gen_ai.usage.input_tokens"])
+	}
+	if d := absDur(first.Duration() - 60*time.Millisecond); d > 15*time.Millisecond {
+		t.Errorf("first-token span %v, mock TTFT 60ms", first.Duration())
+	}
+	// gateway + moderation + model = total (the stamp), and the total is
+	// what Envoy's own request span measured, within 5 ms.
+	st := base.st
+	if sum := st.Gatewayms + st.Checksms + st.E2Ems; math.Abs(sum-st.Totalms) > 1 {
+		t.Errorf("gateway %.2f + moderation %.2f + model %.2f = %.2f != total %.2f", st.Gatewayms, st.Checksms, st.E2Ems, sum, st.Totalms)
+	}
+	if d := math.Abs(st.Totalms - ms(ingress.Duration())); d > 5 {
+		t.Errorf("stamp total %.2f ms vs Envoy's request span %.2f ms", st.Totalms, ms(ingress.Duration()))
+	}
+	t.Logf("breakdown: total %.1f = gateway %.2f + moderation %.2f + model %.1f ms; Envoy's span %.1f ms",
+		st.Totalms, st.Gatewayms, st.Checksms, st.E2Ems, ms(ingress.Duration()))
+
+	// 2. Slow moderation: its 150 ms are moderation, not gateway or model.
+	if mod.Checksms < 150 || mod.Gatewayms > 20 || mod.E2Ems > base.st.E2Ems+30 {
+		t.Errorf("slow moderation: moderation %.1f, gateway %.1f, model %.1f ms", mod.Checksms, mod.Gatewayms, mod.E2Ems)
+	}
+	// 3. Slow pool: the model's.
+	if pool.E2Ems < 300 || pool.TTFTms < 295 || pool.Gatewayms > 20 || pool.Checksms > 1 {
+		t.Errorf("slow pool: model %.1f (TTFT %.1f), gateway %.1f, moderation %.1f ms", pool.E2Ems, pool.TTFTms, pool.Gatewayms, pool.Checksms)
+	}
+	// 4. Slow policy: the gateway's.
+	if slow.st.Policyms < 20 || slow.st.Gatewayms < slow.st.Policyms || slow.st.E2Ems > base.st.E2Ems+30 || slow.st.Checksms > 1 {
+		t.Errorf("slow policy: policy %.1f, gateway %.1f, model %.1f, moderation %.3f ms", slow.st.Policyms, slow.st.Gatewayms, slow.st.E2Ems, slow.st.Checksms)
+	}
+	if p := findSpan(t, slow.spans, "infergate", "infergate.policy"); ms(p.Duration()) < 20 {
+		t.Errorf("policy span %v", p.Duration())
+	}
+	t.Logf("slow moderation: moderation %.1f ms; slow pool: model %.1f ms; slow policy: gateway %.1f ms (policy %.1f)",
+		mod.Checksms, pool.E2Ems, slow.st.Gatewayms, slow.st.Policyms)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func hasSpan(spans []span, service, name string) bool {
+	for _, s := range spans {
+		if s.Service == service && s.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+func findSpan(t *testing.T, spans []span, service, name string) span {
+	t.Helper()
+	for _, s := range spans {
+		if s.Service == service && s.Name == name {
+			return s
+		}
+	}
+	var names []string
+	for _, s := range spans {
+		names = append(names, s.Service+":"+s.Name)
+	}
+	t.Fatalf("no %s span %q among %s", service, name, strings.Join(names, ", "))
+	return span{}
+}
+
+func byID(spans []span, id string) *span {
+	for i := range spans {
+		if spans[i].SpanID == id {
+			return &spans[i]
+		}
+	}
+	return nil
+}
