@@ -80,10 +80,11 @@ say "A bad request never reaches a pool"
 curl -s http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: application/json' \
   -d '{"messages":[]}' -w '   HTTP %{http_code}\n' | sed 's/^{/   {/'
 
-say "Load: $REQUESTS streamed requests per target, concurrency $CONCURRENCY, $MAX_TOKENS tokens each"
-note "direct = pool-a itself; gateway = Envoy + infergate in front of pool-a (interleaved, same load)"
+say "Load: $REQUESTS streamed requests per target after 8 of warm-up, $CONCURRENCY users per target, $MAX_TOKENS tokens each"
+note "direct = pool-a itself; gateway = Envoy + infergate in front of pool-a"
+note "each request goes to both, back to back in alternating order: the paired difference is what the gateway adds"
 bin/infergate bench --target direct=http://127.0.0.1:$POOL_A_PORT --target gateway=http://127.0.0.1:$LISTEN_PORT \
-  --model pool-a --concurrency "$CONCURRENCY" --requests "$REQUESTS" --max-tokens "$MAX_TOKENS" \
+  --model pool-a --concurrency "$CONCURRENCY" --requests "$REQUESTS" --warmup 8 --output-tokens "$MAX_TOKENS" \
   --json "$WORK/bench.json"
 
 say "The stamp infergate recorded for the first request ($RID)"
@@ -161,7 +162,7 @@ scripts/render-envoy.sh envoy/sla.yaml >"$WORK/envoy-sla.yaml"
 "$ENVOY_BIN" -c "$WORK/envoy-sla.yaml" --disable-hot-restart -l warning >"$WORK/envoy.log" 2>&1 & PIDS[3]=$!
 wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "envoy with routes over xDS"
 bin/infergate bench --target gateway=http://127.0.0.1:$LISTEN_PORT --model llama --concurrency 4 \
-  --requests 2000 --max-tokens 8 >/dev/null 2>&1 & LOAD=$!
+  --duration 60s --output-tokens 8 >/dev/null 2>&1 & LOAD=$!
 weights() { curl -s http://127.0.0.1:$INFERGATE_ADMIN/metrics | awk -F'[ "]' '/^infergate_pool_weight/ {for (i=1;i<NF;i++) if ($i ~ /pool=$/) p=$(i+1); w[p]=$NF} END {printf "pool-a %3d%%  pool-b %3d%%", w["pool-a"], w["pool-b"]}'; }
 for t in $(seq 1 22); do
   case $t in

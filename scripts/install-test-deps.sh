@@ -8,6 +8,9 @@
 #   Redis          redis-server from the distribution (Debian: apt-get, as root),
 #                  only if none is on PATH; the rate-limit tests start their own
 #                  throwaway servers, so no daemon is left running
+#   Chromium       chromium from the distribution (Debian: apt-get, as root),
+#                  only if none is on PATH; the HTML report test (bench/report)
+#                  opens the report in it, headless
 #
 # Idempotent; when everything is already in place it takes well under a second.
 #
@@ -19,12 +22,14 @@
 #           TEST_NODE=...          node binary
 #           TEST_CLIENTS_DIR=...   directory holding stream_openai.{py,mjs}
 #           REDIS_SERVER=...       redis-server binary
+#           CHROME_BIN=...         chromium binary
 #   stderr: progress messages.
 #
 # Environment:
 #   ENVOY_BIN     passed through to install-envoy.sh (use this Envoy instead)
 #   PYTHON        interpreter used to create the client venv (default: python3)
 #   REDIS_SERVER  use this redis-server instead of the one on PATH
+#   CHROME_BIN    use this Chromium (or Chrome) instead of chromium on PATH
 set -euo pipefail
 
 log() { printf '[install-test-deps] %s\n' "$*" >&2; }
@@ -176,8 +181,32 @@ REDIS_MAJOR="$(redis_major "$REDIS_PATH")" || die "could not read the version of
   || die "$REDIS_PATH is Redis $REDIS_MAJOR; the tests need Redis >= $REDIS_MIN_MAJOR"
 log "redis-server $REDIS_MAJOR.x at $REDIS_PATH"
 
+# ---------------------------------------------------------------------------
+# Chromium: the headless browser of the HTML report test (bench/report,
+# through chromedp). Debian's package; any recent Chromium or Chrome works.
+# ---------------------------------------------------------------------------
+if [[ -n "${CHROME_BIN:-}" ]]; then
+  CHROME_PATH="$CHROME_BIN"
+  [[ -x "$CHROME_PATH" ]] || die "CHROME_BIN=$CHROME_PATH is not an executable"
+elif CHROME_PATH="$(command -v chromium)"; then
+  :
+else
+  command -v apt-get >/dev/null 2>&1 \
+    || die "chromium not found; install Chromium or set CHROME_BIN"
+  [[ "$(id -u)" -eq 0 ]] \
+    || die "chromium not found; install it (Debian: sudo apt-get install chromium) or set CHROME_BIN"
+  log "installing Debian's chromium with apt-get"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+  CHROME_PATH="$(command -v chromium)" || die "chromium not on PATH after installing it"
+fi
+# Debian's launcher script prints shell noise on stderr; only the version matters.
+CHROME_VERSION="$("$CHROME_PATH" --version 2>/dev/null)" || die "could not run $CHROME_PATH --version"
+log "$CHROME_VERSION at $CHROME_PATH"
+
 printf 'ENVOY_BIN=%q\n' "$ENVOY_PATH"
 printf 'TEST_PYTHON=%q\n' "$PY_VENV/bin/python"
 printf 'TEST_NODE=%q\n' "$NODE"
 printf 'TEST_CLIENTS_DIR=%q\n' "$CLIENTS"
 printf 'REDIS_SERVER=%q\n' "$REDIS_PATH"
+printf 'CHROME_BIN=%q\n' "$CHROME_PATH"

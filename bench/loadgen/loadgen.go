@@ -1,24 +1,25 @@
-// Package loadgen is a minimal closed-loop load generator for
-// OpenAI-compatible streaming chat completions. It measures what a client
-// sees: time to first token (TTFT), the gaps between content events
-// (inter-token latency, ITL) and end-to-end latency (E2E).
+// Package loadgen is a load generator for OpenAI-compatible chat
+// completion endpoints. It measures what a client sees: time to first token
+// (TTFT), the gaps between content events (inter-token latency, ITL),
+// end-to-end latency (E2E) and throughput, in a closed loop (a number of
+// users) or an open loop (arrivals on a seeded schedule), with latency also
+// measured from each request's intended send time so that an overloaded
+// target cannot hide behind coordinated omission.
 //
-// Several targets are driven by the same workers, interleaved request by
-// request, so that on a noisy machine every target sees the same conditions
-// and a side-by-side comparison measures the targets rather than the moment
-// each one happened to run.
+// Several targets are driven by the same schedule: each workload item goes
+// to every target, back to back in an order that rotates item by item, so
+// that on a noisy machine every target sees the same conditions and the
+// same requests, and a paired comparison measures the targets rather than
+// the moment each one happened to run.
 package loadgen
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
+	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -26,126 +27,78 @@ import (
 	"time"
 )
 
-// ChatPath is appended to each Target's URL.
-const ChatPath = "/v1/chat/completions"
-
-// maxErrorBody bounds how much of a non-2xx body is read for its message.
-const maxErrorBody = 64 << 10
-
 // Target is one endpoint under test.
 type Target struct {
 	Name string `json:"name"` // label in results; must be unique within a run
 	URL  string `json:"url"`  // base URL, e.g. http://127.0.0.1:10000; requests go to URL+ChatPath
 }
 
-// Options configures Run.
-type Options struct {
-	Targets     []Target
-	Model       string
-	Concurrency int // closed loop: this many workers, shared by all targets
-	Requests    int // per target
-	MaxTokens   int
-	Prompt      string
-	Headers     map[string]string // sent on every request; "Host" sets the request's Host
-	Timeout     time.Duration     // per request, including the whole stream; 0 means none
+// Phase is the part of a run a request was sent in. Only Measure requests
+// count in the metrics; the others keep the target loaded around them.
+type Phase uint8
+
+// Phases, in run order.
+const (
+	Warmup Phase = iota
+	Measure
+	Cooldown
+)
+
+func (p Phase) String() string {
+	return [...]string{"warmup", "measure", "cooldown"}[p]
+}
+
+// Bound ends a phase after Requests items or Duration, whichever comes
+// first; a zero Bound is an empty phase. Time is the open-loop schedule's
+// (intended send times) or, in a closed loop, the wall clock.
+type Bound struct {
+	Requests int
+	Duration time.Duration
+}
+
+// IsZero reports whether the phase is empty.
+func (b Bound) IsZero() bool { return b.Requests <= 0 && b.Duration <= 0 }
+
+// Config configures Run.
+type Config struct {
+	Targets []Target
+
+	// Rate zero is a closed loop: Concurrency users, each sending its next
+	// item as soon as the previous one finished on every target. Rate
+	// positive is an open loop: items arrive on a Schedule, and Concurrency,
+	// if positive, caps the items in flight (the wait is Sample.Queue).
+	Concurrency int
+	Rate        float64 // items per second (each item goes to every target)
+	Arrival     Arrival
+	Burstiness  float64       // gamma shape
+	RampUp      time.Duration // open loop: rate rises linearly from 0; closed loop: users start evenly over it
+	RampUsers   float64       // closed loop: users started per second (instead of RampUp)
+
+	Warmup, Measure, Cooldown Bound
+
+	Workload *Workload
+	Seed     int64
+	Timeout  time.Duration // per request, whole stream included; 0 means none
 
 	// OnSample, if set, is called after each request completes (for
-	// progress reporting). It is called from several goroutines at once.
-	OnSample func(Sample)
+	// progress). It is called from several goroutines at once.
+	OnSample func(*Sample)
 }
 
-// Sample is one request as the client saw it. Start is taken just before
-// the request is sent; TTFT and E2E are measured from Start.
-type Sample struct {
-	Target       string          `json:"target"`
-	Start        time.Time       `json:"start"`
-	TTFT         time.Duration   `json:"ttft_ns"`         // to the first event with non-empty choices[0].delta.content
-	E2E          time.Duration   `json:"e2e_ns"`          // to "data: [DONE]" (or the end of the body)
-	Gaps         []time.Duration `json:"gaps_ns"`         // between consecutive content-bearing events
-	OutputTokens int             `json:"output_tokens"`   // usage.completion_tokens if sent, else content events
-	Status       int             `json:"status"`          // HTTP status; 0 if no response arrived
-	Err          string          `json:"error,omitempty"` // empty on success
-	Bytes        int             `json:"bytes"`           // response body bytes read
-}
+// Open reports whether the run is open-loop.
+func (c *Config) Open() bool { return c.Rate > 0 }
 
-// Run sends opts.Requests streaming chat completions to each target, using
-// opts.Concurrency workers in a closed loop. Worker i sends its k-th request
-// to target (i+k) % len(Targets), moving on to the next target with requests
-// left once one has had its share, so each target gets exactly Requests.
-//
-// The result maps each target's name to its samples, sorted by Start. If ctx
-// ends early, Run stops, drops the requests it aborted (they say nothing
-// about the target) and returns what it has with ctx's error.
-func Run(ctx context.Context, opts Options) (map[string][]Sample, error) {
-	if err := opts.validate(); err != nil {
-		return nil, err
-	}
-	body, err := json.Marshal(chatRequest{
-		Model:         opts.Model,
-		Messages:      []chatMessage{{Role: "user", Content: opts.Prompt}},
-		MaxTokens:     opts.MaxTokens,
-		Stream:        true,
-		StreamOptions: streamOptions{IncludeUsage: true},
-	})
-	if err != nil {
-		return nil, err
-	}
-	n := len(opts.Targets)
-	client := newClient(opts.Concurrency * n)
-	defer client.CloseIdleConnections()
-
-	remaining := make([]atomic.Int64, n)
-	for i := range remaining {
-		remaining[i].Store(int64(opts.Requests))
-	}
-	claim := func(preferred int) (int, bool) {
-		for j := range n {
-			t := (preferred + j) % n
-			if remaining[t].Add(-1) >= 0 {
-				return t, true
-			}
-		}
-		return 0, false
-	}
-
-	var mu sync.Mutex
-	out := make(map[string][]Sample, n)
-	var wg sync.WaitGroup
-	for i := range opts.Concurrency {
-		wg.Go(func() {
-			for k := 0; ctx.Err() == nil; k++ {
-				t, ok := claim(i + k)
-				if !ok {
-					return
-				}
-				s := doRequest(ctx, client, &opts, opts.Targets[t], body)
-				if s.Err != "" && ctx.Err() != nil {
-					return // aborted by the caller
-				}
-				if opts.OnSample != nil {
-					opts.OnSample(s)
-				}
-				mu.Lock()
-				out[s.Target] = append(out[s.Target], s)
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	for _, ss := range out {
-		slices.SortFunc(ss, func(a, b Sample) int { return a.Start.Compare(b.Start) })
-	}
-	return out, ctx.Err()
-}
-
-func (o *Options) validate() error {
-	if len(o.Targets) == 0 {
+func (c *Config) validate() error {
+	if len(c.Targets) == 0 {
 		return errors.New("loadgen: no targets")
 	}
-	seen := make(map[string]bool, len(o.Targets))
-	for _, t := range o.Targets {
+	seen := make(map[string]bool, len(c.Targets))
+	for _, t := range c.Targets {
 		if t.Name == "" || t.URL == "" {
 			return fmt.Errorf("loadgen: target %q needs a name and a URL", t.Name+"="+t.URL)
+		}
+		if u, err := url.Parse(t.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("loadgen: target %q: want an http(s) base URL, got %q", t.Name, t.URL)
 		}
 		if seen[t.Name] {
 			return fmt.Errorf("loadgen: duplicate target name %q", t.Name)
@@ -153,261 +106,360 @@ func (o *Options) validate() error {
 		seen[t.Name] = true
 	}
 	switch {
-	case o.Model == "":
-		return errors.New("loadgen: no model")
-	case o.Concurrency < 1:
-		return fmt.Errorf("loadgen: concurrency must be at least 1, got %d", o.Concurrency)
-	case o.Requests < 1:
-		return fmt.Errorf("loadgen: requests must be at least 1, got %d", o.Requests)
-	case o.MaxTokens < 1:
-		return fmt.Errorf("loadgen: max tokens must be at least 1, got %d", o.MaxTokens)
-	case o.Timeout < 0:
-		return fmt.Errorf("loadgen: negative timeout %s", o.Timeout)
+	case c.Workload == nil:
+		return errors.New("loadgen: no workload")
+	case math.IsNaN(c.Rate) || math.IsInf(c.Rate, 0) || c.Rate < 0:
+		return fmt.Errorf("loadgen: rate must be a positive number, got %g", c.Rate)
+	case !c.Open() && c.Concurrency < 1:
+		return fmt.Errorf("loadgen: concurrency must be at least 1, got %d", c.Concurrency)
+	case c.Concurrency < 0:
+		return fmt.Errorf("loadgen: negative concurrency %d", c.Concurrency)
+	case c.Measure.IsZero():
+		return errors.New("loadgen: the measurement needs a request count or a duration")
+	case c.Timeout < 0 || c.RampUp < 0 || c.RampUsers < 0:
+		return errors.New("loadgen: negative timeout or ramp")
+	case c.Open() && c.RampUsers > 0:
+		return errors.New("loadgen: users per second ramp is for a closed loop; use a ramp duration")
+	}
+	for _, b := range []Bound{c.Warmup, c.Measure, c.Cooldown} {
+		if b.Requests < 0 || b.Duration < 0 {
+			return errors.New("loadgen: negative phase length")
+		}
+	}
+	if c.Open() {
+		if _, err := NewSchedule(c.Arrival, c.Rate, c.Burstiness, c.RampUp, c.Seed); err != nil {
+			return err
+		}
+	}
+	c.Workload.Seed = c.Seed
+	return c.Workload.validate()
+}
+
+// Recording is what Run measured: every completed request of every phase,
+// plus the ITL histogram of each target's measured requests (gaps are too
+// many to keep per request).
+type Recording struct {
+	Targets []Target
+	Start   time.Time
+	End     time.Time
+	// Samples holds each target's requests, sorted by Start. Requests the
+	// run aborted (cancelled, or cool-down cut short) are not included.
+	Samples [][]Sample
+	// MeasureFrom and CooldownFrom are the phase boundaries as offsets
+	// from Start (-1 when the phase never began).
+	MeasureFrom, CooldownFrom time.Duration
+
+	mu  sync.Mutex
+	itl []*hist
+}
+
+// Run sends the workload to every target and records what each request
+// saw. If ctx ends early, Run stops, drops the requests it aborted (they
+// say nothing about the target) and returns what it has with ctx's error.
+func Run(ctx context.Context, cfg Config) (*Recording, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	conns := cfg.Concurrency
+	if conns == 0 {
+		conns = 1024
+	}
+	r := &runner{
+		cfg:    &cfg,
+		client: newClient(conns, len(cfg.Targets)),
+		urls:   make([]string, len(cfg.Targets)),
+		rec: &Recording{
+			Targets: cfg.Targets,
+			Samples: make([][]Sample, len(cfg.Targets)),
+			itl:     make([]*hist, len(cfg.Targets)),
+		},
+	}
+	defer r.client.CloseIdleConnections()
+	for i, t := range cfg.Targets {
+		r.urls[i] = strings.TrimSuffix(t.URL, "/") + ChatPath
+		r.rec.itl[i] = newHist()
+	}
+	r.coolCtx, r.endCooldown = context.WithCancel(ctx)
+	defer r.endCooldown()
+	r.phases = newPhaser([3]Bound{cfg.Warmup, cfg.Measure, cfg.Cooldown}, &r.measuring)
+
+	r.rec.Start = time.Now()
+	var err error
+	if cfg.Open() {
+		err = r.openLoop(ctx)
+	} else {
+		r.closedLoop(ctx)
+	}
+	r.wg.Wait()
+	r.rec.End = time.Now()
+	r.rec.MeasureFrom, r.rec.CooldownFrom = r.phases.from[Measure], r.phases.from[Cooldown]
+	for _, ss := range r.rec.Samples {
+		slices.SortFunc(ss, func(a, b Sample) int { return a.Start.Compare(b.Start) })
+	}
+	if err == nil {
+		err = ctx.Err()
+	}
+	return r.rec, err
+}
+
+type runner struct {
+	cfg       *Config
+	client    *http.Client
+	urls      []string
+	rec       *Recording
+	phases    *phaser
+	measuring atomic.Int64 // measured items in flight
+	coolCtx   context.Context
+	// endCooldown cuts short the cool-down requests still running once the
+	// run is over: they have done their job, keeping the load on.
+	endCooldown context.CancelFunc
+	wg          sync.WaitGroup
+	readers     sync.Pool
+}
+
+// job is one item to send to every target.
+type job struct {
+	req      *Request
+	phase    Phase
+	intended time.Time
+	queue    time.Duration
+}
+
+// closedLoop runs Concurrency users until the phases are over.
+func (r *runner) closedLoop(ctx context.Context) {
+	users := r.cfg.Concurrency
+	step := time.Duration(0)
+	switch {
+	case r.cfg.RampUsers > 0:
+		step = time.Duration(float64(time.Second) / r.cfg.RampUsers)
+	case r.cfg.RampUp > 0 && users > 1:
+		step = r.cfg.RampUp / time.Duration(users-1)
+	}
+	for u := range users {
+		r.wg.Go(func() {
+			intended := r.rec.Start.Add(time.Duration(u) * step)
+			if !sleepUntil(ctx, intended) {
+				return
+			}
+			for ctx.Err() == nil {
+				k, phase, ok := r.phases.claim(time.Since(r.rec.Start))
+				if !ok {
+					r.endCooldown()
+					return
+				}
+				req, err := r.cfg.Workload.Item(k)
+				if err != nil {
+					r.fail(k, phase, intended, err)
+					r.phases.finish(phase)
+					continue
+				}
+				r.fire(ctx, job{req: req, phase: phase, intended: intended})
+				intended = time.Now()
+			}
+		})
+	}
+}
+
+// openLoop dispatches items at their scheduled times until the phases are
+// over. Items are built before their time comes, so building never makes
+// the generator late; waiting for a concurrency slot does, and is measured.
+func (r *runner) openLoop(ctx context.Context) error {
+	sched, err := NewSchedule(r.cfg.Arrival, r.cfg.Rate, r.cfg.Burstiness, r.cfg.RampUp, r.cfg.Seed)
+	if err != nil {
+		return err
+	}
+	var slots chan struct{}
+	if r.cfg.Concurrency > 0 {
+		slots = make(chan struct{}, r.cfg.Concurrency)
+	}
+	for ctx.Err() == nil {
+		off := sched.Next()
+		intended := r.rec.Start.Add(off)
+		k, phase, ok := r.phases.claim(off)
+		if !ok {
+			// The schedule runs to the end of its last phase.
+			sleepUntil(ctx, intended)
+			r.endCooldown()
+			return nil
+		}
+		req, err := r.cfg.Workload.Item(k)
+		if err != nil {
+			r.fail(k, phase, intended, err)
+			r.phases.finish(phase)
+			continue
+		}
+		if !sleepUntil(ctx, intended) {
+			r.phases.finish(phase)
+			return nil
+		}
+		j := job{req: req, phase: phase, intended: intended}
+		if slots != nil {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				r.phases.finish(phase)
+				return nil
+			}
+			j.queue = time.Since(intended)
+		}
+		r.wg.Go(func() {
+			r.fire(ctx, j)
+			if slots != nil {
+				<-slots
+			}
+		})
 	}
 	return nil
 }
 
-// newClient returns a keep-alive HTTP/1.1 client able to hold one idle
-// connection per worker per target, so steady state opens no connections.
-// Proxies and compression are off: the tool measures the target, directly.
-func newClient(conns int) *http.Client {
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	return &http.Client{Transport: &http.Transport{
-		DialContext:           dialer.DialContext,
-		MaxIdleConns:          conns,
-		MaxIdleConnsPerHost:   conns,
-		IdleConnTimeout:       90 * time.Second,
-		TLSHandshakeTimeout:   10 * time.Second,
-		ExpectContinueTimeout: time.Second,
-		DisableCompression:    true,
-	}}
-}
-
-type chatRequest struct {
-	Model         string        `json:"model"`
-	Messages      []chatMessage `json:"messages"`
-	MaxTokens     int           `json:"max_tokens"`
-	Stream        bool          `json:"stream"`
-	StreamOptions streamOptions `json:"stream_options"`
-}
-
-type chatMessage struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-}
-
-type streamOptions struct {
-	IncludeUsage bool `json:"include_usage"`
-}
-
-// streamChunk is the part of a chat.completion.chunk the client needs.
-type streamChunk struct {
-	Choices []struct {
-		Delta struct {
-			Content string `json:"content"`
-		} `json:"delta"`
-	} `json:"choices"`
-	Usage *struct {
-		CompletionTokens int `json:"completion_tokens"`
-	} `json:"usage"`
-	Error *struct {
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-// doRequest sends one request and reads its stream to the end.
-func doRequest(ctx context.Context, client *http.Client, opts *Options, t Target, body []byte) Sample {
-	s := Sample{Target: t.Name}
-	if opts.Timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, opts.Timeout)
-		defer cancel()
+// fire sends j to every target, back to back, starting with target
+// item mod n so that no target always goes first, and waits for all.
+func (r *runner) fire(ctx context.Context, j job) {
+	defer r.phases.finish(j.phase)
+	if j.phase == Cooldown {
+		ctx = r.coolCtx
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(t.URL, "/")+ChatPath, bytes.NewReader(body))
-	if err != nil {
-		s.Start = time.Now()
-		s.Err = err.Error()
-		return s
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "text/event-stream")
-	for k, v := range opts.Headers {
-		if strings.EqualFold(k, "Host") {
-			req.Host = v
-			continue
+	n := len(r.urls)
+	var wg sync.WaitGroup
+	for i := range n {
+		t := (j.req.Item + i) % n
+		if i == n-1 {
+			r.send(ctx, j, t)
+			break
 		}
-		req.Header.Set(k, v)
+		wg.Go(func() { r.send(ctx, j, t) })
 	}
-
-	s.Start = time.Now()
-	resp, err := client.Do(req)
-	if err != nil {
-		s.E2E = time.Since(s.Start)
-		s.Err = describe(err, opts.Timeout)
-		return s
-	}
-	defer resp.Body.Close()
-	s.Status = resp.StatusCode
-	cr := &countingReader{r: resp.Body}
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		b, _ := io.ReadAll(io.LimitReader(cr, maxErrorBody))
-		s.E2E = time.Since(s.Start)
-		s.Bytes = cr.n
-		s.Err = httpError(resp.StatusCode, b)
-		return s
-	}
-	s.Gaps = make([]time.Duration, 0, opts.MaxTokens)
-	s.readStream(cr, opts.Timeout)
-	s.Bytes = cr.n
-	return s
+	wg.Wait()
 }
 
-// readStream parses server-sent events line by line, timing each event when
-// the blank line that ends it arrives.
-func (s *Sample) readStream(cr *countingReader, timeout time.Duration) {
-	br := bufio.NewReaderSize(cr, 16<<10)
-	var (
-		line, data  []byte
-		pending     bool // data holds an event not yet dispatched
-		done        bool
-		last        time.Time
-		events      int
-		usageTokens = -1
-		err         error
-	)
-	dispatch := func() bool { // reports whether to keep reading
-		pending = false
-		now := time.Now()
-		if string(data) == "[DONE]" {
-			done = true
-			s.E2E = now.Sub(s.Start)
-			return false
+func (r *runner) send(ctx context.Context, j job, t int) {
+	sr, _ := r.readers.Get().(*streamReader)
+	if sr == nil {
+		sr = newStreamReader()
+	}
+	defer r.readers.Put(sr)
+	s := Sample{Target: t, Item: j.req.Item, Phase: j.phase, Intended: j.intended, Queue: j.queue}
+	do(ctx, r.client, r.urls[t], j.req, r.cfg.Timeout, sr, &s)
+	if !s.OK() && ctx.Err() != nil {
+		return // aborted by the run, not failed by the target
+	}
+	r.record(&s, sr.gaps)
+}
+
+// fail records an item that could not even be built, on every target.
+func (r *runner) fail(k int, phase Phase, intended time.Time, err error) {
+	for t := range r.urls {
+		s := Sample{Target: t, Item: k, Phase: phase, Intended: intended, Start: time.Now()}
+		s.fail(ClassOther, err.Error())
+		r.record(&s, nil)
+	}
+}
+
+func (r *runner) record(s *Sample, gaps []time.Duration) {
+	rec := r.rec
+	rec.mu.Lock()
+	rec.Samples[s.Target] = append(rec.Samples[s.Target], *s)
+	if s.Phase == Measure && s.OK() {
+		h := rec.itl[s.Target]
+		for _, g := range gaps {
+			h.record(g)
 		}
-		var c streamChunk
-		if err := json.Unmarshal(data, &c); err != nil {
-			s.Err = "malformed stream event: " + truncate(string(data), 200)
-			return false
-		}
-		if c.Error != nil {
-			s.Err = "error event in stream: " + c.Error.Message
-			return false
-		}
-		if c.Usage != nil {
-			usageTokens = c.Usage.CompletionTokens
-		}
-		if len(c.Choices) > 0 && c.Choices[0].Delta.Content != "" {
-			if events == 0 {
-				s.TTFT = now.Sub(s.Start)
-			} else {
-				s.Gaps = append(s.Gaps, now.Sub(last))
-			}
-			last = now
-			events++
-		}
+	}
+	rec.mu.Unlock()
+	if r.cfg.OnSample != nil {
+		r.cfg.OnSample(s)
+	}
+}
+
+// sleepUntil waits for t; false if ctx ended first.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
 		return true
+	case <-ctx.Done():
+		return false
 	}
+}
 
-	for err == nil {
-		line, err = readLine(br, line)
-		l := bytes.TrimRight(line, "\r\n")
-		switch {
-		case len(l) == 0:
-			if pending && !dispatch() {
-				err = errStop
-			}
-		case bytes.HasPrefix(l, []byte("data:")):
-			v := bytes.TrimPrefix(l[len("data:"):], []byte(" "))
-			if pending {
-				data = append(data, '\n')
-			} else {
-				data = data[:0]
-			}
-			data = append(data, v...)
-			pending = true
+// phaser hands out item indices and says which phase each belongs to. A
+// phase ends when its Bound is reached; cool-down also lasts until no
+// measured item is in flight, so the last measured requests see the same
+// load as the first.
+type phaser struct {
+	mu        sync.Mutex
+	bounds    [3]Bound
+	phase     Phase
+	next      int // next item index
+	inPhase   int // items claimed in this phase
+	start     time.Duration
+	from      [3]time.Duration
+	done      bool
+	measuring *atomic.Int64
+}
+
+func newPhaser(bounds [3]Bound, measuring *atomic.Int64) *phaser {
+	p := &phaser{bounds: bounds, measuring: measuring, from: [3]time.Duration{-1, -1, -1}}
+	p.enter(Warmup, 0)
+	return p
+}
+
+// claim returns the next item and its phase; ok is false once the run is over.
+func (p *phaser) claim(now time.Duration) (item int, phase Phase, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for !p.done {
+		end, over := p.over(now)
+		if !over {
+			break
 		}
-		// Comments (":...") and other fields (event, id, retry) are ignored.
+		p.enter(p.phase+1, end)
 	}
-	if pending && errors.Is(err, io.EOF) {
-		dispatch() // a last event without its blank line
+	if p.done {
+		return 0, 0, false
 	}
-	if done {
-		// Drain the little that follows [DONE] so the connection is reused.
-		_, _ = io.Copy(io.Discard, io.LimitReader(br, maxErrorBody))
-	} else if s.E2E == 0 {
-		s.E2E = time.Since(s.Start)
+	if p.phase == Measure {
+		p.measuring.Add(1)
 	}
+	item, p.next, p.inPhase = p.next, p.next+1, p.inPhase+1
+	return item, p.phase, true
+}
 
-	s.OutputTokens = events
-	if usageTokens >= 0 {
-		s.OutputTokens = usageTokens
+// finish is called when an item of phase is done on every target.
+func (p *phaser) finish(phase Phase) {
+	if phase == Measure {
+		p.measuring.Add(-1)
 	}
+}
+
+// over reports whether the current phase has reached its bound, and when
+// it ended: its nominal end if its time ran out, else now.
+func (p *phaser) over(now time.Duration) (end time.Duration, over bool) {
+	b := p.bounds[p.phase]
 	switch {
-	case s.Err != "":
-	case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, errStop):
-		s.Err = "reading stream: " + describe(err, timeout)
-	case !done:
-		s.Err = "stream ended without data: [DONE]"
-	case events == 0:
-		s.Err = "stream carried no content"
+	case p.phase == Cooldown && p.measuring.Load() > 0:
+		return 0, false
+	case b.Requests > 0 && p.inPhase >= b.Requests:
+		return now, true
+	case b.Duration > 0 && now-p.start >= b.Duration:
+		return p.start + b.Duration, true
 	}
+	return 0, false
 }
 
-var errStop = errors.New("stop")
-
-// readLine returns the next line including its newline; buf is reused for
-// lines longer than br's buffer. The result is valid until the next call.
-func readLine(br *bufio.Reader, buf []byte) ([]byte, error) {
-	line, err := br.ReadSlice('\n')
-	if !errors.Is(err, bufio.ErrBufferFull) {
-		return line, err
+// enter starts the first non-empty phase from ph on, at time now.
+func (p *phaser) enter(ph Phase, now time.Duration) {
+	for int(ph) < len(p.bounds) && p.bounds[ph].IsZero() {
+		ph++
 	}
-	buf = append(buf[:0], line...)
-	for errors.Is(err, bufio.ErrBufferFull) {
-		line, err = br.ReadSlice('\n')
-		buf = append(buf, line...)
+	if int(ph) >= len(p.bounds) {
+		p.done = true
+		return
 	}
-	return buf, err
-}
-
-type countingReader struct {
-	r io.Reader
-	n int
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += n
-	return n, err
-}
-
-// httpError describes a non-2xx response, using an OpenAI-style
-// {"error":{"message":...}} body when there is one.
-func httpError(status int, body []byte) string {
-	var e struct {
-		Error *struct {
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	msg := strings.TrimSpace(string(body))
-	if json.Unmarshal(body, &e) == nil && e.Error != nil && e.Error.Message != "" {
-		msg = e.Error.Message
-	}
-	if msg == "" {
-		return fmt.Sprintf("HTTP %d", status)
-	}
-	return fmt.Sprintf("HTTP %d: %s", status, truncate(msg, 200))
-}
-
-func describe(err error, timeout time.Duration) string {
-	if errors.Is(err, context.DeadlineExceeded) && timeout > 0 {
-		return fmt.Sprintf("timed out after %s", timeout)
-	}
-	return err.Error()
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n] + "..."
+	p.phase, p.from[ph], p.start, p.inPhase = ph, now, now, 0
 }

@@ -1,7 +1,6 @@
 package loadgen
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,13 +15,17 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/bench/result"
 )
 
-// newMock starts a mock upstream (TTFT 30ms, ITL 5ms). conns counts the
-// TCP connections it accepted.
-func newMock(t *testing.T, wrap func(http.Handler) http.Handler) (m *mock.Server, url string, conns *atomic.Int64) {
+// Timing bounds in these tests are loose: the machine running them may be
+// small and busy (2 cores shared with the mock and the race detector).
+
+// newMock starts a mock upstream with cfg. conns counts the TCP
+// connections it accepted.
+func newMock(t *testing.T, cfg mock.Config, wrap func(http.Handler) http.Handler) (m *mock.Server, url string, conns *atomic.Int64) {
 	t.Helper()
-	m = mock.New(mock.Config{TTFT: 30 * time.Millisecond, ITL: 5 * time.Millisecond}, slog.New(slog.DiscardHandler))
+	m = mock.New(cfg, slog.New(slog.DiscardHandler))
 	h := m.Handler()
 	if wrap != nil {
 		h = wrap(h)
@@ -39,59 +42,105 @@ func newMock(t *testing.T, wrap func(http.Handler) http.Handler) (m *mock.Server
 	return m, srv.URL, conns
 }
 
-func TestRunInterleavedAgainstMock(t *testing.T) {
-	ma, urlA, connsA := newMock(t, nil)
-	mb, urlB, connsB := newMock(t, nil)
-	opts := Options{
-		Targets:     []Target{{"a", urlA}, {"b", urlB}},
-		Model:       "demo",
-		Concurrency: 3, // odd, so workers cannot split evenly between targets
-		Requests:    7,
-		MaxTokens:   16,
-		Prompt:      "hello",
-		Headers:     map[string]string{"x-bench": "1"},
-		Timeout:     5 * time.Second,
+func fixed(n int) result.Range { return result.Range{Min: n, Max: n, Dist: "uniform"} }
+
+// baseConfig is a small closed-loop run against urls (targets a, b, ...).
+func baseConfig(urls ...string) Config {
+	var ts []Target
+	for i, u := range urls {
+		ts = append(ts, Target{Name: string(rune('a' + i)), URL: u})
 	}
-	start := time.Now()
-	res, err := Run(context.Background(), opts)
-	wall := time.Since(start)
+	return Config{
+		Targets:     ts,
+		Concurrency: 2,
+		Measure:     Bound{Requests: 8},
+		Seed:        1,
+		Timeout:     10 * time.Second,
+		Workload: &Workload{
+			Models: []result.Weight{{Value: "demo", Weight: 1}},
+			Input:  fixed(8),
+			Output: fixed(8),
+			Stream: true,
+		},
+	}
+}
+
+func run(t *testing.T, cfg Config) *Recording {
+	t.Helper()
+	rec, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return rec
+}
 
-	for name, m := range map[string]*mock.Server{"a": ma, "b": mb} {
-		if got := m.Served(); got != int64(opts.Requests) {
-			t.Errorf("mock %s served %d requests, want %d", name, got, opts.Requests)
+func between(t *testing.T, what string, got, lo, hi float64) {
+	t.Helper()
+	if got < lo || got > hi {
+		t.Errorf("%s = %.3f, want within [%g, %g]", what, got, lo, hi)
+	}
+}
+
+// TestMeasuresMockCadence checks TTFT, ITL, TPOT and token counts against a
+// mock streaming at a known cadence, and the request the generator sent.
+func TestMeasuresMockCadence(t *testing.T) {
+	m, url, conns := newMock(t, mock.Config{TTFT: 30 * time.Millisecond, ITL: 5 * time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Measure = Bound{Requests: 10}
+	cfg.Workload.Output = fixed(16)
+	cfg.Workload.Keys = []Key{{Name: "acme", Key: "sk-acme", Weight: 1}}
+	cfg.Workload.Headers = map[string]string{"x-bench": "1"}
+	rec := run(t, cfg)
+	got := rec.Result(0, result.SLO{})
+	mt := got.Metrics
+
+	if mt.Requests != (result.Counts{Sent: 10, Succeeded: 10}) || m.Served() != 10 {
+		t.Fatalf("requests %+v, mock served %d", mt.Requests, m.Served())
+	}
+	between(t, "TTFT p50 (mock 30ms)", mt.TTFTMs.P50, 29, 150)
+	between(t, "ITL p50 (mock 5ms)", mt.ITLMs.P50, 2, 25)
+	between(t, "TPOT p50 (mock 5ms)", mt.TPOTMs.P50, 3, 25)
+	between(t, "E2E min (30 + 15×5 ms)", mt.E2EMs.Min, 100, 1000)
+	if mt.ITLMs.N != 10*15 || mt.TPOTMs.N != 10 || mt.MaxStallMs.N != 10 {
+		t.Errorf("ITL pooled %d gaps, TPOT %d, stalls %d; want 150, 10, 10", mt.ITLMs.N, mt.TPOTMs.N, mt.MaxStallMs.N)
+	}
+	if mt.OutputTokens != 160 || mt.TokenSource != "usage" || mt.InputTokens == 0 {
+		t.Errorf("tokens: output %d from %q, input %d", mt.OutputTokens, mt.TokenSource, mt.InputTokens)
+	}
+	if mt.Throughput.RequestsPerS <= 0 || mt.Throughput.OutputTokensPerS != 16*mt.Throughput.RequestsPerS {
+		t.Errorf("throughput %+v", mt.Throughput)
+	}
+	if p := mt.Throughput.PeakConcurrency; p < 1 || p > 2 {
+		t.Errorf("peak concurrency %d with 2 users", p)
+	}
+	// Every CDF and the timeline are filled for the charts.
+	for name, cdf := range map[string][][2]float64{"ttft": got.CDF.TTFTMs, "itl": got.CDF.ITLMs, "e2e": got.CDF.E2EMs} {
+		if len(cdf) == 0 || len(cdf) > cdfPoints || cdf[len(cdf)-1][1] != 1 {
+			t.Errorf("%s CDF: %d points, last %v", name, len(cdf), cdf[len(cdf)-1])
 		}
-		if got := len(res[name]); got != opts.Requests {
-			t.Errorf("target %s has %d samples, want %d", name, got, opts.Requests)
-		}
-		for _, s := range res[name] {
-			if s.Err != "" || s.Status != http.StatusOK {
-				t.Errorf("target %s: status %d, err %q", name, s.Status, s.Err)
-			}
-			if s.OutputTokens != opts.MaxTokens || len(s.Gaps) != opts.MaxTokens-1 {
-				t.Errorf("target %s: %d output tokens and %d gaps, want %d and %d",
-					name, s.OutputTokens, len(s.Gaps), opts.MaxTokens, opts.MaxTokens-1)
-			}
-			if s.Bytes == 0 || s.E2E < s.TTFT {
-				t.Errorf("target %s: bytes %d, ttft %s, e2e %s", name, s.Bytes, s.TTFT, s.E2E)
+		for i := 1; i < len(cdf); i++ {
+			if cdf[i][0] < cdf[i-1][0] || cdf[i][1] < cdf[i-1][1] {
+				t.Errorf("%s CDF not monotone at %d: %v then %v", name, i, cdf[i-1], cdf[i])
 			}
 		}
 	}
-
-	// Keep-alive: no more connections per target than workers.
-	if a, b := connsA.Load(), connsB.Load(); a > int64(opts.Concurrency) || b > int64(opts.Concurrency) {
-		t.Errorf("connections not reused: %d and %d for %d workers", a, b, opts.Concurrency)
+	if len(got.Timeline) == 0 || got.Timeline[0].Phase != "measure" {
+		t.Errorf("timeline %+v", got.Timeline)
+	}
+	if c := conns.Load(); c > 2 {
+		t.Errorf("connections not reused: %d for 2 users", c)
 	}
 
-	h, body := ma.LastRequest()
-	if h.Get("x-bench") != "1" {
-		t.Errorf("custom header not sent: %v", h)
+	h, body := m.LastRequest()
+	if h.Get("x-bench") != "1" || h.Get("Authorization") != "Bearer sk-acme" {
+		t.Errorf("headers not sent: %v", h)
 	}
 	var req struct {
-		Stream        bool `json:"stream"`
-		MaxTokens     int  `json:"max_tokens"`
+		Model         string `json:"model"`
+		MaxTokens     int    `json:"max_tokens"`
+		MinTokens     int    `json:"min_tokens"`
+		IgnoreEOS     bool   `json:"ignore_eos"`
+		Stream        bool   `json:"stream"`
 		StreamOptions struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
@@ -100,201 +149,395 @@ func TestRunInterleavedAgainstMock(t *testing.T) {
 	if err := json.Unmarshal(body, &req); err != nil {
 		t.Fatal(err)
 	}
-	if !req.Stream || !req.StreamOptions.IncludeUsage || req.MaxTokens != 16 ||
-		len(req.Messages) != 1 || req.Messages[0] != (chatMessage{"user", "hello"}) {
+	if req.Model != "demo" || req.MaxTokens != 16 || req.MinTokens != 16 || !req.IgnoreEOS || !req.Stream ||
+		!req.StreamOptions.IncludeUsage || len(req.Messages) != 1 || len(strings.Fields(req.Messages[0].Content)) != 8 {
 		t.Errorf("unexpected request body %s", body)
 	}
-
-	// Interleaved: each target's requests start before the other's end.
-	a, b := res["a"], res["b"]
-	if !a[0].Start.Before(b[len(b)-1].Start) || !b[0].Start.Before(a[len(a)-1].Start) {
-		t.Errorf("targets ran one after the other: a %s..%s, b %s..%s",
-			a[0].Start.Format(time.StampMicro), a[len(a)-1].Start.Format(time.StampMicro),
-			b[0].Start.Format(time.StampMicro), b[len(b)-1].Start.Format(time.StampMicro))
-	}
-
-	var sums []Summary
-	for _, tg := range opts.Targets {
-		s := Summarize(tg.Name, res[tg.Name], wall)
-		sums = append(sums, s)
-		if s.Requests != opts.Requests || s.Errors != 0 {
-			t.Errorf("%s: %d requests, %d errors", tg.Name, s.Requests, s.Errors)
-		}
-		// Loose bounds: the box running the test may be small and busy.
-		if s.TTFT.P50 < 30*time.Millisecond || s.TTFT.P50 > 300*time.Millisecond {
-			t.Errorf("%s: TTFT p50 %s, want about 30ms", tg.Name, s.TTFT.P50)
-		}
-		if s.ITL.P50 < 2*time.Millisecond || s.ITL.P50 > 20*time.Millisecond {
-			t.Errorf("%s: ITL p50 %s, want about 5ms", tg.Name, s.ITL.P50)
-		}
-		if s.ITL.N != opts.Requests*(opts.MaxTokens-1) {
-			t.Errorf("%s: ITL pooled %d gaps, want %d", tg.Name, s.ITL.N, opts.Requests*(opts.MaxTokens-1))
-		}
-		if s.RequestsPerSec <= 0 || s.OutputTokensPerSec != s.RequestsPerSec*float64(opts.MaxTokens) {
-			t.Errorf("%s: %.1f req/s, %.1f tok/s", tg.Name, s.RequestsPerSec, s.OutputTokensPerSec)
-		}
-	}
-
-	var out bytes.Buffer
-	WriteTable(&out, sums)
-	for _, want := range []string{"TTFT p50", "ITL p99", "E2E p95", "output tok/s", "errors", " a ", " b ", "delta", "0/7"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, out.String())
-		}
-	}
-	t.Logf("\n%s", out.String())
 }
 
-func TestRunCountsErrors(t *testing.T) {
-	_, okURL, _ := newMock(t, nil)
-	bad, badURL, _ := newMock(t, func(h http.Handler) http.Handler {
+// TestInterleavedTargets: every item goes to every target, back to back,
+// in an order that alternates.
+func TestInterleavedTargets(t *testing.T) {
+	ma, urlA, connsA := newMock(t, mock.Config{TTFT: 5 * time.Millisecond, ITL: time.Millisecond}, nil)
+	mb, urlB, connsB := newMock(t, mock.Config{TTFT: 5 * time.Millisecond, ITL: time.Millisecond}, nil)
+	cfg := baseConfig(urlA, urlB)
+	cfg.Concurrency = 3
+	cfg.Measure = Bound{Requests: 20}
+	rec := run(t, cfg)
+	if ma.Served() != 20 || mb.Served() != 20 {
+		t.Fatalf("served %d and %d, want 20 each", ma.Served(), mb.Served())
+	}
+	start := map[int][2]time.Time{}
+	for ti, ss := range rec.Samples {
+		if len(ss) != 20 {
+			t.Fatalf("target %d: %d samples", ti, len(ss))
+		}
+		for _, s := range ss {
+			if !s.OK() {
+				t.Fatalf("target %d: %s", ti, s.Err)
+			}
+			st := start[s.Item]
+			st[ti] = s.Start
+			start[s.Item] = st
+		}
+	}
+	aFirst, near := 0, 0
+	for _, st := range start {
+		if st[0].Before(st[1]) {
+			aFirst++
+		}
+		if d := st[0].Sub(st[1]).Abs(); d < 20*time.Millisecond {
+			near++
+		}
+	}
+	if len(start) != 20 || aFirst < 3 || aFirst > 17 {
+		t.Errorf("%d items; a went first in %d: the order should alternate", len(start), aFirst)
+	}
+	if near < 15 {
+		t.Errorf("only %d of 20 pairs were sent within 20ms of each other", near)
+	}
+	if a, b := connsA.Load(), connsB.Load(); a > 3 || b > 3 {
+		t.Errorf("connections not reused: %d and %d for 3 users", a, b)
+	}
+	c := rec.Compare(0, 1)
+	if c.Pairs != 20 {
+		t.Errorf("compare paired %d requests, want 20", c.Pairs)
+	}
+}
+
+// TestCompareKnownDelta: B's mock is 5 ms slower to first token than A's.
+func TestCompareKnownDelta(t *testing.T) {
+	_, urlA, _ := newMock(t, mock.Config{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond}, nil)
+	_, urlB, _ := newMock(t, mock.Config{TTFT: 15 * time.Millisecond, ITL: 2 * time.Millisecond}, nil)
+	cfg := baseConfig(urlA, urlB)
+	cfg.Measure = Bound{Requests: 40}
+	cfg.Workload.Output = fixed(4)
+	rec := run(t, cfg)
+	c := rec.Compare(0, 1)
+	if c.A != "a" || c.B != "b" || c.Pairs != 40 {
+		t.Fatalf("compare %s vs %s over %d pairs", c.A, c.B, c.Pairs)
+	}
+	d := c.DeltaTTFTMs
+	t.Logf("ΔTTFT mean %.2f %v, median %.2f %v; ΔITL mean %.2f; ΔE2E mean %.2f",
+		d.Mean, d.MeanCI95, d.P50, d.P50CI95, c.DeltaITLMs.Mean, c.DeltaE2EMs.Mean)
+	between(t, "ΔTTFT median", d.P50, 3.5, 7)
+	// The interval must cover the known 5 ms (give or take the mock's own
+	// millisecond of scheduling noise).
+	if d.P50CI95[0] > 6 || d.P50CI95[1] < 4 || d.P50CI95[0] > d.P50 || d.P50CI95[1] < d.P50 {
+		t.Errorf("median CI %v does not cover 5ms around %.2f", d.P50CI95, d.P50)
+	}
+	if d.MeanCI95[0] > d.Mean || d.MeanCI95[1] < d.Mean || d.MeanCI95[1]-d.MeanCI95[0] > 10 {
+		t.Errorf("mean CI %v around %.2f", d.MeanCI95, d.Mean)
+	}
+	between(t, "ΔITL median", c.DeltaITLMs.P50, -1.5, 1.5)
+	between(t, "ΔE2E median", c.DeltaE2EMs.P50, 3, 8)
+	if len(d.Edges) != len(d.Counts) || len(d.Counts) == 0 {
+		t.Errorf("histogram edges %d, counts %d", len(d.Edges), len(d.Counts))
+	}
+}
+
+// TestCoordinatedOmission: an open loop at 50 req/s against a target that
+// serves 20 req/s, one request at a time. Latency from the intended send
+// time shows the backlog that latency from the actual send hides.
+func TestCoordinatedOmission(t *testing.T) {
+	_, url, _ := newMock(t, mock.Config{TTFT: 40 * time.Millisecond, ITL: time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Rate, cfg.Arrival, cfg.Concurrency = 50, Constant, 1
+	cfg.Measure = Bound{Requests: 15}
+	cfg.Workload.Output = fixed(1)
+	rec := run(t, cfg)
+	m := rec.Result(0, result.SLO{}).Metrics
+	t.Logf("TTFT p50 %.1f, from intended p50 %.1f; lag p99 %.1f, queue p99 %.1f",
+		m.TTFTMs.P50, m.TTFTIntendedMs.P50, m.ScheduleLagMs.P99, m.QueueMs.P99)
+	between(t, "TTFT p50 (mock 40ms)", m.TTFTMs.P50, 39, 150)
+	if m.TTFTIntendedMs.P50 < m.TTFTMs.P50+50 || m.E2EIntendedMs.P99 < m.E2EMs.P99+100 {
+		t.Errorf("latency from intended time (p50 %.1f, E2E p99 %.1f) does not show the backlog over %.1f / %.1f",
+			m.TTFTIntendedMs.P50, m.E2EIntendedMs.P99, m.TTFTMs.P50, m.E2EMs.P99)
+	}
+	// Request k waits about k × (40 − 20) ms: the last ≈ 280 ms.
+	between(t, "schedule lag p99", m.ScheduleLagMs.P99, 150, 2000)
+	between(t, "queue p99", m.QueueMs.P99, 150, 2000)
+	if m.Throughput.PeakConcurrency != 1 {
+		t.Errorf("peak concurrency %d with a cap of 1", m.Throughput.PeakConcurrency)
+	}
+	between(t, "sent rate (capacity ≈ 20/s)", m.Throughput.SentPerS, 5, 30)
+}
+
+// TestPhases: warm-up and cool-down requests load the target but are not
+// measured; the first requests here are slow, and all are warm-up.
+func TestPhases(t *testing.T) {
+	var n atomic.Int64
+	m, url, _ := newMock(t, mock.Config{TTFT: 5 * time.Millisecond, ITL: time.Millisecond}, func(h http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			r.Header.Set("x-mock-status", "500")
+			if n.Add(1) <= 3 {
+				r.Header.Set("x-mock-ttft-ms", "300")
+			}
 			h.ServeHTTP(w, r)
 		})
 	})
-	opts := Options{
-		Targets:     []Target{{"ok", okURL}, {"bad", badURL}},
-		Model:       "demo",
-		Concurrency: 2,
-		Requests:    4,
-		MaxTokens:   4,
-		Timeout:     5 * time.Second,
+	cfg := baseConfig(url)
+	cfg.Concurrency = 1
+	cfg.Warmup, cfg.Measure, cfg.Cooldown = Bound{Requests: 3}, Bound{Requests: 5}, Bound{Requests: 2}
+	rec := run(t, cfg)
+	got := rec.Result(0, result.SLO{})
+	if got.Metrics.Requests.Sent != 5 || got.Metrics.TTFTMs.N != 5 {
+		t.Errorf("measured %d requests (%d TTFTs), want 5", got.Metrics.Requests.Sent, got.Metrics.TTFTMs.N)
 	}
-	res, err := Run(context.Background(), opts)
-	if err != nil {
-		t.Fatal(err)
+	if got.Metrics.TTFTMs.Max > 250 {
+		t.Errorf("a slow warm-up request leaked into TTFT: max %.1f ms", got.Metrics.TTFTMs.Max)
 	}
-	if bad.Served() != 4 {
-		t.Errorf("bad target served %d, want 4", bad.Served())
+	var phases [3]int
+	for _, s := range rec.Samples[0] {
+		phases[s.Phase]++
 	}
-	for _, s := range res["bad"] {
-		if s.Status != 500 || s.Err != "HTTP 500: mock: injected status 500" {
-			t.Errorf("bad target sample: status %d, err %q", s.Status, s.Err)
-		}
+	if phases != [3]int{3, 5, 2} || m.Served() != 10 {
+		t.Errorf("phases %v, served %d; want [3 5 2], 10", phases, m.Served())
 	}
-	okSum, badSum := Summarize("ok", res["ok"], time.Second), Summarize("bad", res["bad"], time.Second)
-	if okSum.Errors != 0 || badSum.Errors != 4 || badSum.Requests != 4 {
-		t.Errorf("errors: ok %d, bad %d/%d", okSum.Errors, badSum.Errors, badSum.Requests)
+	if rec.MeasureFrom <= 0 || rec.CooldownFrom <= rec.MeasureFrom {
+		t.Errorf("phase boundaries %s, %s", rec.MeasureFrom, rec.CooldownFrom)
 	}
-	if badSum.TTFT.N != 0 || badSum.RequestsPerSec != 0 {
-		t.Errorf("failed requests leaked into latency or throughput: %+v", badSum)
-	}
-	var out bytes.Buffer
-	WriteTable(&out, []Summary{okSum, badSum})
-	if !strings.Contains(out.String(), "4/4") || !strings.Contains(out.String(), "+4") {
-		t.Errorf("table does not show the errors:\n%s", out.String())
+	if tl := got.Timeline; tl[0].Phase != "warmup" {
+		t.Errorf("first second is %q, want warmup", tl[0].Phase)
 	}
 }
 
-// TestReadStream covers stream shapes the mock never produces.
-func TestReadStream(t *testing.T) {
-	role := `data: {"choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n"
+// TestPhasesByDuration: an open loop at a constant 100 req/s with 100 ms
+// of warm-up measures the 30 arrivals of the next 300 ms.
+func TestPhasesByDuration(t *testing.T) {
+	_, url, _ := newMock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Rate, cfg.Arrival, cfg.Concurrency = 100, Constant, 0
+	cfg.Warmup, cfg.Measure, cfg.Cooldown = Bound{Duration: 100 * time.Millisecond}, Bound{Duration: 300 * time.Millisecond}, Bound{Duration: 50 * time.Millisecond}
+	cfg.Workload.Output = fixed(2)
+	rec := run(t, cfg)
+	m := rec.Result(0, result.SLO{}).Metrics
+	if m.Requests.Sent != 30 {
+		t.Errorf("measured %d requests, want 30", m.Requests.Sent)
+	}
+	if rec.MeasureFrom != 100*time.Millisecond || rec.CooldownFrom != 400*time.Millisecond {
+		t.Errorf("phases at %s and %s, want 100ms and 400ms", rec.MeasureFrom, rec.CooldownFrom)
+	}
+}
+
+// TestGoodput: half the requests (drawn by a header mix) are slow; goodput
+// counts exactly the fast ones.
+func TestGoodput(t *testing.T) {
+	_, url, _ := newMock(t, mock.Config{TTFT: 5 * time.Millisecond, ITL: time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Concurrency, cfg.Measure = 4, Bound{Requests: 20}
+	cfg.Workload.Mixes = []HeaderChoice{{"x-mock-ttft-ms", "5", 1}, {"x-mock-ttft-ms", "150", 1}}
+	rec := run(t, cfg)
+	fast := 0
+	for k := range 20 {
+		req, err := cfg.Workload.Item(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if req.Header.Get("x-mock-ttft-ms") == "5" {
+			fast++
+		}
+	}
+	if fast == 0 || fast == 20 {
+		t.Fatalf("the header mix drew %d fast requests of 20", fast)
+	}
+	g := rec.Result(0, result.SLO{TTFTMs: 80}).Metrics.Goodput
+	if g.Requests != fast || g.Fraction != float64(fast)/20 || g.RequestsPerS <= 0 {
+		t.Errorf("goodput %+v, want %d requests", g, fast)
+	}
+	if g := rec.Result(0, result.SLO{}).Metrics.Goodput; g.Requests != 20 {
+		t.Errorf("without SLOs every success is good: %+v", g)
+	}
+	if g := rec.Result(0, result.SLO{ITLMs: 0.001}).Metrics.Goodput; g.Requests != 0 {
+		t.Errorf("an impossible TPOT SLO left %d good requests", g.Requests)
+	}
+}
+
+// TestErrorClasses checks each failure is counted in its class.
+func TestErrorClasses(t *testing.T) {
+	closed := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		return "http://" + l.Addr().String()
+	}
+	raw := func(body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	mockWith := func(f mock.Faults, header string) (string, map[string]string) {
+		m, url, _ := newMock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
+		m.SetFaults(f)
+		h := map[string]string{}
+		if k, v, ok := strings.Cut(header, ":"); ok {
+			h[k] = v
+		}
+		return url, h
+	}
 	tok := `data: {"choices":[{"delta":{"content":"x"}}]}` + "\n\n"
 	for _, tc := range []struct {
-		name, body string
-		tokens     int
-		err        string
+		name    string
+		url     string
+		headers map[string]string
+		timeout time.Duration
+		class   string
+		n       int // failures of 8
+		example string
 	}{
-		{"no usage counts content events", role + tok + tok + tok + "data: [DONE]\n\n", 3, ""},
-		{"usage wins", role + tok + `data: {"choices":[],"usage":{"completion_tokens":7}}` + "\n\ndata: [DONE]\n\n", 7, ""},
-		{"crlf and comments", ": ping\r\n" + strings.ReplaceAll(tok, "\n", "\r\n") + "data: [DONE]\r\n\r\n", 1, ""},
-		{"truncated", role + tok, 1, "stream ended without data: [DONE]"},
-		{"role only", role + "data: [DONE]\n\n", 0, "stream carried no content"},
-		{"error event", tok + `data: {"error":{"message":"overloaded"}}` + "\n\n", 1, "error event in stream: overloaded"},
-		{"malformed", "data: {nope\n\n", 0, "malformed stream event: {nope"},
+		{name: "5xx half", class: ClassHTTP5xx, n: 4, example: "HTTP 503: mock: injected status 503"},
+		{name: "429", class: ClassHTTP429, n: 8, example: "HTTP 429"},
+		{name: "400", class: ClassHTTP4xx, n: 8, example: "HTTP 400"},
+		{name: "connection refused", url: closed(), class: ClassConnection, n: 8},
+		{name: "timeout", class: ClassTimeout, n: 8, timeout: 50 * time.Millisecond, example: "timed out after 50ms"},
+		{name: "malformed", url: raw("data: {nope\n\n"), class: ClassStream, n: 8, example: "malformed stream event: {nope"},
+		{name: "truncated", url: raw(tok + tok), class: ClassStream, n: 8, example: "stream ended without data: [DONE]"},
+		{name: "error event", url: raw(tok + `data: {"error":{"message":"overloaded"}}` + "\n\n"), class: ClassStream, n: 8, example: "error event in stream: overloaded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				_, _ = io.Copy(io.Discard, r.Body)
-				w.Header().Set("Content-Type", "text/event-stream")
-				_, _ = io.WriteString(w, tc.body)
-			}))
-			defer srv.Close()
-			res, err := Run(context.Background(), Options{
-				Targets: []Target{{"t", srv.URL}}, Model: "m", Concurrency: 1, Requests: 1, MaxTokens: 8,
-			})
-			if err != nil {
-				t.Fatal(err)
+			url, headers := tc.url, tc.headers
+			if url == "" {
+				switch tc.name {
+				case "5xx half":
+					url, headers = mockWith(mock.Faults{ErrorRate: 0.5, ErrorStatus: 503}, "")
+				case "429":
+					url, headers = mockWith(mock.Faults{ErrorRate: 1, ErrorStatus: 429}, "")
+				case "400":
+					url, headers = mockWith(mock.Faults{}, "x-mock-status:400")
+				case "timeout":
+					url, headers = mockWith(mock.Faults{}, "x-mock-ttft-ms:2000")
+				}
 			}
-			s := res["t"][0]
-			if s.Err != tc.err || s.OutputTokens != tc.tokens {
-				t.Errorf("got err %q, %d tokens; want err %q, %d tokens", s.Err, s.OutputTokens, tc.err, tc.tokens)
+			cfg := baseConfig(url)
+			cfg.Workload.Headers = headers
+			if tc.timeout > 0 {
+				cfg.Timeout = tc.timeout
 			}
-			if s.Bytes != len(tc.body) {
-				t.Errorf("counted %d bytes, want %d", s.Bytes, len(tc.body))
+			e := run(t, cfg).Result(0, result.SLO{}).Metrics.Errors
+			if e.Total != tc.n || e.ByClass[tc.class] != tc.n || len(e.ByClass) != 1 {
+				t.Errorf("errors %+v, want %d %s", e, tc.n, tc.class)
+			}
+			if !strings.Contains(e.Examples[tc.class], tc.example) {
+				t.Errorf("example %q, want it to contain %q", e.Examples[tc.class], tc.example)
 			}
 		})
 	}
 }
 
+// TestNonStreaming: without streaming TTFT is E2E and there is no ITL.
+func TestNonStreaming(t *testing.T) {
+	_, url, _ := newMock(t, mock.Config{TTFT: 10 * time.Millisecond, ITL: 2 * time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Workload.Stream = false
+	rec := run(t, cfg)
+	m := rec.Result(0, result.SLO{}).Metrics
+	if m.Requests.Succeeded != 8 || m.ITLMs.N != 0 || m.TPOTMs.N != 0 || m.TokenSource != "usage" || m.OutputTokens != 64 {
+		t.Errorf("non-streaming: %+v", m)
+	}
+	if m.TTFTMs != m.E2EMs {
+		t.Errorf("TTFT %+v differs from E2E %+v", m.TTFTMs, m.E2EMs)
+	}
+	between(t, "E2E p50 (10 + 7×2 ms)", m.E2EMs.P50, 20, 200)
+}
+
 func TestRunStopsOnCancel(t *testing.T) {
-	m, url, _ := newMock(t, nil)
+	m, url, _ := newMock(t, mock.Config{TTFT: 2 * time.Second}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
+	cfg := baseConfig(url)
+	cfg.Measure = Bound{Requests: 100}
 	start := time.Now()
-	res, err := Run(ctx, Options{
-		Targets: []Target{{"slow", url}}, Model: "m", Concurrency: 2, Requests: 100, MaxTokens: 8,
-		Headers: map[string]string{"x-mock-ttft-ms": "2000"},
-	})
+	rec, err := Run(ctx, cfg)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want deadline exceeded", err)
 	}
 	if time.Since(start) > 2*time.Second {
 		t.Errorf("Run took %s to notice cancellation", time.Since(start))
 	}
-	if len(res["slow"]) != 0 || m.Served() > 2 {
-		t.Errorf("aborted requests recorded: %d samples, %d served", len(res["slow"]), m.Served())
-	}
-}
-
-func TestTimeout(t *testing.T) {
-	_, url, _ := newMock(t, nil)
-	res, err := Run(context.Background(), Options{
-		Targets: []Target{{"t", url}}, Model: "m", Concurrency: 1, Requests: 1, MaxTokens: 8,
-		Timeout: 50 * time.Millisecond, Headers: map[string]string{"x-mock-ttft-ms": "2000"},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := res["t"][0]; !strings.Contains(s.Err, "timed out after 50ms") {
-		t.Errorf("err = %q, want a timeout", s.Err)
-	}
-}
-
-func TestPercentilesNearestRank(t *testing.T) {
-	var d []time.Duration
-	for i := 100; i >= 1; i-- {
-		d = append(d, time.Duration(i)*time.Millisecond)
-	}
-	got := percentiles(d)
-	want := Percentiles{P50: 50 * time.Millisecond, P95: 95 * time.Millisecond, P99: 99 * time.Millisecond, Max: 100 * time.Millisecond, N: 100}
-	if got != want {
-		t.Errorf("got %+v, want %+v", got, want)
-	}
-	got = percentiles([]time.Duration{3, 1, 2})
-	if want := (Percentiles{P50: 2, P95: 3, P99: 3, Max: 3, N: 3}); got != want {
-		t.Errorf("got %+v, want %+v", got, want)
-	}
-	if got := percentiles(nil); got != (Percentiles{}) {
-		t.Errorf("empty: got %+v", got)
+	if len(rec.Samples[0]) != 0 || m.Served() > 2 {
+		t.Errorf("aborted requests recorded: %d samples, %d served", len(rec.Samples[0]), m.Served())
 	}
 }
 
 func TestValidate(t *testing.T) {
-	good := Options{Targets: []Target{{"a", "http://x"}}, Model: "m", Concurrency: 1, Requests: 1, MaxTokens: 1}
-	for name, mut := range map[string]func(*Options){
-		"no targets":  func(o *Options) { o.Targets = nil },
-		"no model":    func(o *Options) { o.Model = "" },
-		"duplicate":   func(o *Options) { o.Targets = append(o.Targets, Target{"a", "http://y"}) },
-		"concurrency": func(o *Options) { o.Concurrency = 0 },
-		"requests":    func(o *Options) { o.Requests = 0 },
-		"max tokens":  func(o *Options) { o.MaxTokens = 0 },
+	for name, mut := range map[string]func(*Config){
+		"no targets":    func(c *Config) { c.Targets = nil },
+		"duplicate":     func(c *Config) { c.Targets = append(c.Targets, c.Targets[0]) },
+		"bad url":       func(c *Config) { c.Targets[0].URL = "ftp://x" },
+		"no model":      func(c *Config) { c.Workload.Models = nil },
+		"concurrency":   func(c *Config) { c.Concurrency = 0 },
+		"no bound":      func(c *Config) { c.Measure = Bound{} },
+		"output tokens": func(c *Config) { c.Workload.Output = fixed(0) },
+		"prefix share":  func(c *Config) { c.Workload.Prefix.Share = 2 },
+		"ramp users":    func(c *Config) { c.Rate, c.RampUsers = 10, 1 },
+		"arrival":       func(c *Config) { c.Rate, c.Arrival = 10, "lumpy" },
+		"negative rate": func(c *Config) { c.Rate = -1 },
 	} {
-		o := good
-		mut(&o)
-		if _, err := Run(context.Background(), o); err == nil {
+		cfg := baseConfig("http://127.0.0.1:1")
+		mut(&cfg)
+		if _, err := Run(context.Background(), cfg); err == nil {
 			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+// TestRampUsers: users start one by one, so the first requests run alone.
+func TestRampUsers(t *testing.T) {
+	_, url, _ := newMock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Concurrency, cfg.RampUsers = 3, 10 // one user every 100 ms
+	cfg.Measure = Bound{Duration: 250 * time.Millisecond}
+	rec := run(t, cfg)
+	ss := rec.Samples[0]
+	if len(ss) == 0 {
+		t.Fatal("no samples")
+	}
+	started := map[time.Duration]bool{}
+	for _, s := range ss {
+		if off := s.Intended.Sub(rec.Start); off == 0 || off == 100*time.Millisecond || off == 200*time.Millisecond {
+			started[off] = true
+		}
+	}
+	if len(started) != 3 {
+		t.Errorf("users' first intended times %v, want 0, 100ms and 200ms", started)
+	}
+}
+
+func TestJudgeFailuresMissSLO(t *testing.T) {
+	rec := &Recording{Targets: []Target{{"t", "http://x"}}, Samples: [][]Sample{make([]Sample, 100)}}
+	for i := range rec.Samples[0] {
+		s := &rec.Samples[0][i]
+		s.Phase, s.TTFT, s.E2E = Measure, 10*time.Millisecond, 20*time.Millisecond
+	}
+	if ok, why := rec.Judge(0, result.SLO{TTFTMs: 50}); !ok {
+		t.Errorf("all fast: %s", why)
+	}
+	rec.Samples[0][0].fail(ClassHTTP5xx, "HTTP 503")
+	rec.Samples[0][1].fail(ClassHTTP5xx, "HTTP 503")
+	ok, why := rec.Judge(0, result.SLO{TTFTMs: 50})
+	if ok || why != "p99: 2 of 100 requests failed" {
+		t.Errorf("2%% failed at p99: ok %v, why %q", ok, why)
+	}
+	if ok, why := rec.Judge(0, result.SLO{TTFTMs: 50, Percentile: 95}); !ok {
+		t.Errorf("2%% failed at p95: %s", why)
+	}
+	if ok, why := rec.Judge(0, result.SLO{TTFTMs: 5, Percentile: 95}); ok || why != "ttft_ms p95 10.0 > 5" {
+		t.Errorf("slow at p95: ok %v, why %q", ok, why)
+	}
+}
+
+func TestTokenSource(t *testing.T) {
+	for _, tc := range []struct {
+		n    [4]int
+		want string
+	}{{[4]int{0, 3, 0, 0}, "usage"}, {[4]int{0, 0, 2, 0}, "events"}, {[4]int{0, 1, 1, 0}, "mixed"}, {[4]int{}, ""}} {
+		if got := tokenSource(tc.n); got != tc.want {
+			t.Errorf("%v: %q, want %q", tc.n, got, tc.want)
 		}
 	}
 }

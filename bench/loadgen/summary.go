@@ -3,170 +3,250 @@ package loadgen
 import (
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/infergate/infergate/bench/result"
 )
 
-// Summary condenses one target's samples. Latency percentiles and
-// throughput cover successful requests only; failures are counted in Errors.
-type Summary struct {
-	Target             string        `json:"target"`
-	Requests           int           `json:"requests"` // all samples, failed ones included
-	Errors             int           `json:"errors"`
-	TTFT               Percentiles   `json:"ttft"`
-	ITL                Percentiles   `json:"itl"` // all gaps of all successful requests, pooled
-	E2E                Percentiles   `json:"e2e"`
-	OutputTokensPerSec float64       `json:"output_tokens_per_sec"` // successful requests' output tokens / Duration
-	RequestsPerSec     float64       `json:"requests_per_sec"`      // successful requests / Duration
-	Duration           time.Duration `json:"duration_ns"`           // the wall time passed to Summarize
+// WriteReport writes r for a terminal: the targets side by side (one row
+// per metric, one column per target and, for exactly two targets, a
+// "delta" column, second minus first), then the paired comparison, the
+// sweep and the baseline check, when present. A "-" marks a metric with no
+// data (every request failed).
+func WriteReport(w io.Writer, r *result.Report) {
+	if r.Sweep != nil {
+		writeSweep(w, r)
+	} else {
+		writeTargets(w, r)
+	}
+	if r.Compare != nil {
+		writeCompare(w, r.Compare)
+	}
+	if r.Baseline != nil {
+		writeBaseline(w, r.Baseline)
+	}
 }
 
-// Percentiles are nearest-rank percentiles: P95 is the smallest value at
-// least 95% of the N values are less than or equal to. All are zero when N
-// is zero.
-type Percentiles struct {
-	P50 time.Duration `json:"p50_ns"`
-	P95 time.Duration `json:"p95_ns"`
-	P99 time.Duration `json:"p99_ns"`
-	Max time.Duration `json:"max_ns"`
-	N   int           `json:"n"`
+type row struct {
+	label string
+	cell  func(m *result.Metrics) (float64, bool)
+	fmt   func(v float64, signed bool) string
 }
 
-// Summarize computes name's summary from its samples. wall is the time the
-// run took; with interleaved targets it is the whole run's wall time, shared
-// by every target.
-func Summarize(name string, samples []Sample, wall time.Duration) Summary {
-	sum := Summary{Target: name, Requests: len(samples), Duration: wall}
-	var ttft, itl, e2e []time.Duration
-	ok, tokens := 0, 0
-	for _, s := range samples {
-		if s.Err != "" {
-			sum.Errors++
-			continue
-		}
-		ok++
-		tokens += s.OutputTokens
-		ttft = append(ttft, s.TTFT)
-		e2e = append(e2e, s.E2E)
-		itl = append(itl, s.Gaps...)
-	}
-	sum.TTFT, sum.ITL, sum.E2E = percentiles(ttft), percentiles(itl), percentiles(e2e)
-	if wall > 0 {
-		sum.RequestsPerSec = float64(ok) / wall.Seconds()
-		sum.OutputTokensPerSec = float64(tokens) / wall.Seconds()
-	}
-	return sum
+func fmtMs(v float64, signed bool) string   { return num(v, 2, signed) + "ms" }
+func fmtRate(v float64, signed bool) string { return num(v, 1, signed) }
+func fmtInt(v float64, signed bool) string  { return num(v, 0, signed) }
+
+func dist(label string, pick func(*result.Metrics) *result.Dist, at func(*result.Dist) float64) row {
+	return row{label, func(m *result.Metrics) (float64, bool) { d := pick(m); return at(d), d.N > 0 }, fmtMs}
 }
 
-// percentiles sorts d in place.
-func percentiles(d []time.Duration) Percentiles {
-	n := len(d)
-	if n == 0 {
-		return Percentiles{}
-	}
-	slices.Sort(d)
-	rank := func(p int) time.Duration { return d[(p*n+99)/100-1] } // ceil(p/100 * n), 1-based
-	return Percentiles{P50: rank(50), P95: rank(95), P99: rank(99), Max: d[n-1], N: n}
+func always(label string, get func(*result.Metrics) float64, f func(float64, bool) string) row {
+	return row{label, func(m *result.Metrics) (float64, bool) { return get(m), true }, f}
 }
 
-// WriteTable writes sums side by side: one row per metric, one column per
-// target and, for exactly two targets, a "delta" column (second minus
-// first). A "-" marks a metric with no data (every request failed).
-func WriteTable(w io.Writer, sums []Summary) {
-	type metric struct {
-		label string
-		cell  func(Summary) (float64, bool)
-		fmt   func(v float64, signed bool) string
+func writeTargets(w io.Writer, r *result.Report) {
+	ttft := func(m *result.Metrics) *result.Dist { return &m.TTFTMs }
+	itl := func(m *result.Metrics) *result.Dist { return &m.ITLMs }
+	tpot := func(m *result.Metrics) *result.Dist { return &m.TPOTMs }
+	e2e := func(m *result.Metrics) *result.Dist { return &m.E2EMs }
+	p50 := func(d *result.Dist) float64 { return d.P50 }
+	p90 := func(d *result.Dist) float64 { return d.P90 }
+	p99 := func(d *result.Dist) float64 { return d.P99 }
+	p999 := func(d *result.Dist) float64 { return d.P999 }
+	rows := []row{
+		dist("TTFT p50", ttft, p50), dist("TTFT p90", ttft, p90), dist("TTFT p99", ttft, p99), dist("TTFT p99.9", ttft, p999),
+		dist("ITL p50", itl, p50), dist("ITL p99", itl, p99),
+		dist("TPOT p50", tpot, p50), dist("TPOT p99", tpot, p99),
+		dist("E2E p50", e2e, p50), dist("E2E p99", e2e, p99),
+		dist("max stall p99", func(m *result.Metrics) *result.Dist { return &m.MaxStallMs }, p99),
 	}
-	dur := func(pick func(Summary) Percentiles, at func(Percentiles) time.Duration) func(Summary) (float64, bool) {
-		return func(s Summary) (float64, bool) {
-			p := pick(s)
-			return float64(at(p)) / float64(time.Millisecond), p.N > 0
-		}
+	if r.Parameters.Mode == "open" || lagNotable(r.Targets) {
+		rows = append(rows,
+			dist("TTFT p99 (from intended)", func(m *result.Metrics) *result.Dist { return &m.TTFTIntendedMs }, p99),
+			dist("E2E p99 (from intended)", func(m *result.Metrics) *result.Dist { return &m.E2EIntendedMs }, p99),
+			dist("schedule lag p99", func(m *result.Metrics) *result.Dist { return &m.ScheduleLagMs }, p99))
 	}
-	ms := func(v float64, signed bool) string { return num(v, 2, signed) + "ms" }
-	rate := func(v float64, signed bool) string { return num(v, 1, signed) }
-	ttft := func(s Summary) Percentiles { return s.TTFT }
-	itl := func(s Summary) Percentiles { return s.ITL }
-	e2e := func(s Summary) Percentiles { return s.E2E }
-	p50 := func(p Percentiles) time.Duration { return p.P50 }
-	p95 := func(p Percentiles) time.Duration { return p.P95 }
-	p99 := func(p Percentiles) time.Duration { return p.P99 }
-	always := func(get func(Summary) float64) func(Summary) (float64, bool) {
-		return func(s Summary) (float64, bool) { return get(s), true }
+	if r.Parameters.Mode == "open" {
+		rows = append(rows, always("sent req/s (asked "+num(r.Parameters.RatePerS, 1, false)+")",
+			func(m *result.Metrics) float64 { return m.Throughput.SentPerS }, fmtRate))
 	}
-	metrics := []metric{
-		{"TTFT p50", dur(ttft, p50), ms},
-		{"TTFT p95", dur(ttft, p95), ms},
-		{"TTFT p99", dur(ttft, p99), ms},
-		{"ITL p50", dur(itl, p50), ms},
-		{"ITL p95", dur(itl, p95), ms},
-		{"ITL p99", dur(itl, p99), ms},
-		{"E2E p50", dur(e2e, p50), ms},
-		{"E2E p95", dur(e2e, p95), ms},
-		{"req/s", always(func(s Summary) float64 { return s.RequestsPerSec }), rate},
-		{"output tok/s", always(func(s Summary) float64 { return s.OutputTokensPerSec }), rate},
+	rows = append(rows,
+		always("req/s", func(m *result.Metrics) float64 { return m.Throughput.RequestsPerS }, fmtRate),
+		always("output tok/s", func(m *result.Metrics) float64 { return m.Throughput.OutputTokensPerS }, fmtRate),
+		always("peak in flight", func(m *result.Metrics) float64 { return float64(m.Throughput.PeakConcurrency) }, fmtInt))
+	slo := r.Parameters.SLO
+	if slo.TTFTMs > 0 || slo.ITLMs > 0 || slo.E2EMs > 0 {
+		rows = append(rows,
+			always("goodput req/s", func(m *result.Metrics) float64 { return m.Goodput.RequestsPerS }, fmtRate),
+			always("goodput %", func(m *result.Metrics) float64 { return 100 * m.Goodput.Fraction }, fmtRate))
 	}
 
-	delta := len(sums) == 2
+	delta := len(r.Targets) == 2
 	header := []string{"metric"}
-	for _, s := range sums {
-		header = append(header, s.Target)
+	for _, t := range r.Targets {
+		header = append(header, t.Name)
 	}
 	if delta {
 		header = append(header, "delta")
 	}
-	rows := [][]string{header}
-	for _, m := range metrics {
-		row := []string{m.label}
+	table := [][]string{header}
+	for _, rw := range rows {
+		line := []string{rw.label}
 		var vals [2]float64
 		var have [2]bool
-		for i, s := range sums {
-			v, ok := m.cell(s)
+		for i := range r.Targets {
+			v, ok := rw.cell(&r.Targets[i].Metrics)
 			if i < 2 {
 				vals[i], have[i] = v, ok
 			}
 			if !ok {
-				row = append(row, "-")
+				line = append(line, "-")
 				continue
 			}
-			row = append(row, m.fmt(v, false))
+			line = append(line, rw.fmt(v, false))
 		}
 		if delta {
 			d := "-"
 			if have[0] && have[1] {
-				d = m.fmt(vals[1]-vals[0], true)
+				d = rw.fmt(vals[1]-vals[0], true)
 			}
-			row = append(row, d)
+			line = append(line, d)
 		}
-		rows = append(rows, row)
+		table = append(table, line)
 	}
 	errRow := []string{"errors"}
-	for _, s := range sums {
-		errRow = append(errRow, fmt.Sprintf("%d/%d", s.Errors, s.Requests))
+	for _, t := range r.Targets {
+		errRow = append(errRow, fmt.Sprintf("%d/%d", t.Metrics.Requests.Failed, t.Metrics.Requests.Sent))
 	}
 	if delta {
-		errRow = append(errRow, fmt.Sprintf("%+d", sums[1].Errors-sums[0].Errors))
+		errRow = append(errRow, fmt.Sprintf("%+d", r.Targets[1].Metrics.Requests.Failed-r.Targets[0].Metrics.Requests.Failed))
 	}
-	rows = append(rows, errRow)
+	table = append(table, errRow)
+	writeAligned(w, table)
 
-	writeAligned(w, rows)
-	if len(sums) > 1 && sharedWall(sums) {
-		fmt.Fprintln(w, "\nreq/s and output tok/s divide each target's successful requests by one shared wall")
-		fmt.Fprintln(w, "clock: the targets were interleaved on the same workers, so these rows are not")
-		fmt.Fprintln(w, "independent per-target throughputs. Compare targets on the latency rows.")
+	for _, t := range r.Targets {
+		e := t.Metrics.Errors
+		for _, class := range slices.Sorted(maps.Keys(e.ByClass)) {
+			fmt.Fprintf(w, "  %s: %d %s, e.g. %s\n", t.Name, e.ByClass[class], class, e.Examples[class])
+		}
+		if src := t.Metrics.TokenSource; src != "" && src != "usage" {
+			fmt.Fprintf(w, "  %s: output tokens counted from %s (no usage in the responses)\n", t.Name, src)
+		}
 	}
 }
 
-func sharedWall(sums []Summary) bool {
-	for _, s := range sums[1:] {
-		if s.Duration != sums[0].Duration {
-			return false
+// lagNotable reports whether any target's generator lag reached 5 ms,
+// which a closed loop shows only when the client machine is starved.
+func lagNotable(ts []result.TargetResult) bool {
+	for _, t := range ts {
+		if t.Metrics.ScheduleLagMs.P99 >= 5 {
+			return true
 		}
 	}
-	return true
+	return false
+}
+
+func writeCompare(w io.Writer, c *result.Compare) {
+	fmt.Fprintf(w, "\npaired %s − %s over %d requests sent to both:\n", c.B, c.A, c.Pairs)
+	table := [][]string{{"", "mean", "95% CI", "median", "95% CI"}}
+	for _, d := range []struct {
+		label string
+		d     result.Delta
+	}{{"ΔTTFT", c.DeltaTTFTMs}, {"ΔITL (mean gap)", c.DeltaITLMs}, {"ΔE2E", c.DeltaE2EMs}} {
+		if d.d.N == 0 {
+			table = append(table, []string{"  " + d.label, "-", "", "-", ""})
+			continue
+		}
+		table = append(table, []string{"  " + d.label,
+			fmtMs(d.d.Mean, true), ci(d.d.MeanCI95),
+			fmtMs(d.d.P50, true), ci(d.d.P50CI95)})
+	}
+	writeAligned(w, table)
+}
+
+func ci(c [2]float64) string { return "[" + num(c[0], 2, true) + ", " + num(c[1], 2, true) + "]" }
+
+func writeSweep(w io.Writer, r *result.Report) {
+	sw := r.Sweep
+	name := ""
+	if len(r.Targets) > 0 {
+		name = " of " + r.Targets[0].Name
+	}
+	fmt.Fprintf(w, "sweep%s over %s, SLO %s\n", name, sw.Variable, describeSLO(r.Parameters.SLO))
+	table := [][]string{{sw.Variable, "req/s", "TTFT p50", "TTFT p99", "TPOT p99", "E2E p99", "lag p99", "errors", "SLO"}}
+	for _, p := range sw.Points {
+		m := &p.Metrics
+		verdict := "ok"
+		if !p.MeetsSLO {
+			verdict = "missed: " + p.Why
+		}
+		cell := func(d result.Dist, v float64) string {
+			if d.N == 0 {
+				return "-"
+			}
+			return fmtMs(v, false)
+		}
+		table = append(table, []string{
+			strconv.FormatFloat(p.Load, 'f', -1, 64), fmtRate(m.Throughput.RequestsPerS, false),
+			cell(m.TTFTMs, m.TTFTMs.P50), cell(m.TTFTMs, m.TTFTMs.P99), cell(m.TPOTMs, m.TPOTMs.P99),
+			cell(m.E2EMs, m.E2EMs.P99), cell(m.ScheduleLagMs, m.ScheduleLagMs.P99),
+			fmt.Sprintf("%d/%d", m.Requests.Failed, m.Requests.Sent), verdict,
+		})
+	}
+	writeAligned(w, table)
+	if sw.Knee < 0 {
+		fmt.Fprintf(w, "knee: none (no level met the SLO)\n")
+		return
+	}
+	fmt.Fprintf(w, "knee: %s %s (the highest level meeting the SLO)\n", sw.Variable, strconv.FormatFloat(sw.KneeLoad, 'f', -1, 64))
+}
+
+func describeSLO(s result.SLO) string {
+	var parts []string
+	if s.TTFTMs > 0 {
+		parts = append(parts, fmt.Sprintf("TTFT ≤ %gms", s.TTFTMs))
+	}
+	if s.ITLMs > 0 {
+		parts = append(parts, fmt.Sprintf("TPOT ≤ %gms", s.ITLMs))
+	}
+	if s.E2EMs > 0 {
+		parts = append(parts, fmt.Sprintf("E2E ≤ %gms", s.E2EMs))
+	}
+	p := s.Percentile
+	if p == 0 {
+		p = 99
+	}
+	if len(parts) == 0 {
+		return fmt.Sprintf("none (p%g of requests must succeed)", p)
+	}
+	return fmt.Sprintf("p%g %s", p, strings.Join(parts, ", "))
+}
+
+func writeBaseline(w io.Writer, b *result.BaselineCheck) {
+	verdict := "passed"
+	if !b.Passed {
+		verdict = "REGRESSION"
+	}
+	fmt.Fprintf(w, "\nbaseline %s: %s\n", b.File, verdict)
+	table := [][]string{}
+	for _, c := range b.Checks {
+		change := "-"
+		if c.Baseline != 0 {
+			change = num(100*(c.Current-c.Baseline)/c.Baseline, 1, true) + "%"
+		}
+		status := "ok"
+		if !c.Passed {
+			status = "REGRESSED"
+		}
+		table = append(table, []string{"  " + c.Target + " " + c.Metric,
+			num(c.Baseline, 2, false) + " → " + num(c.Current, 2, false), change,
+			"tolerance " + num(100*c.Tolerance, 1, false) + "%", status})
+	}
+	writeAligned(w, table)
 }
 
 // writeAligned writes rows with the first column left-aligned and the rest
@@ -178,26 +258,32 @@ func writeAligned(w io.Writer, rows [][]string) {
 			if i == len(widths) {
 				widths = append(widths, 0)
 			}
-			widths[i] = max(widths[i], len(c))
+			widths[i] = max(widths[i], displayWidth(c))
 		}
 	}
 	var b strings.Builder
 	for _, r := range rows {
 		b.Reset()
 		for i, c := range r {
-			pad := strings.Repeat(" ", widths[i]-len(c))
+			pad := strings.Repeat(" ", widths[i]-displayWidth(c))
 			if i == 0 {
 				b.WriteString(c + pad)
 				continue
 			}
 			b.WriteString("  " + pad + c)
 		}
-		fmt.Fprintln(w, b.String())
+		fmt.Fprintln(w, strings.TrimRight(b.String(), " "))
 	}
 }
 
+// displayWidth counts runes: the table uses a few non-ASCII symbols (Δ, →).
+func displayWidth(s string) int { return len([]rune(s)) }
+
 func num(v float64, prec int, signed bool) string {
 	s := strconv.FormatFloat(v, 'f', prec, 64)
+	if strings.Trim(s, "-0.") == "" {
+		s = strings.TrimPrefix(s, "-") // no "-0.0"
+	}
 	if signed && !strings.HasPrefix(s, "-") {
 		s = "+" + s
 	}

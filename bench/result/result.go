@@ -23,31 +23,42 @@ type Report struct {
 
 	// Metrics is the first target's measurement window (the only target in
 	// the basic call), so `jq .metrics.ttft_ms.p99` works on every report.
+	// For a sweep, the knee level's (the first level's if none met the SLO).
 	Metrics Metrics `json:"metrics"`
-	// Targets holds every target's metrics, in --target order.
+	// Targets holds every target's metrics, in --target order (for a
+	// sweep, the same level's as Metrics).
 	Targets []TargetResult `json:"targets"`
 
 	Sweep   *Sweep   `json:"sweep,omitempty"`   // --sweep
-	Compare *Compare `json:"compare,omitempty"` // --compare-targets
+	Compare *Compare `json:"compare,omitempty"` // two targets (--compare-targets, or two --target)
 	// Baseline is the outcome of --baseline, if given.
 	Baseline *BaselineCheck `json:"baseline,omitempty"`
 }
 
 // Parameters records how the run was configured, enough to reproduce it.
 type Parameters struct {
-	Targets      []Target `json:"targets"`
-	Mode         string   `json:"mode"`                  // "closed" (concurrency) or "open" (request rate)
-	Concurrency  int      `json:"concurrency,omitempty"` // closed loop: peak in-flight requests
-	RatePerS     float64  `json:"rate_per_s,omitempty"`  // open loop: mean arrival rate
-	Arrival      string   `json:"arrival,omitempty"`     // open loop: "constant", "poisson" or "gamma"
-	Burstiness   float64  `json:"burstiness,omitempty"`  // gamma shape (1 = Poisson, <1 burstier)
-	RampUp       string   `json:"ramp_up,omitempty"`     // e.g. "10 users/s" or "linear 0→50 req/s over 30s"
-	Requests     int      `json:"requests,omitempty"`    // per target; 0 when the run is bounded by duration
-	DurationS    float64  `json:"duration_s,omitempty"`  // measurement window, when bounded by duration
-	WarmupS      float64  `json:"warmup_s"`
-	CooldownS    float64  `json:"cooldown_s"`
-	Stream       bool     `json:"stream"`
-	Models       []Weight `json:"models"`
+	Targets     []Target `json:"targets"`
+	Mode        string   `json:"mode"`                  // "closed" (concurrency) or "open" (request rate)
+	Concurrency int      `json:"concurrency,omitempty"` // closed loop: users (per target); open loop: cap on items in flight, 0 = none
+	RatePerS    float64  `json:"rate_per_s,omitempty"`  // open loop: mean arrival rate (per target: each arrival goes to every target)
+	Arrival     string   `json:"arrival,omitempty"`     // open loop: "constant", "poisson" or "gamma"
+	Burstiness  float64  `json:"burstiness,omitempty"`  // gamma shape (1 = Poisson, <1 burstier)
+	RampUp      string   `json:"ramp_up,omitempty"`     // e.g. "10 users/s" or "linear 0→50 req/s over 30s"
+	Requests    int      `json:"requests,omitempty"`    // per target; 0 when the run is bounded by duration
+	DurationS   float64  `json:"duration_s,omitempty"`  // measurement window, when bounded by duration
+	WarmupS     float64  `json:"warmup_s"`
+	CooldownS   float64  `json:"cooldown_s"`
+	// WarmupRequests and CooldownRequests are set when those phases are
+	// bounded by a request count instead of (or as well as) seconds.
+	WarmupRequests   int      `json:"warmup_requests,omitempty"`
+	CooldownRequests int      `json:"cooldown_requests,omitempty"`
+	Stream           bool     `json:"stream"`
+	LengthHints      bool     `json:"length_hints"` // min_tokens and ignore_eos sent
+	Models           []Weight `json:"models"`
+	// Tenants are the API-key mix by label; the keys themselves are never written.
+	Tenants []Weight `json:"tenants,omitempty"`
+	// HeaderMixes are per-request header choices, each value "name: value".
+	HeaderMixes  []Weight `json:"header_mixes,omitempty"`
 	InputTokens  Range    `json:"input_tokens"`
 	OutputTokens Range    `json:"output_tokens"`
 	SharedPrefix *Prefix  `json:"shared_prefix,omitempty"`
@@ -88,10 +99,11 @@ type Prefix struct {
 // knee is judged against. Zero fields are not checked.
 type SLO struct {
 	TTFTMs float64 `json:"ttft_ms,omitempty"` // per request
-	ITLMs  float64 `json:"itl_ms,omitempty"`  // per request: its ITL p99... see docs; TPOT-like check on the request's gaps
+	ITLMs  float64 `json:"itl_ms,omitempty"`  // per request: its TPOT, (E2E − TTFT)/(tokens − 1), as vLLM and AIPerf judge ITL
 	E2EMs  float64 `json:"e2e_ms,omitempty"`  // per request
 	// Percentile at which a load level must meet TTFT/ITL/E2E for a sweep's
-	// knee (default 99). Goodput is per request and ignores it.
+	// knee (default 99); failed requests count as missing every SLO. Goodput
+	// is per request and ignores it.
 	Percentile float64 `json:"percentile,omitempty"`
 }
 
@@ -116,26 +128,28 @@ type Metrics struct {
 	// TTFTIntendedMs is TTFT measured from the *intended* send time (open
 	// loop and ramp schedules): it includes the time a late generator kept
 	// the request waiting, so an overloaded target cannot hide behind
-	// coordinated omission. Equal to TTFTMs in a closed loop.
+	// coordinated omission. In a closed loop the intended time is when the
+	// user became free, so it exceeds TTFTMs only by the generator's own lag.
 	TTFTIntendedMs Dist `json:"ttft_intended_ms"`
 	ITLMs          Dist `json:"itl_ms"`  // every gap between content events, pooled over requests
 	TPOTMs         Dist `json:"tpot_ms"` // per request: (E2E − TTFT) / (output tokens − 1)
 	E2EMs          Dist `json:"e2e_ms"`  // send → end of response
 	E2EIntendedMs  Dist `json:"e2e_intended_ms"`
 	MaxStallMs     Dist `json:"max_stall_ms"`    // per request: its longest gap
-	QueueMs        Dist `json:"queue_ms"`        // client queue: intended send → actual send
-	ScheduleLagMs  Dist `json:"schedule_lag_ms"` // same as QueueMs for open loop; the generator's own lateness
+	QueueMs        Dist `json:"queue_ms"`        // client queue: intended send → a concurrency slot free (open loop with a cap; else 0)
+	ScheduleLagMs  Dist `json:"schedule_lag_ms"` // intended send → actual send: queue plus the generator's own lateness (all sent requests)
 
 	Throughput Throughput `json:"throughput"`
 	Goodput    Goodput    `json:"goodput"`
 	Errors     Errors     `json:"errors"`
 	// TokenSource says how output tokens were counted: "usage" (the
-	// stream's usage chunk, every request), "events" (content events,
-	// no usage chunk) or "mixed".
+	// server's usage object, every request), "events" (content events,
+	// no usage chunk), "words" (non-streaming without usage: words of the
+	// content) or "mixed".
 	TokenSource  string  `json:"token_source"`
 	InputTokens  int64   `json:"input_tokens"`  // sum over successful requests
 	OutputTokens int64   `json:"output_tokens"` // sum over successful requests
-	WindowS      float64 `json:"window_s"`      // measurement window the rates divide by
+	WindowS      float64 `json:"window_s"`      // first measured send → last measured response: what the rates divide by
 }
 
 // Counts of requests in the measurement window.
@@ -162,9 +176,11 @@ type Dist struct {
 // Throughput over the measurement window.
 type Throughput struct {
 	RequestsPerS     float64 `json:"requests_per_s"`      // successful requests
+	SentPerS         float64 `json:"sent_per_s"`          // requests sent, failed ones included (compare with parameters.rate_per_s)
 	OutputTokensPerS float64 `json:"output_tokens_per_s"` // successful requests' output tokens
 	TotalTokensPerS  float64 `json:"total_tokens_per_s"`  // input + output
-	// PeakConcurrency is the most requests in flight at once.
+	// PeakConcurrency is the most requests to this target in flight at
+	// once during the window (warm-up and cool-down requests included).
 	PeakConcurrency int `json:"peak_concurrency"`
 }
 
@@ -186,13 +202,13 @@ type Errors struct {
 
 // Bucket is one second of the run.
 type Bucket struct {
-	TS               float64 `json:"t_s"`   // seconds since the run started (bucket start)
-	Phase            string  `json:"phase"` // "warmup", "measure" or "cooldown"
-	Completed        int     `json:"completed"`
-	Errors           int     `json:"errors"`
-	OutputTokensPerS float64 `json:"output_tokens_per_s"`
-	InFlight         int     `json:"in_flight"` // at the end of the bucket
-	TTFTP50Ms        float64 `json:"ttft_p50_ms"`
+	TS               float64 `json:"t_s"`                 // seconds since the run started (bucket start)
+	Phase            string  `json:"phase"`               // "warmup", "measure" or "cooldown", in force at the bucket's start
+	Completed        int     `json:"completed"`           // requests that succeeded, by completion time
+	Errors           int     `json:"errors"`              // requests that failed, by completion time
+	OutputTokensPerS float64 `json:"output_tokens_per_s"` // each request's tokens spread evenly from its first token to its end
+	InFlight         int     `json:"in_flight"`           // at the end of the bucket
+	TTFTP50Ms        float64 `json:"ttft_p50_ms"`         // successful requests sent in the bucket (0 if none)
 	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
 }
 
@@ -262,9 +278,13 @@ type BaselineCheck struct {
 
 // BaselineMetric compares one metric with the baseline's.
 type BaselineMetric struct {
+	Target    string  `json:"target"` // target name (the baseline's target of the same name, or the only one)
 	Metric    string  `json:"metric"` // e.g. "ttft_ms.p99"
 	Baseline  float64 `json:"baseline"`
 	Current   float64 `json:"current"`
 	Tolerance float64 `json:"tolerance"` // allowed relative worsening, e.g. 0.10
-	Passed    bool    `json:"passed"`
+	// HigherIsBetter is true for rates (worse means lower), false for
+	// latencies and counts of failures (worse means higher).
+	HigherIsBetter bool `json:"higher_is_better"`
+	Passed         bool `json:"passed"`
 }

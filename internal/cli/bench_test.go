@@ -1,0 +1,242 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/bench/result"
+)
+
+func benchMock(t *testing.T, ttft time.Duration) (*mock.Server, string) {
+	t.Helper()
+	m := mock.New(mock.Config{TTFT: ttft, ITL: time.Millisecond}, slog.New(slog.DiscardHandler))
+	srv := httptest.NewServer(m.Handler())
+	t.Cleanup(srv.Close)
+	return m, srv.URL
+}
+
+func readJSON(t *testing.T, path string) map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v map[string]any
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// get walks a decoded JSON value by keys (and indices, as ints).
+func get(v any, path ...any) any {
+	for _, p := range path {
+		switch k := p.(type) {
+		case string:
+			m, _ := v.(map[string]any)
+			v = m[k]
+		case int:
+			a, _ := v.([]any)
+			if k >= len(a) {
+				return nil
+			}
+			v = a[k]
+		}
+	}
+	return v
+}
+
+// TestBenchBasicCall is the documented basic call, its table and its JSON.
+func TestBenchBasicCall(t *testing.T) {
+	m, url := benchMock(t, 5*time.Millisecond)
+	path := filepath.Join(t.TempDir(), "bench.json")
+	stdout, stderr, err := run(t, "bench", "--target", url, "--concurrency", "2", "--requests", "6",
+		"--output-tokens", "8", "--json", path)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if m.Served() != 6 {
+		t.Errorf("mock served %d, want 6", m.Served())
+	}
+	for _, want := range []string{"TTFT p50", "ITL p99", "TPOT p50", "E2E p99", "req/s", "output tok/s", "errors", "0/6"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout)
+		}
+	}
+	if !strings.Contains(stderr, "6/6 requests, 0 failed") {
+		t.Errorf("no final progress line on stderr: %q", stderr)
+	}
+
+	doc := readJSON(t, path)
+	for _, k := range []string{"schema_version", "tool", "version", "started_at", "duration_s", "parameters", "metrics", "targets"} {
+		if _, ok := doc[k]; !ok {
+			t.Errorf("JSON lacks top-level %q", k)
+		}
+	}
+	for _, metric := range []string{"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"} {
+		for _, stat := range []string{"p50", "p90", "p95", "p99", "p999", "mean", "max"} {
+			if v, ok := get(doc, "metrics", metric, stat).(float64); !ok || v <= 0 {
+				t.Errorf("metrics.%s.%s = %v", metric, stat, get(doc, "metrics", metric, stat))
+			}
+		}
+	}
+	for _, p := range [][]any{
+		{"metrics", "throughput", "requests_per_s"}, {"metrics", "throughput", "output_tokens_per_s"},
+		{"metrics", "goodput", "fraction"}, {"metrics", "errors", "total"}, {"parameters", "concurrency"},
+		{"parameters", "output_tokens", "max"}, {"targets", 0, "timeline", 0, "t_s"}, {"targets", 0, "cdf", "ttft_ms"},
+	} {
+		if get(doc, p...) == nil {
+			t.Errorf("JSON lacks %v", p)
+		}
+	}
+	if get(doc, "parameters", "output_tokens", "max") != 8.0 || get(doc, "metrics", "requests", "sent") != 6.0 ||
+		get(doc, "metrics", "token_source") != "usage" || get(doc, "parameters", "mode") != "closed" {
+		t.Errorf("parameters %v, requests %v", get(doc, "parameters"), get(doc, "metrics", "requests"))
+	}
+	if cdf, _ := get(doc, "targets", 0, "cdf", "itl_ms").([]any); len(cdf) == 0 || len(cdf) > 300 {
+		t.Errorf("ITL CDF has %d points", len(cdf))
+	}
+
+	// The report round-trips through result.Report unchanged.
+	var rep result.Report
+	b, _ := os.ReadFile(path)
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := json.Marshal(&rep)
+	var doc2 map[string]any
+	if err := json.Unmarshal(again, &doc2); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(doc, doc2) {
+		t.Errorf("the JSON does not round-trip through result.Report:\n%s\n%s", b, again)
+	}
+
+	// --max-tokens is an alias.
+	if _, stderr, err := run(t, "bench", "--target", url, "--requests", "2", "--max-tokens", "3", "--json", path); err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if got := get(readJSON(t, path), "metrics", "output_tokens"); got != 6.0 {
+		t.Errorf("--max-tokens 3: %v output tokens over 2 requests", got)
+	}
+}
+
+// TestBenchBaseline: a run is compared with a stored report; a regression
+// is named and fails the command.
+func TestBenchBaseline(t *testing.T) {
+	_, url := benchMock(t, 5*time.Millisecond)
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.json")
+	args := []string{"bench", "--target", "direct=" + url, "--concurrency", "1", "--requests", "4", "--output-tokens", "4"}
+	if _, stderr, err := run(t, append(args, "--json", base)...); err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	stdout, stderr, err := run(t, append(args, "--baseline", base, "--tolerance", "1000%")...)
+	if err != nil || !strings.Contains(stdout, "baseline "+base+": passed") {
+		t.Fatalf("same target, huge tolerance: %v\n%s%s", err, stdout, stderr)
+	}
+
+	// Make the baseline's TTFT p99 implausibly good.
+	doc := readJSON(t, base)
+	get(doc, "targets", 0, "metrics", "ttft_ms").(map[string]any)["p99"] = 0.001
+	b, _ := json.Marshal(doc)
+	os.WriteFile(base, b, 0o644)
+	stdout, _, err = run(t, append(args, "--baseline", base, "--tolerance", "1000%", "--tolerance", "ttft_ms.p99=5%")...)
+	if !errors.Is(err, errRegression) || !strings.Contains(err.Error(), "direct ttft_ms.p99") {
+		t.Fatalf("err = %v, want a regression naming ttft_ms.p99", err)
+	}
+	if !strings.Contains(stdout, "REGRESSION") || !strings.Contains(stdout, "ttft_ms.p99") || !strings.Contains(stdout, "REGRESSED") {
+		t.Errorf("stdout does not say which metric regressed:\n%s", stdout)
+	}
+}
+
+func TestBenchCompareSweepAndHTML(t *testing.T) {
+	_, urlA := benchMock(t, 5*time.Millisecond)
+	_, urlB := benchMock(t, 8*time.Millisecond)
+	dir := t.TempDir()
+	path, html := filepath.Join(dir, "c.json"), filepath.Join(dir, "c.html")
+	stdout, stderr, err := run(t, "bench", "--target", "a="+urlA, "--target", "b="+urlB, "--compare-targets", "b,a",
+		"--requests", "8", "--output-tokens", "4", "--json", path, "--html", html)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if !strings.Contains(stdout, "paired a − b over 8 requests") || !strings.Contains(stdout, "ΔTTFT") {
+		t.Errorf("no paired comparison:\n%s", stdout)
+	}
+	doc := readJSON(t, path)
+	if get(doc, "compare", "a") != "b" || get(doc, "compare", "pairs") != 8.0 {
+		t.Errorf("compare %v", get(doc, "compare"))
+	}
+	if d, _ := get(doc, "compare", "delta_ttft_ms", "p50").(float64); d > -1 || d < -10 {
+		t.Errorf("a − b median ΔTTFT %.2f ms, want about −3", d)
+	}
+	if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
+		t.Errorf("--html wrote nothing: %v", err)
+	}
+
+	stdout, stderr, err = run(t, "bench", "--target", urlA, "--sweep", "concurrency=1,2", "--requests", "4",
+		"--output-tokens", "2", "--slo-ttft", "2s", "--json", path)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	if !strings.Contains(stdout, "knee: concurrency 2") || !strings.Contains(stderr, "bench [concurrency 2, 2/2]") {
+		t.Errorf("sweep output:\n%s\n%s", stdout, stderr)
+	}
+	if get(readJSON(t, path), "sweep", "knee") != 1.0 {
+		t.Errorf("sweep %v", get(readJSON(t, path), "sweep"))
+	}
+}
+
+func TestBenchFailures(t *testing.T) {
+	m, url := benchMock(t, time.Millisecond)
+	m.SetFaults(mock.Faults{ErrorRate: 1, ErrorStatus: 503})
+	stdout, _, err := run(t, "bench", "--target", "down="+url, "--requests", "3")
+	if err == nil || !strings.Contains(err.Error(), `every request to "down" failed`) || !strings.Contains(err.Error(), "503") {
+		t.Errorf("err = %v", err)
+	}
+	if !strings.Contains(stdout, "3 http_5xx") {
+		t.Errorf("errors not shown by class:\n%s", stdout)
+	}
+
+	for _, args := range [][]string{
+		{},
+		{"--target", url, "--tolerance", "5%"},
+		{"--target", url, "--target", "b=" + url, "--sweep", "concurrency=1,2"},
+		{"--target", url, "--warmup", "soon"},
+		{"--target", url, "--compare-targets", "a,b,c"},
+		{"--target", url, "--rate", "-1"},
+		{"--target", url, "--input-tokens", "0"},
+		{"--target", url, "--model", "a@0"},
+		{"--target", url, "--api-key", "k@x"},
+		{"--target", url, "--slo-percentile", "101"},
+		{"--target", url, "--rate", "5", "--arrival", "lumpy"},
+		{"--target", url, "--rate", "5", "--ramp-users", "2"},
+	} {
+		if _, _, err := run(t, append([]string{"bench"}, args...)...); !errors.Is(err, ErrUsage) {
+			t.Errorf("%v: err %v, want a usage error", args, err)
+		}
+	}
+}
+
+func TestParseAPIKey(t *testing.T) {
+	for in, want := range map[string][3]string{
+		"sk-1":          {"key1", "sk-1", "1"},
+		"acme=sk-1@3":   {"acme", "sk-1", "3"},
+		"acme=abc==":    {"acme", "abc==", "1"},
+		"tenant=k@0.25": {"tenant", "k", "0.25"},
+	} {
+		k, err := parseAPIKey(in, 1)
+		if err != nil || k.Name != want[0] || k.Key != want[1] {
+			t.Errorf("%q: %+v, %v", in, k, err)
+		}
+	}
+}
