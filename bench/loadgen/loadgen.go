@@ -79,6 +79,9 @@ type Config struct {
 	Workload *Workload
 	Seed     int64
 	Timeout  time.Duration // per request, whole stream included; 0 means none
+	// Trace sends a W3C traceparent with each request (a new sampled
+	// trace), so the gateway's spans and records carry the client's trace.
+	Trace bool
 
 	// OnSample, if set, is called after each request completes (for
 	// progress). It is called from several goroutines at once.
@@ -339,7 +342,7 @@ func (r *runner) send(ctx context.Context, j job, t int) {
 	}
 	defer r.readers.Put(sr)
 	s := Sample{Target: t, Item: j.req.Item, Phase: j.phase, Intended: j.intended, Queue: j.queue}
-	do(ctx, r.client, r.urls[t], j.req, r.cfg.Timeout, sr, &s)
+	do(ctx, r.client, r.urls[t], j.req, r.cfg.Timeout, r.cfg.Trace, sr, &s)
 	if !s.OK() && ctx.Err() != nil {
 		return // aborted by the run, not failed by the target
 	}

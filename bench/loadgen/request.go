@@ -82,6 +82,12 @@ type Sample struct {
 	Bytes        int    // response body bytes read
 	Model        string
 	Tenant       string
+	// RequestID is the x-request-id the target answered with (Envoy sets it
+	// with always_set_request_id_in_response); TraceID the trace this
+	// request started when Config.Trace is set. Join pairs samples with the
+	// gateway's records by them.
+	RequestID string
+	TraceID   string
 }
 
 // OK reports whether the request succeeded.
@@ -131,7 +137,7 @@ func newClient(conns, targets int) *http.Client {
 
 // do sends req to url and reads the response to its end into s (whose
 // Start is set here, just before the send).
-func do(ctx context.Context, client *http.Client, url string, req *Request, timeout time.Duration, sr *streamReader, s *Sample) {
+func do(ctx context.Context, client *http.Client, url string, req *Request, timeout time.Duration, trace bool, sr *streamReader, s *Sample) {
 	s.Streamed, s.Model, s.Tenant, s.InputTokens = req.Stream, req.Model, req.Tenant, req.InputTokens
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -148,6 +154,10 @@ func do(ctx context.Context, client *http.Client, url string, req *Request, time
 	if req.Host != "" {
 		hr.Host = req.Host
 	}
+	if trace {
+		s.TraceID = newTraceID()
+		hr.Header.Set("traceparent", "00-"+s.TraceID+"-"+newSpanID()+"-01")
+	}
 
 	s.Start = time.Now()
 	resp, err := client.Do(hr)
@@ -158,6 +168,7 @@ func do(ctx context.Context, client *http.Client, url string, req *Request, time
 	}
 	defer resp.Body.Close()
 	s.Status = resp.StatusCode
+	s.RequestID = resp.Header.Get("x-request-id")
 	cr := &countingReader{r: resp.Body}
 	defer func() { s.Bytes = cr.n }()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {

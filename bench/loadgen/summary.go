@@ -25,6 +25,9 @@ func WriteReport(w io.Writer, r *result.Report) {
 	if r.Compare != nil {
 		writeCompare(w, r.Compare)
 	}
+	if r.Join != nil {
+		writeJoin(w, r.Join)
+	}
 	if r.Baseline != nil {
 		writeBaseline(w, r.Baseline)
 	}

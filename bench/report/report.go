@@ -50,6 +50,7 @@ type page struct {
 	Timeline []*chart
 	Sweep    *sweepView
 	Compare  *compareView
+	Join     *joinView
 	Baseline *baselineView
 	Nav      []kv // section anchor → heading
 }
@@ -100,6 +101,7 @@ func buildPage(r *result.Report) *page {
 	p.Timeline = b.timelineCharts(targets)
 	p.Sweep = b.sweep(r.Sweep, r.Parameters.SLO)
 	p.Compare = b.compare(r.Compare, targets)
+	p.Join = join(r.Join)
 	p.Baseline = baseline(r.Baseline)
 
 	p.Nav = append(p.Nav, kv{"parameters", "Parameters"})
@@ -117,6 +119,9 @@ func buildPage(r *result.Report) *page {
 	}
 	if p.Compare != nil {
 		p.Nav = append(p.Nav, kv{"compare", "Overhead"})
+	}
+	if p.Join != nil {
+		p.Nav = append(p.Nav, kv{"join", "Where the time went"})
 	}
 	if p.Baseline != nil {
 		p.Nav = append(p.Nav, kv{"baseline", "Baseline"})

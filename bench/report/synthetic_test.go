@@ -215,6 +215,13 @@ func richReport() *result.Report {
 		Sweep:   sweep,
 		Compare: &result.Compare{A: "direct", B: "gateway", Pairs: len(dTTFT),
 			DeltaTTFTMs: delta(dTTFT, 0.2), DeltaITLMs: delta(dITL, 0.02), DeltaE2EMs: delta(dE2E, 0.25)},
+		Join: &result.Join{Source: "http://127.0.0.1:9090", Requests: 1436, Joined: 1000,
+			ClientMs:             result.Dist{N: 1000, P50: 412, P90: 455, P99: 520, Mean: 421},
+			GatewayMs:            result.Dist{N: 1000, P50: 0.9, P90: 1.3, P99: 2.4, Mean: 1.0},
+			ModerationMs:         result.Dist{N: 1000, P50: 0, P90: 0, P99: 0, Mean: 0},
+			UpstreamFirstTokenMs: result.Dist{N: 1000, P50: 101, P90: 118, P99: 160, Mean: 104},
+			DecodeMs:             result.Dist{N: 1000, P50: 309, P90: 330, P99: 352, Mean: 314},
+			OutsideMs:            result.Dist{N: 1000, P50: 0.6, P90: 1.1, P99: 2.0, Mean: 0.7}},
 		Baseline: &result.BaselineCheck{File: "bench/baseline.json", Passed: true, Checks: []result.BaselineMetric{
 			{Metric: "ttft_ms.p99", Baseline: round1(gm.TTFTMs.P99 / 1.03), Current: gm.TTFTMs.P99, Tolerance: 0.10, Passed: true},
 			{Metric: "itl_ms.p99", Baseline: round1(gm.ITLMs.P99 * 1.01), Current: gm.ITLMs.P99, Tolerance: 0.10, Passed: true},

@@ -30,6 +30,7 @@ type Report struct {
 	Targets []TargetResult `json:"targets"`
 
 	Sweep   *Sweep   `json:"sweep,omitempty"`   // --sweep
+	Join    *Join    `json:"join,omitempty"`    // --join: the first target's requests, joined with the gateway's records
 	Compare *Compare `json:"compare,omitempty"` // two targets (--compare-targets, or two --target)
 	// Baseline is the outcome of --baseline, if given.
 	Baseline *BaselineCheck `json:"baseline,omitempty"`
@@ -287,4 +288,35 @@ type BaselineMetric struct {
 	// latencies and counts of failures (worse means higher).
 	HigherIsBetter bool `json:"higher_is_better"`
 	Passed         bool `json:"passed"`
+}
+
+// Join is the client's view of each request joined with the gateway's
+// record of it (--join ADMIN_URL): one breakdown per request, client →
+// gateway → upstream → first token → done. Outside is the client's E2E
+// less the gateway's total: network both ways, the client's own stack and
+// Envoy's response path. Distributions cover the joined requests.
+type Join struct {
+	Source               string          `json:"source"`   // the admin URL the records came from
+	Requests             int             `json:"requests"` // successful, measured requests of the first target
+	Joined               int             `json:"joined"`   // of those, found among the gateway's recent records
+	ClientMs             Dist            `json:"client_ms"`
+	GatewayMs            Dist            `json:"gateway_ms"`
+	ModerationMs         Dist            `json:"moderation_ms"`
+	UpstreamFirstTokenMs Dist            `json:"upstream_first_token_ms"` // request left the gateway → first token
+	DecodeMs             Dist            `json:"decode_ms"`               // first token → last byte
+	OutsideMs            Dist            `json:"outside_ms"`
+	Samples              []JoinedRequest `json:"samples,omitempty"` // per request (up to 10,000)
+}
+
+// JoinedRequest is one request's breakdown, in milliseconds.
+type JoinedRequest struct {
+	RequestID            string  `json:"request_id"`
+	TraceID              string  `json:"trace_id,omitempty"`
+	ClientMs             float64 `json:"client_ms"`
+	ClientTTFTMs         float64 `json:"client_ttft_ms"`
+	GatewayMs            float64 `json:"gateway_ms"`
+	ModerationMs         float64 `json:"moderation_ms"`
+	UpstreamFirstTokenMs float64 `json:"upstream_first_token_ms"`
+	DecodeMs             float64 `json:"decode_ms"`
+	OutsideMs            float64 `json:"outside_ms"`
 }

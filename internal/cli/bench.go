@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"strconv"
@@ -88,6 +89,7 @@ type benchFlags struct {
 	sweepSpec    loadgen.SweepSpec
 	jsonPath     string
 	htmlPath     string
+	join         string
 	baseline     string
 	tolerances   loadgen.Tolerances
 	setByUser    map[string]bool
@@ -180,6 +182,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
 	fs.StringVar(&f.sweep, "sweep", "", "one measurement per load level: concurrency=1,2,4 or rate=5,10,20, or VAR=START:STOP:FACTOR; reports the knee")
 	fs.StringVar(&f.jsonPath, "json", "", "write the report to this JSON `file` (docs/bench-json.md)")
 	fs.StringVar(&f.htmlPath, "html", "", "write a self-contained HTML report to this `file`")
+	fs.StringVar(&f.join, "join", "", "infergate's admin `URL`: send a traceparent per request, then join each request with the gateway's record of it (gateway, moderation, upstream first token, decode, outside)")
 	fs.StringVar(&f.baseline, "baseline", "", "compare with a previous --json `file`; exit non-zero on a regression")
 	fs.Func("tolerance", "allowed worsening vs --baseline, as `T`: 10% (the default) for the default metrics, or METRIC=5% (e.g. ttft_ms.p99=5%); repeatable", f.tolerances.ParseTolerance)
 	if err := parse(fs, args); err != nil {
@@ -347,6 +350,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	cfg := f.config()
+	cfg.Trace = f.join != ""
 	rep := &result.Report{
 		SchemaVersion: result.SchemaVersion,
 		Tool:          "infergate bench",
@@ -376,6 +380,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(rec.Targets) == 2 {
 		c := rec.Compare(0, 1)
 		rep.Compare = &c
+	}
+	if f.join != "" && runErr == nil {
+		recs, err := loadgen.FetchRecords(ctx, http.DefaultClient, f.join)
+		if err != nil {
+			return fmt.Errorf("bench: --join: %w", err)
+		}
+		rep.Join = loadgen.Join(f.join, rec.Samples[0], recs)
 	}
 	if base != nil && runErr == nil {
 		if rep.Baseline, err = loadgen.CheckBaseline(rep, base, f.baseline, f.tolerances); err != nil {
