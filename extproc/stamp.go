@@ -146,6 +146,9 @@ func (ms metricsSink) Record(ctx context.Context, s *Stamp) {
 	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
 	ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), set)
 	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), set)
+	if s.Gateway.Checks > 0 {
+		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), set)
+	}
 	if s.Status >= 400 || s.ContentEvents == 0 {
 		return
 	}

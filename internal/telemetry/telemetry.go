@@ -30,6 +30,7 @@ type Metrics struct {
 	// infergate's own.
 	InterToken     metric.Float64Histogram // infergate.inter_token_latency: every gap
 	GatewaySeconds metric.Float64Histogram // infergate.gateway.duration: before the upstream got the request
+	ChecksSeconds  metric.Float64Histogram // infergate.checks.duration: external checks (moderation), apart
 	GateSeconds    metric.Float64Histogram // infergate.gate.duration: the gate's own processing
 	GateDecisions  metric.Int64Counter     // infergate.gate.decisions{decision,code}
 	MeterStreams   metric.Int64UpDownCounter
@@ -74,6 +75,8 @@ func New() (*Metrics, error) {
 		"Every gap between consecutive content-bearing chunks of a streamed response.", perTokenBuckets)
 	m.GatewaySeconds = f64("infergate.gateway.duration", "s",
 		"Time from Envoy receiving the request to it leaving the gateway for the upstream.", gatewayBuckets)
+	m.ChecksSeconds = f64("infergate.checks.duration", "s",
+		"External checks (moderation) per request that needed them: neither gateway nor model time.", durationBuckets)
 	m.GateSeconds = f64("infergate.gate.duration", "s",
 		"The gate's own processing time per request.", gatewayBuckets)
 	m.TokenUsage, err = meter.Int64Histogram("gen_ai.client.token.usage", metric.WithUnit("{token}"),
