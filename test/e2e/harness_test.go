@@ -257,13 +257,19 @@ func startStackWith(t *testing.T, config string, replicas int) *stack {
 // startStackOn is startStackWith on another bootstrap under envoy/.
 func startStackOn(t *testing.T, bootstrap, config string, replicas int) *stack {
 	t.Helper()
+	return startStackFor(t, bootstrap, func(*stack) string { return config }, replicas)
+}
+
+// startStackFor is startStackOn with a config that names the pools' addresses.
+func startStackFor(t *testing.T, bootstrap string, config func(*stack) string, replicas int) *stack {
+	t.Helper()
 	s := &stack{
 		PoolA: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
 		PoolB: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
 	}
 	var addrs []string
 	for range replicas {
-		g := startInfergate(t, config)
+		g := startInfergate(t, config(s))
 		s.Replicas = append(s.Replicas, g)
 		addrs = append(addrs, g.ExtProcAddr)
 	}
