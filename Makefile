@@ -27,6 +27,13 @@ test: deps ## Run every test: Rego (opa test), unit, fuzz seed corpora, end-to-e
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	@# End to end last and alone: real processes share the two cores.
 	$(GO) test -count=1 ./test/e2e/
+	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
+
+.PHONY: chart-test
+chart-test: ## Helm chart: lint, render, strict decode, golden files, Envoy Gateway translation (first run builds egctl)
+	@# Its own Go module (test/charts/go.mod): Kubernetes, Envoy Gateway, Istio and Helm stay out of go.mod.
+	@# The first run builds Envoy Gateway's egctl (minutes; cached after), hence the timeout.
+	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: e2e
 e2e: deps ## Run only the end-to-end tests (real Envoy + infergate + mock pools + SDKs), verbosely

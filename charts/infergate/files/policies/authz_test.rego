@@ -1,0 +1,267 @@
+package infergate.authz_test
+
+import data.infergate.authz
+
+# A streaming chat completion from an API key of tenant, for model.
+chat(tenant, model) := {
+	"principal": {"id": "key-1", "type": "api_key", "claims": {}},
+	"tenant": tenant,
+	"labels": {},
+	"request": {
+		"method": "POST",
+		"path": "/v1/chat/completions",
+		"headers": {"user-agent": "test"},
+		"model": model,
+		"virtual_model": "",
+		"stream": true,
+		"max_tokens": 256,
+		"estimated_prompt_tokens": 40,
+	},
+	"usage": {"requests": 0, "tokens": 0},
+}
+
+with_request(inp, fields) := object.union(inp, {"request": fields})
+
+denied(inp, status, reason) if {
+	not authz.allow with input as inp
+	authz.status == status with input as inp
+	authz.reason == reason with input as inp
+}
+
+# Tiers and models.
+
+test_free_tier_small_model_allowed if {
+	authz.allow with input as chat("initech", "llama-3.1-8b-instruct")
+	authz.reason == "allowed on the free tier" with input as chat("initech", "llama-3.1-8b-instruct")
+	not authz.status with input as chat("initech", "llama-3.1-8b-instruct")
+}
+
+test_free_tier_large_model_denied if {
+	denied(
+		chat("initech", "llama-3.1-70b-instruct"), 403,
+		`model "llama-3.1-70b-instruct" is not available on the free tier`,
+	)
+}
+
+test_standard_tier_models if {
+	authz.allow with input as chat("globex", "llama-3.1-8b-instruct")
+	authz.allow with input as chat("globex", "llama-3.1-70b-instruct")
+	authz.allow with input as chat("globex", "mixtral-8x22b-instruct")
+	denied(chat("globex", "unlisted-model"), 403, `model "unlisted-model" is not available on the standard tier`)
+}
+
+test_premium_tier_any_model if {
+	authz.allow with input as chat("acme", "llama-3.1-70b-instruct")
+	authz.allow with input as chat("acme", "some-new-model")
+	authz.reason == "allowed on the premium tier" with input as chat("acme", "some-new-model")
+}
+
+test_model_required if {
+	denied(chat("acme", ""), 400, "model is required")
+}
+
+test_unknown_tenant_denied if {
+	denied(chat("hooli", "llama-3.1-8b-instruct"), 403, `unknown tenant "hooli"`)
+	denied(chat("", "llama-3.1-8b-instruct"), 403, `unknown tenant ""`)
+}
+
+test_tenant_with_unconfigured_tier_denied if {
+	denied(
+		chat("acme", "llama-3.1-8b-instruct"), 403,
+		`tier "gold" is not configured`,
+	) with data.infergate.tenants.acme.tier as "gold"
+}
+
+# Credentials.
+
+test_anonymous_denied if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"principal": {"id": "", "type": "anonymous"}})
+	denied(inp, 401, "missing credentials")
+}
+
+test_anonymous_denied_before_route if {
+	inp := object.union(
+		chat("acme", "llama-3.1-8b-instruct"),
+		{"principal": {"id": "", "type": "anonymous"}, "request": {"path": "/admin"}},
+	)
+	denied(inp, 401, "missing credentials")
+}
+
+test_anonymous_allowed_where_tenant_says_so if {
+	inp := object.union(chat("playground", "qwen2.5-7b-instruct"), {"principal": {"id": "", "type": "anonymous"}})
+	authz.allow with input as inp
+
+	# but only on its own tier's models
+	denied(
+		with_request(inp, {"model": "llama-3.1-70b-instruct"}), 403,
+		`model "llama-3.1-70b-instruct" is not available on the free tier`,
+	)
+}
+
+test_anonymous_allowed_where_tier_says_so if {
+	inp := object.union(chat("globex", "llama-3.1-8b-instruct"), {"principal": {"id": "", "type": "anonymous"}})
+	authz.allow with input as inp with data.infergate.tiers.standard.allow_anonymous as true
+	denied(inp, 401, "missing credentials") with data.infergate.tiers.standard.allow_anonymous as "yes"
+}
+
+test_jwt_allowed if {
+	inp := object.union(
+		chat("globex", "llama-3.1-8b-instruct"),
+		{"principal": {"id": "user@example.com", "type": "jwt", "claims": {"sub": "user@example.com"}}},
+	)
+	authz.allow with input as inp
+}
+
+test_credentials_without_id_denied if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"principal": {"id": ""}})
+	denied(inp, 401, "missing credentials")
+}
+
+test_unknown_principal_type_denied if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"principal": {"type": "mtls"}})
+	denied(inp, 401, "missing credentials")
+}
+
+test_missing_principal_denied if {
+	inp := object.remove(chat("acme", "llama-3.1-8b-instruct"), ["principal"])
+	denied(inp, 401, "missing credentials")
+}
+
+# Paths and methods.
+
+test_completions_allowed if {
+	authz.allow with input as with_request(chat("globex", "qwen2.5-7b-instruct"), {"path": "/v1/completions"})
+}
+
+test_models_listing_allowed if {
+	inp := with_request(chat("initech", ""), {"method": "GET", "path": "/v1/models", "max_tokens": 0})
+	authz.allow with input as inp
+	authz.reason == "allowed on the free tier" with input as inp
+}
+
+test_models_listing_needs_credentials if {
+	inp := object.union(
+		with_request(chat("initech", ""), {"method": "GET", "path": "/v1/models"}),
+		{"principal": {"id": "", "type": "anonymous"}},
+	)
+	denied(inp, 401, "missing credentials")
+}
+
+test_unknown_path_denied if {
+	denied(
+		with_request(chat("acme", "llama-3.1-8b-instruct"), {"path": "/v1/embeddings"}), 404,
+		"no route for POST /v1/embeddings",
+	)
+	denied(
+		with_request(chat("acme", "llama-3.1-8b-instruct"), {"path": "/admin/keys"}), 404,
+		"no route for POST /admin/keys",
+	)
+}
+
+test_wrong_method_denied if {
+	denied(
+		with_request(chat("acme", "llama-3.1-8b-instruct"), {"method": "GET"}), 404,
+		"no route for GET /v1/chat/completions",
+	)
+	denied(
+		with_request(chat("acme", ""), {"method": "POST", "path": "/v1/models"}), 404,
+		"no route for POST /v1/models",
+	)
+}
+
+# max_tokens caps.
+
+test_max_tokens_at_cap_allowed if {
+	authz.allow with input as with_request(chat("initech", "llama-3.1-8b-instruct"), {"max_tokens": 1024})
+	authz.allow with input as with_request(chat("globex", "llama-3.1-8b-instruct"), {"max_tokens": 4096})
+	authz.allow with input as with_request(chat("acme", "llama-3.1-8b-instruct"), {"max_tokens": 16384})
+}
+
+test_max_tokens_above_cap_denied if {
+	denied(
+		with_request(chat("initech", "llama-3.1-8b-instruct"), {"max_tokens": 1025}), 400,
+		"max_tokens 1025 exceeds the free tier's limit of 1024",
+	)
+	denied(
+		with_request(chat("globex", "llama-3.1-8b-instruct"), {"max_tokens": 8192}), 400,
+		"max_tokens 8192 exceeds the standard tier's limit of 4096",
+	)
+	denied(
+		with_request(chat("acme", "llama-3.1-8b-instruct"), {"max_tokens": 16385}), 400,
+		"max_tokens 16385 exceeds the premium tier's limit of 16384",
+	)
+}
+
+test_max_tokens_unset_allowed if {
+	authz.allow with input as with_request(chat("initech", "llama-3.1-8b-instruct"), {"max_tokens": 0})
+}
+
+test_model_denial_before_max_tokens if {
+	denied(
+		with_request(chat("initech", "llama-3.1-70b-instruct"), {"max_tokens": 100000}), 403,
+		`model "llama-3.1-70b-instruct" is not available on the free tier`,
+	)
+}
+
+# Tier labels.
+
+test_tier_label_lowers_tier if {
+	inp := object.union(chat("acme", "llama-3.1-70b-instruct"), {"labels": {"tier": "free"}})
+	denied(inp, 403, `model "llama-3.1-70b-instruct" is not available on the free tier`)
+	authz.allow with input as with_request(inp, {"model": "llama-3.1-8b-instruct"})
+	authz.tier_name == "free" with input as inp
+}
+
+test_tier_label_same_tier_allowed if {
+	inp := object.union(chat("globex", "llama-3.1-70b-instruct"), {"labels": {"tier": "standard"}})
+	authz.allow with input as inp
+}
+
+test_tier_label_cannot_raise_tier if {
+	inp := object.union(chat("initech", "llama-3.1-70b-instruct"), {"labels": {"tier": "premium"}})
+	denied(inp, 403, `tier label "premium" is not allowed for this tenant`)
+}
+
+test_unknown_tier_label_denied if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "platinum"}})
+	denied(inp, 403, `tier label "platinum" is not allowed for this tenant`)
+}
+
+test_other_labels_ignored if {
+	authz.allow with input as object.union(chat("initech", "llama-3.1-8b-instruct"), {"labels": {"team": "ml"}})
+}
+
+# Checks.
+
+test_no_checks_without_tier_checks if {
+	count(authz.checks) == 0 with input as chat("initech", "llama-3.1-8b-instruct")
+		with data.infergate.tiers.free.checks as []
+}
+
+test_checks_per_tier if {
+	authz.checks == {"moderation"} with input as chat("initech", "llama-3.1-8b-instruct")
+		with data.infergate.tiers.free.checks as ["moderation"]
+
+	# not for other tiers, nor for denied requests or the model listing
+	count(authz.checks) == 0 with input as chat("acme", "llama-3.1-8b-instruct")
+		with data.infergate.tiers.free.checks as ["moderation"]
+	count(authz.checks) == 0 with input as chat("initech", "llama-3.1-70b-instruct")
+		with data.infergate.tiers.free.checks as ["moderation"]
+	inp := with_request(chat("initech", ""), {"method": "GET", "path": "/v1/models"})
+	count(authz.checks) == 0 with input as inp with data.infergate.tiers.free.checks as ["moderation"]
+}
+
+# Every denial has exactly one status and reason: no two denial rules
+# conflict, whatever the input.
+test_denial_always_single_valued if {
+	every inp in [
+		chat("nobody", "x"),
+		object.union(chat("nobody", "x"), {"principal": {"type": "anonymous", "id": ""}}),
+		with_request(chat("initech", "x"), {"path": "/x", "max_tokens": 99999}),
+		object.union(chat("initech", ""), {"labels": {"tier": "premium"}}),
+	] {
+		not authz.allow with input as inp
+		authz.status >= 400 with input as inp
+		is_string(authz.reason) with input as inp
+	}
+}

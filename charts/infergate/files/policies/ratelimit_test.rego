@@ -1,0 +1,118 @@
+package infergate.ratelimit_test
+
+import data.infergate.ratelimit
+
+chat(tenant, model) := {
+	"principal": {"id": "key-1", "type": "api_key", "claims": {}},
+	"tenant": tenant,
+	"labels": {},
+	"request": {
+		"method": "POST",
+		"path": "/v1/chat/completions",
+		"headers": {},
+		"model": model,
+		"virtual_model": "",
+		"stream": true,
+		"max_tokens": 256,
+		"estimated_prompt_tokens": 40,
+	},
+	"usage": {"requests": 0, "tokens": 0},
+}
+
+# The three limits of a completion request, for tenant on tier amounts.
+expected(tenant, principal, model, rpm, tpm, otph) := {
+	{
+		"name": "requests-per-minute",
+		"key": sprintf("tenant=%s/principal=%s", [tenant, principal]),
+		"unit": "requests",
+		"amount": rpm,
+		"window": "1m",
+	},
+	{
+		"name": "tenant-tokens-per-minute",
+		"key": sprintf("tenant=%s", [tenant]),
+		"unit": "total_tokens",
+		"amount": tpm,
+		"window": "1m",
+	},
+	{
+		"name": "model-output-tokens-per-hour",
+		"key": sprintf("tenant=%s/model=%s", [tenant, model]),
+		"unit": "output_tokens",
+		"amount": otph,
+		"window": "1h",
+	},
+}
+
+test_free_tier_limits if {
+	ratelimit.limits == expected("initech", "key-1", "llama-3.1-8b-instruct", 20, 20000, 100000) with input as chat("initech", "llama-3.1-8b-instruct")
+}
+
+test_standard_tier_limits if {
+	ratelimit.limits == expected("globex", "key-1", "llama-3.1-70b-instruct", 120, 200000, 2000000) with input as chat("globex", "llama-3.1-70b-instruct")
+}
+
+test_premium_tier_limits if {
+	ratelimit.limits == expected("acme", "key-1", "some-model", 600, 2000000, 20000000) with input as chat("acme", "some-model")
+}
+
+test_limits_follow_tier_label if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}})
+	ratelimit.limits == expected("acme", "key-1", "llama-3.1-8b-instruct", 20, 20000, 100000) with input as inp
+}
+
+test_limits_keyed_per_principal_and_model if {
+	inp := object.union(chat("acme", "m2"), {"principal": {"id": "key-2"}})
+	keys := {l.key | some l in ratelimit.limits} with input as inp
+	keys == {"tenant=acme/principal=key-2", "tenant=acme", "tenant=acme/model=m2"}
+}
+
+test_anonymous_callers_share_a_budget if {
+	inp := object.union(chat("playground", "qwen2.5-7b-instruct"), {"principal": {"id": "", "type": "anonymous"}})
+	some l in ratelimit.limits with input as inp
+	l.unit == "requests"
+	l.key == "tenant=playground/principal="
+	l.amount == 20
+}
+
+test_model_listing_has_no_model_limit if {
+	inp := object.union(chat("globex", ""), {"request": {"method": "GET", "path": "/v1/models", "max_tokens": 0}})
+	units := {l.unit | some l in ratelimit.limits} with input as inp
+	units == {"requests", "total_tokens"}
+	not ratelimit.reserve with input as inp
+}
+
+test_no_limits_for_unknown_tenant if {
+	count(ratelimit.limits) == 0 with input as chat("hooli", "llama-3.1-8b-instruct")
+}
+
+test_every_limit_well_formed if {
+	every tenant in ["acme", "globex", "initech", "playground"] {
+		limits := ratelimit.limits with input as chat(tenant, "llama-3.1-8b-instruct")
+		count(limits) == 3
+		every l in limits {
+			l.unit in {"requests", "input_tokens", "output_tokens", "total_tokens"}
+			is_number(l.amount)
+			l.amount > 0
+			l.window in {"1m", "1h"}
+			l.key != ""
+			l.name != ""
+		}
+	}
+}
+
+# Reservations.
+
+test_default_reservation_when_max_tokens_set if {
+	not ratelimit.reserve with input as chat("initech", "llama-3.1-8b-instruct")
+}
+
+test_reserve_tier_cap_without_max_tokens if {
+	inp := object.union(chat("globex", "llama-3.1-8b-instruct"), {"request": {"max_tokens": 0}})
+	ratelimit.reserve == {"input_tokens": 40, "output_tokens": 4096} with input as inp
+}
+
+test_reserve_follows_tier_label if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}, "request": {"max_tokens": 0}})
+	ratelimit.reserve == {"input_tokens": 40, "output_tokens": 1024} with input as inp
+}

@@ -1,0 +1,334 @@
+{{/*
+Names and labels, following `helm create`'s conventions.
+*/}}
+
+{{- define "infergate.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's full name. Truncated to leave room for the longest suffix the
+chart adds ("-controller", 11 characters) within the 63 characters of a DNS
+label.
+*/}}
+{{- define "infergate.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 52 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 52 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "infergate.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "infergate.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "infergate.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "infergate.labels" -}}
+helm.sh/chart: {{ include "infergate.chart" . }}
+{{ include "infergate.selectorLabels" . }}
+app.kubernetes.io/version: {{ include "infergate.imageTag" . | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: infergate
+{{- end }}
+
+{{/*
+Per-component labels. Call with (dict "root" $ "component" "extproc").
+*/}}
+{{- define "infergate.componentSelectorLabels" -}}
+{{ include "infergate.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "infergate.componentLabels" -}}
+{{ include "infergate.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+The component that serves ext_proc: `serve` runs everything in one process,
+`extproc` is the ext_proc half of scaled mode.
+*/}}
+{{- define "infergate.extprocComponent" -}}
+{{- if eq .Values.mode "scaled" }}extproc{{ else }}serve{{ end }}
+{{- end }}
+
+{{- define "infergate.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "infergate.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "infergate.imageTag" -}}
+{{- default .Chart.AppVersion .Values.image.tag }}
+{{- end }}
+
+{{- define "infergate.image" -}}
+{{- printf "%s:%s" .Values.image.repository (include "infergate.imageTag" .) }}
+{{- end }}
+
+{{/*
+Whether infergate runs virtual models (and so an SLA controller and xDS).
+*/}}
+{{- define "infergate.hasVirtualModels" -}}
+{{- if .Values.config.virtualModels }}true{{ end }}
+{{- end }}
+
+{{- define "infergate.apiKeysSecret" -}}
+{{- if .Values.apiKeys.existingSecret }}
+{{- .Values.apiKeys.existingSecret }}
+{{- else if .Values.apiKeys.keys }}
+{{- printf "%s-apikeys" (include "infergate.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "infergate.policiesConfigMap" -}}
+{{- if .Values.policies.enabled }}
+{{- default (printf "%s-policies" (include "infergate.fullname" .)) .Values.policies.existingConfigMap }}
+{{- end }}
+{{- end }}
+
+{{/*
+The Envoy cluster Istio builds for the ext_proc port of the infergate
+Service. Every sidecar and gateway that can see the Service already has it,
+with endpoints from EDS and Istio's mTLS, so the EnvoyFilters need no
+CLUSTER patch.
+*/}}
+{{- define "infergate.istioCluster" -}}
+{{- printf "outbound|%d||%s.%s.svc.%s" (int .Values.ports.extproc) (include "infergate.fullname" .) .Release.Namespace .Values.clusterDomain }}
+{{- end }}
+
+{{/*
+Refuse combinations that would deploy something that cannot work, with a
+message that says what to change.
+*/}}
+{{- define "infergate.validate" -}}
+{{- $owned := dict
+  "extproc.listen" "ports.extproc"
+  "admin.listen" "ports.admin"
+  "xds.listen" "ports.xds"
+  "auth.keys" "apiKeys"
+  "policy.dir" "policies"
+  "ratelimit.backend" "redis.address"
+  "ratelimit.redis.address" "redis.address"
+  "ratelimit.redis.username" "redis.username"
+  "ratelimit.redis.db" "redis.db"
+  "ratelimit.redis.passwordFile" "redis.passwordSecret" }}
+{{- range $path, $use := $owned }}
+{{- $node := $.Values.config }}
+{{- $found := true }}
+{{- range splitList "." $path }}
+{{- if and $found (kindIs "map" $node) (hasKey $node .) }}
+{{- $node = index $node . }}
+{{- else }}
+{{- $found = false }}
+{{- end }}
+{{- end }}
+{{- if $found }}
+{{- fail (printf "config.%s is set by the chart; use the chart value %s instead" $path $use) }}
+{{- end }}
+{{- end }}
+{{- range .Values.config.virtualModels }}
+{{- if and (kindIs "map" .retry) (hasKey .retry "true") }}
+{{- fail (printf "config.virtualModels[%s].retry: quote the key \"on\" (YAML reads a bare on: as true)" (toString .name)) }}
+{{- end }}
+{{- end }}
+{{- $extproc := .Values.extproc }}
+{{- if and (eq .Values.mode "scaled") (not .Values.redis.address) }}
+{{- fail "mode: scaled shares rate-limit counters and observations through Redis: set redis.address" }}
+{{- end }}
+{{- if and (eq .Values.mode "serve") (not .Values.redis.address) (or $extproc.autoscaling.enabled (gt (int $extproc.replicas) 1)) }}
+{{- fail "more than one serve replica needs shared rate-limit counters: set redis.address (or keep extproc.replicas: 1 without autoscaling)" }}
+{{- end }}
+{{- if and .Values.redis.passwordSecret.name (not .Values.redis.address) }}
+{{- fail "redis.passwordSecret is set but redis.address is not" }}
+{{- end }}
+{{- if and .Values.apiKeys.existingSecret .Values.apiKeys.keys }}
+{{- fail "set apiKeys.existingSecret or apiKeys.keys, not both" }}
+{{- end }}
+{{- if and .Values.policies.existingConfigMap .Values.policies.files }}
+{{- fail "set policies.existingConfigMap or policies.files, not both" }}
+{{- end }}
+{{- if .Values.envoyGateway.enabled }}
+{{- $route := .Values.envoyGateway.route }}
+{{- if and $route.enabled (not $route.models) }}
+{{- fail "envoyGateway.route.enabled needs at least one model in envoyGateway.route.models (or set envoyGateway.route.enabled: false)" }}
+{{- end }}
+{{- if and $route.enabled (not $route.parentRefs) }}
+{{- fail "envoyGateway.route.parentRefs must name the Gateway the route attaches to" }}
+{{- end }}
+{{- if and (not $route.enabled) (not .Values.envoyGateway.targetRefs) }}
+{{- fail "envoyGateway.targetRefs must name the Gateway or HTTPRoutes the filters attach to when envoyGateway.route is disabled" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.istio.enabled .Values.istio.sidecar.enabled (not .Values.istio.sidecar.workloadSelector) }}
+{{- fail "istio.sidecar.workloadSelector must select the model-server pods (an empty selector would put the filters on every sidecar of the namespace)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The configuration file: values.config with the keys the chart owns.
+*/}}
+{{- define "infergate.config" -}}
+{{- $owned := dict
+  "extproc" (dict "listen" (printf ":%d" (int .Values.ports.extproc)))
+  "admin" (dict "listen" (printf ":%d" (int .Values.ports.admin)))
+  "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds))) }}
+{{- if include "infergate.apiKeysSecret" . }}
+{{- $_ := set $owned "auth" (dict "keys" "/etc/infergate/keys") }}
+{{- end }}
+{{- if .Values.policies.enabled }}
+{{- $_ := set $owned "policy" (dict "dir" "/etc/infergate/policies") }}
+{{- end }}
+{{- with .Values.redis }}
+{{- if .address }}
+{{- $redis := dict "address" .address }}
+{{- if .username }}{{ $_ := set $redis "username" .username }}{{ end }}
+{{- if .db }}{{ $_ := set $redis "db" (int .db) }}{{ end }}
+{{- if .passwordSecret.name }}{{ $_ := set $redis "passwordFile" "/etc/infergate/redis/password" }}{{ end }}
+{{- $_ := set $owned "ratelimit" (dict "backend" "redis" "redis" $redis) }}
+{{- end }}
+{{- end }}
+{{- toYaml (mustMergeOverwrite (deepCopy .Values.config) $owned) }}
+{{- end }}
+
+{{/*
+The pod template shared by the ext_proc and controller Deployments. Call with
+(dict "root" $ "component" NAME "args" LIST "extproc" BOOL "xds" BOOL
+"mountPolicy" BOOL "settings" .Values.extproc|.Values.controller).
+*/}}
+{{- define "infergate.podTemplate" -}}
+{{- $root := .root }}
+{{- $v := $root.Values -}}
+metadata:
+  labels:
+    {{- include "infergate.componentSelectorLabels" (dict "root" $root "component" .component) | nindent 4 }}
+    {{- with $v.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  annotations:
+    # The config is read once at start: roll the pods when it changes.
+    # Policies and API keys are not here on purpose: infergate reloads them
+    # in place, without dropping streams.
+    checksum/config: {{ include "infergate.config" $root | sha256sum }}
+    {{- with $v.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+spec:
+  serviceAccountName: {{ include "infergate.serviceAccountName" $root }}
+  # infergate never calls the Kubernetes API.
+  automountServiceAccountToken: false
+  {{- with $v.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ .settings.terminationGracePeriodSeconds }}
+  securityContext:
+    {{- toYaml $v.podSecurityContext | nindent 4 }}
+  containers:
+  - name: infergate
+    image: {{ include "infergate.image" $root | quote }}
+    imagePullPolicy: {{ $v.image.pullPolicy }}
+    args:
+    {{- range .args }}
+    - {{ . | quote }}
+    {{- end }}
+    ports:
+    {{- if .extproc }}
+    - {name: extproc, containerPort: {{ $v.ports.extproc }}, protocol: TCP}
+    {{- end }}
+    - {name: admin, containerPort: {{ $v.ports.admin }}, protocol: TCP}
+    {{- if .xds }}
+    - {name: xds, containerPort: {{ $v.ports.xds }}, protocol: TCP}
+    {{- end }}
+    {{- with .settings.resources.limits }}
+    {{- if .memory }}
+    env:
+    # Let the Go runtime collect harder before the container's memory limit
+    # is reached, instead of being OOM-killed.
+    - name: GOMEMLIMIT
+      valueFrom:
+        resourceFieldRef: {resource: limits.memory, divisor: "1"}
+    {{- end }}
+    {{- end }}
+    livenessProbe:
+      httpGet: {path: /healthz, port: admin}
+      {{- toYaml $v.probes.liveness | nindent 6 }}
+    readinessProbe:
+      httpGet: {path: /readyz, port: admin}
+      {{- toYaml $v.probes.readiness | nindent 6 }}
+    {{- if .settings.preStopSleepSeconds }}
+    lifecycle:
+      preStop:
+        sleep: {seconds: {{ .settings.preStopSleepSeconds }}}
+    {{- end }}
+    resources:
+      {{- toYaml .settings.resources | nindent 6 }}
+    securityContext:
+      {{- toYaml $v.securityContext | nindent 6 }}
+    volumeMounts:
+    - {name: config, mountPath: /etc/infergate/config.yaml, subPath: config.yaml, readOnly: true}
+    {{- if and .mountPolicy (include "infergate.policiesConfigMap" $root) }}
+    - {name: policies, mountPath: /etc/infergate/policies, readOnly: true}
+    {{- end }}
+    {{- if and .mountPolicy (include "infergate.apiKeysSecret" $root) }}
+    - {name: apikeys, mountPath: /etc/infergate/keys, readOnly: true}
+    {{- end }}
+    {{- if $v.redis.passwordSecret.name }}
+    - {name: redis-password, mountPath: /etc/infergate/redis, readOnly: true}
+    {{- end }}
+    - {name: tmp, mountPath: /tmp}
+  volumes:
+  - name: config
+    configMap: {name: {{ include "infergate.fullname" $root }}-config}
+  {{- if and .mountPolicy (include "infergate.policiesConfigMap" $root) }}
+  - name: policies
+    configMap: {name: {{ include "infergate.policiesConfigMap" $root }}}
+  {{- end }}
+  {{- if and .mountPolicy (include "infergate.apiKeysSecret" $root) }}
+  - name: apikeys
+    secret: {secretName: {{ include "infergate.apiKeysSecret" $root }}, defaultMode: 0440}
+  {{- end }}
+  {{- with $v.redis.passwordSecret }}
+  {{- if .name }}
+  - name: redis-password
+    secret:
+      secretName: {{ .name }}
+      defaultMode: 0440
+      items: [{key: {{ .key }}, path: password}]
+  {{- end }}
+  {{- end }}
+  # The root filesystem is read-only; Go and OPA may still want a scratch dir.
+  - name: tmp
+    emptyDir: {sizeLimit: 64Mi}
+  {{- with $v.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $v.topologySpreadConstraints }}
+  topologySpreadConstraints:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

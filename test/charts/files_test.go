@@ -1,0 +1,384 @@
+package charts
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestExamplePoliciesMatchRepo keeps the chart's copy of the example
+// policies (files/policies, the default policies ConfigMap) identical to the
+// repository's policies/, which `opa test` and the end-to-end tests run.
+func TestExamplePoliciesMatchRepo(t *testing.T) {
+	want, _ := filepath.Glob(filepath.Join(repoRoot, "policies", "*.rego"))
+	want = append(want, filepath.Join(repoRoot, "policies", "data.yaml"))
+	got, _ := filepath.Glob(filepath.Join(chartDir, "files", "policies", "*"))
+	base := func(paths []string) []string {
+		var out []string
+		for _, p := range paths {
+			out = append(out, filepath.Base(p))
+		}
+		sort.Strings(out)
+		return out
+	}
+	if w, g := base(want), base(got); strings.Join(w, " ") != strings.Join(g, " ") {
+		t.Fatalf("charts/infergate/files/policies has %v, policies/ has %v; copy them: cp policies/*.rego policies/data.yaml charts/infergate/files/policies/", g, w)
+	}
+	for _, p := range want {
+		a, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(filepath.Join(chartDir, "files", "policies", filepath.Base(p)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(a) != string(b) {
+			t.Errorf("charts/infergate/files/policies/%s differs from policies/%[1]s; copy it over", filepath.Base(p))
+		}
+	}
+}
+
+// TestIstioFiltersMatchSnippet keeps the EnvoyFilters' gate and meter equal
+// to envoy/snippet.yaml's (which a main-module test keeps equal to the
+// bootstrap the end-to-end tests run), apart from the cluster Istio names.
+func TestIstioFiltersMatchSnippet(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "snippet.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snippet struct {
+		HTTPFilters []json.RawMessage `json:"http_filters"`
+	}
+	js, err := yaml.YAMLToJSON(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(js, &snippet); err != nil {
+		t.Fatal(err)
+	}
+	if len(snippet.HTTPFilters) != 2 {
+		t.Fatalf("envoy/snippet.yaml has %d http_filters, want the gate and the meter", len(snippet.HTTPFilters))
+	}
+
+	r := mustRender(t, variant{"istio", filepath.Join(chartDir, "ci", "istio-values.yaml")})
+	const cluster = "outbound|50051||infergate.llm.svc.cluster.local"
+	contexts := map[string]bool{}
+	for _, doc := range r.docs {
+		if !strings.Contains(doc, "kind: EnvoyFilter") {
+			continue
+		}
+		spec, procs, names, err := decodeEnvoyFilter([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(procs) != 2 || names[0] != "infergate.gate" || names[1] != "infergate.meter" {
+			t.Fatalf("EnvoyFilter patches %v, want [infergate.gate infergate.meter] in that order", names)
+		}
+		for i, cp := range spec.GetConfigPatches() {
+			if cp.GetApplyTo().String() != "HTTP_FILTER" || cp.GetPatch().GetOperation().String() != "INSERT_BEFORE" ||
+				cp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {
+				t.Errorf("patch %d is not an HTTP_FILTER INSERT_BEFORE the router: %v", i, cp)
+			}
+			contexts[cp.GetMatch().GetContext().String()] = true
+			want, wantName, err := decodeHTTPFilter(snippet.HTTPFilters[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := procs[i]
+			if got.GetGrpcService().GetEnvoyGrpc().GetClusterName() != cluster {
+				t.Errorf("%s: cluster %q, want %q", names[i], got.GetGrpcService().GetEnvoyGrpc().GetClusterName(), cluster)
+			}
+			got = proto.Clone(got).(*extprocv3.ExternalProcessor)
+			got.GetGrpcService().GetEnvoyGrpc().ClusterName = want.GetGrpcService().GetEnvoyGrpc().GetClusterName()
+			if names[i] != wantName || !proto.Equal(got, want) {
+				t.Errorf("%s differs from envoy/snippet.yaml's %s:\nchart:   %v\nsnippet: %v", names[i], wantName, got, want)
+			}
+		}
+	}
+	for _, c := range []string{"GATEWAY", "SIDECAR_INBOUND"} {
+		if !contexts[c] {
+			t.Errorf("no EnvoyFilter patch for context %s (have %v)", c, contexts)
+		}
+	}
+}
+
+// TestRenderedConfigIsValid runs `infergate validate` on the config each
+// variant renders, with its policies and API keys, as the pod would see
+// them under /etc/infergate.
+func TestRenderedConfigIsValid(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "infergate")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/infergate")
+	build.Dir = repoRoot
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building infergate: %v\n%s", err, out)
+	}
+	for _, v := range variants(t) {
+		t.Run(v.name, func(t *testing.T) {
+			root := t.TempDir()
+			etc := filepath.Join(root, "etc", "infergate")
+			objs := decodeAll(t, mustRender(t, v))
+			var config string
+			for _, o := range objs["v1/ConfigMap"] {
+				cm := o.(*corev1.ConfigMap)
+				switch {
+				case strings.HasSuffix(cm.Name, "-config"):
+					config = cm.Data["config.yaml"]
+				case strings.HasSuffix(cm.Name, "-policies"):
+					writeFiles(t, filepath.Join(etc, "policies"), cm.Data)
+				}
+			}
+			for _, o := range objs["v1/Secret"] {
+				writeFiles(t, filepath.Join(etc, "keys"), o.(*corev1.Secret).StringData)
+			}
+			// What comes from outside the chart: an existing keys Secret,
+			// the Redis password.
+			if strings.Contains(config, "/etc/infergate/keys") && !exists(filepath.Join(etc, "keys")) {
+				writeFiles(t, filepath.Join(etc, "keys"), map[string]string{"keys.yaml": "keys:\n- {id: k1, sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, tenant: acme}\n"})
+			}
+			if strings.Contains(config, "/etc/infergate/redis/password") {
+				writeFiles(t, filepath.Join(etc, "redis"), map[string]string{"password": "secret"})
+			}
+			if config == "" {
+				t.Fatal("no config ConfigMap rendered")
+			}
+			path := filepath.Join(root, "config.yaml")
+			if err := os.WriteFile(path, []byte(strings.ReplaceAll(config, "/etc/infergate/", etc+"/")), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(bin, "validate", "--config", path).CombinedOutput()
+			if err != nil {
+				t.Fatalf("infergate validate: %v\n%s\nconfig:\n%s", err, out, config)
+			}
+			t.Logf("%s", out)
+		})
+	}
+}
+
+func writeFiles(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
+
+// exported maps each Prometheus series name the dashboard may use to the
+// OpenTelemetry instrument (or attribute) name infergate registers; the
+// exporter turns dots into underscores and adds _seconds for unit "s" and
+// _total for counters.
+var exported = map[string]string{
+	"gen_ai_server_time_to_first_token_seconds":   "gen_ai.server.time_to_first_token",
+	"gen_ai_server_time_per_output_token_seconds": "gen_ai.server.time_per_output_token",
+	"gen_ai_server_request_duration_seconds":      "gen_ai.server.request.duration",
+	"gen_ai_client_token_usage":                   "gen_ai.client.token.usage",
+	"infergate_inter_token_latency_seconds":       "infergate.inter_token_latency",
+	"infergate_gateway_duration_seconds":          "infergate.gateway.duration",
+	"infergate_gate_duration_seconds":             "infergate.gate.duration",
+	"infergate_gate_decisions_total":              "infergate.gate.decisions",
+	"infergate_meter_active_streams":              "infergate.meter.active_streams",
+	"infergate_meter_errors_total":                "infergate.meter.errors",
+	"infergate_pool_weight":                       "infergate.pool.weight",
+	"infergate_sla_decisions_total":               "infergate.sla.decisions",
+	"infergate_ratelimit_limited_total":           "infergate.ratelimit.limited",
+	"infergate_ratelimit_tokens_total":            "infergate.ratelimit.tokens",
+	"infergate_admission_errors_total":            "infergate.admission.errors",
+	// labels
+	"gen_ai_request_model": "gen_ai.request.model",
+	"gen_ai_token_type":    "gen_ai.token.type",
+	"infergate_pool":       "infergate.pool",
+	"error_type":           "error.type",
+	"virtual_model":        "virtual_model",
+	"decision":             "decision",
+	"code":                 "code",
+	"reason":               "reason",
+	"limit":                "limit",
+	"op":                   "op",
+	"state":                "state",
+}
+
+// TestDashboard checks the Grafana dashboard: it parses, takes its data
+// source from a variable, and every series and label it queries is one
+// infergate exports (checked against the instrument names in its source).
+func TestDashboard(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(chartDir, "dashboards", "infergate.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		SchemaVersion int `json:"schemaVersion"`
+		UID           string
+		Templating    struct {
+			List []struct{ Name, Type string } `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Title      string
+			Type       string
+			Datasource *struct{ UID string }   `json:"datasource"`
+			Targets    []struct{ Expr string } `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.SchemaVersion < 38 {
+		t.Errorf("schemaVersion %d, want >= 38", d.SchemaVersion)
+	}
+	if len(d.Templating.List) == 0 || d.Templating.List[0].Type != "datasource" || d.Templating.List[0].Name != "datasource" {
+		t.Errorf("the first variable must be the data source, got %+v", d.Templating.List)
+	}
+
+	source := mainModuleSource(t)
+	series := regexp.MustCompile(`\b(gen_ai_[a-z_]+|infergate_[a-z_]+)\b`)
+	byLabels := regexp.MustCompile(`by \(([^)]*)\)`)
+	used := map[string]bool{}
+	for _, p := range d.Panels {
+		if p.Type == "row" {
+			continue
+		}
+		if p.Datasource == nil || p.Datasource.UID != "${datasource}" {
+			t.Errorf("panel %q does not use the ${datasource} variable", p.Title)
+		}
+		if len(p.Targets) == 0 {
+			t.Errorf("panel %q has no query", p.Title)
+		}
+		for _, target := range p.Targets {
+			names := series.FindAllString(target.Expr, -1)
+			for _, m := range byLabels.FindAllStringSubmatch(target.Expr, -1) {
+				for _, l := range strings.Split(m[1], ",") {
+					if l = strings.TrimSpace(l); l != "le" {
+						names = append(names, l)
+					}
+				}
+			}
+			for _, n := range names {
+				n = strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(n, "_bucket"), "_sum"), "_count")
+				used[n] = true
+				otel, ok := exported[n]
+				if !ok {
+					t.Errorf("panel %q queries %s, which infergate does not export (or add it to `exported`)", p.Title, n)
+					continue
+				}
+				if !strings.Contains(source, `"`+otel+`"`) {
+					t.Errorf("panel %q queries %s, but %q is no longer in infergate's source", p.Title, n, otel)
+				}
+			}
+		}
+	}
+	// What the dashboard is for.
+	for _, want := range []string{
+		"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
+		"gen_ai_client_token_usage", "infergate_gate_decisions_total", "infergate_pool_weight",
+		"infergate_sla_decisions_total", "gen_ai_request_model", "infergate_pool",
+	} {
+		if !used[want] {
+			t.Errorf("no panel queries %s", want)
+		}
+	}
+}
+
+// mainModuleSource is infergate's non-test Go source, concatenated.
+func mainModuleSource(t *testing.T) string {
+	t.Helper()
+	var sb strings.Builder
+	for _, dir := range []string{"extproc", "internal", "xds"} {
+		err := filepath.WalkDir(filepath.Join(repoRoot, dir), func(path string, e os.DirEntry, err error) error {
+			if err != nil || e.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+				return err
+			}
+			b, err := os.ReadFile(path)
+			sb.Write(b)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return sb.String()
+}
+
+// TestValuesRejected checks that mistakes fail at install time with a
+// message that says what to change, instead of deploying something broken.
+func TestValuesRejected(t *testing.T) {
+	eg := func() map[string]any { return readValues(t, filepath.Join(chartDir, "ci", "envoygateway-values.yaml")) }
+	cases := []struct {
+		name string
+		vals func() map[string]any
+		want string
+	}{
+		{"typo at the top", func() map[string]any { return map[string]any{"serviceMonitr": map[string]any{"enabled": true}} }, "serviceMonitr"},
+		{"typo inside", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"autoscaling": map[string]any{"maxReplica": 3}}}
+		}, "maxReplica"},
+		{"unknown mode", func() map[string]any { return map[string]any{"mode": "split"} }, "mode"},
+		{"scaled without redis", func() map[string]any { return map[string]any{"mode": "scaled"} }, "set redis.address"},
+		{"serve replicas without redis", func() map[string]any { return map[string]any{"extproc": map[string]any{"replicas": 3}} }, "set redis.address"},
+		{"serve autoscaling without redis", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"autoscaling": map[string]any{"enabled": true}}}
+		}, "set redis.address"},
+		{"listen address in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"extproc": map[string]any{"listen": ":1234"}}}
+		}, "config.extproc.listen is set by the chart; use the chart value ports.extproc"},
+		{"redis address in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"ratelimit": map[string]any{"redis": map[string]any{"address": "r:6379"}}}}
+		}, "config.ratelimit.redis.address is set by the chart"},
+		{"bare on: in a retry", func() map[string]any {
+			return map[string]any{"config": map[string]any{"virtualModels": []any{map[string]any{"name": "m", "retry": map[string]any{"true": "5xx"}}}}}
+		}, `quote the key "on"`},
+		{"bad key hash", func() map[string]any {
+			return map[string]any{"apiKeys": map[string]any{"keys": []any{map[string]any{"id": "a", "tenant": "t", "sha256": "not-a-hash"}}}}
+		}, "sha256"},
+		{"route without models", func() map[string]any {
+			v := eg()
+			v["envoyGateway"].(map[string]any)["route"].(map[string]any)["models"] = []any{}
+			return v
+		}, "at least one model"},
+		{"route without gateway", func() map[string]any {
+			v := eg()
+			delete(v["envoyGateway"].(map[string]any)["route"].(map[string]any), "parentRefs")
+			return v
+		}, "parentRefs"},
+		{"too many models for one HTTPRoute", func() map[string]any {
+			v := eg()
+			var models []any
+			for i := 0; i < 16; i++ {
+				models = append(models, map[string]any{"name": "m" + itoa(i), "pools": []any{map[string]any{"name": "p", "port": 80, "weight": 1}}})
+			}
+			v["envoyGateway"].(map[string]any)["route"].(map[string]any)["models"] = models
+			return v
+		}, "models"},
+		{"istio sidecar without selector", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true, "sidecar": map[string]any{"enabled": true}}}
+		}, "istio.sidecar.workloadSelector"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := render(t, c.vals())
+			if err == nil {
+				t.Fatal("rendered without error")
+			}
+			if !strings.Contains(err.Error(), c.want) {
+				t.Errorf("error %q does not mention %q", err, c.want)
+			}
+		})
+	}
+}
