@@ -42,17 +42,29 @@ type meterRequest struct {
 	gateTraceparent string
 }
 
-// meter runs the observing filter. Envoy sends copies and never waits for
-// an answer, so nothing here can slow or break the response; the meter
-// only reads until the response ends, then stamps the request.
+// meter runs the observing filter. In observability mode (recommended)
+// Envoy sends copies and never waits for an answer, so nothing here can
+// slow or break the response; the meter only reads until the response
+// ends, then stamps the request. Configured as a blocking filter instead,
+// Envoy holds every part until it is answered: the meter then lets each
+// one through unchanged, before reading it.
 func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer,
 	msg *extprocv3.ProcessingRequest, arrived time.Time) error {
 	m := &meterRequest{maxGaps: s.cfg.Meter.MaxTrackedGaps}
 	m.parser.MaxLine = s.cfg.Meter.MaxEventBytes
 	m.emit = m.onEvent
+	blocking := !msg.GetObservabilityMode()
 	s.metrics.MeterStreams.Add(ctx, 1)
 	defer s.metrics.MeterStreams.Add(ctx, -1)
 	for {
+		if blocking {
+			if resp := passThrough(msg); resp != nil {
+				if err := stream.Send(resp); err != nil {
+					s.finish(ctx, m, s.now(), false)
+					return err
+				}
+			}
+		}
 		if done := m.observe(msg, arrived); done {
 			s.finish(ctx, m, arrived, true)
 			return nil
@@ -86,7 +98,7 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
 		m.stamp.Attempts = attrInt(attrs, "upstream.request_attempt_count")
-		m.stamp.PoolsTried = servingPools(attrString(attrs, "xds.cluster_name"), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
+		m.stamp.PoolsTried = servingPools(clusterOf(attrs, h), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
 		if n := len(m.stamp.PoolsTried); n > 0 {
 			m.stamp.Pool = m.stamp.PoolsTried[n-1]
 		}
@@ -108,6 +120,26 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		return true
 	}
 	return false
+}
+
+// passThrough is the answer that lets msg through unchanged (a blocking
+// meter's), or nil for a message that needs none.
+func passThrough(msg *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse {
+	switch msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{}}}
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{}}}
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{}}}
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{ResponseTrailers: &extprocv3.TrailersResponse{}}}
+	}
+	return nil
 }
 
 // fromGate reads what the gate decided, passed as dynamic metadata.
@@ -176,6 +208,10 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	st := &m.stamp
 	st.Complete = complete
+	for i, p := range st.PoolsTried {
+		st.PoolsTried[i] = s.pool(p)
+	}
+	st.Pool = s.pool(st.Pool)
 	if st.Decision == "" {
 		st.Decision = "allow"
 	}

@@ -5,6 +5,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Which pool served a request.
@@ -15,6 +16,39 @@ import (
 // order attempts try them: attempt k goes to the k-th pool (wrapping when
 // retries outnumber pools). Envoy hands the metadata over as the text
 // form of the Metadata proto.
+
+// PoolHeader is a response header a route may add per backend to name the
+// pool (the Helm chart's Envoy Gateway HTTPRoute does).
+const PoolHeader = "x-infergate-pool"
+
+// clusterOf names what served the request: Envoy's cluster; where the
+// cluster name is not available (Envoy Gateway does not let ext_proc ask
+// for xds.cluster_name), the route's x-infergate-pool response header, else
+// the upstream locality's region (Envoy Gateway puts a rule's backends in
+// one cluster as localities, e.g. "httproute/default/llm/rule/0/backend/1",
+// which the HTTPRoute weight sink maps back to its backendRef).
+func clusterOf(attrs map[string]*structpb.Value, h headers) string {
+	if c := attrString(attrs, "xds.cluster_name"); c != "" {
+		return c
+	}
+	if p := h[PoolHeader]; p != "" {
+		return p
+	}
+	return localityRegion(attrString(attrs, "upstream.locality"))
+}
+
+// localityRegion reads the region from a Locality in text form
+// (`region: "..."`), as Envoy sends upstream.locality.
+func localityRegion(text string) string {
+	if text == "" || text == "NULL" {
+		return ""
+	}
+	var l corev3.Locality
+	if prototext.Unmarshal([]byte(text), &l) != nil {
+		return ""
+	}
+	return l.GetRegion()
+}
 
 // Cluster metadata namespace and key written by infergate's xDS server.
 const (

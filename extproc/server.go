@@ -48,6 +48,7 @@ type Server struct {
 	policy  Policy
 	sinks   []Sink
 	tracer  trace.Tracer
+	pool    func(string) string
 	now     func() time.Time
 }
 
@@ -58,13 +59,17 @@ type Options struct {
 	Policy  Policy             // default: AllowAll
 	Sinks   []Sink             // where stamps go, in addition to metrics
 	Tracer  trace.Tracer       // default: no tracing
-	Now     func() time.Time
+	// PoolName maps what Envoy reports as the serving cluster to the pool's
+	// configured name (e.g. an Envoy Gateway locality to its backendRef);
+	// default: unchanged.
+	PoolName func(string) string
+	Now      func() time.Time
 }
 
 // New returns a Server for cfg.
 func New(cfg *config.Config, opts Options) *Server {
 	s := &Server{cfg: cfg, log: opts.Logger, metrics: opts.Metrics, policy: opts.Policy,
-		sinks: opts.Sinks, tracer: opts.Tracer, now: opts.Now}
+		sinks: opts.Sinks, tracer: opts.Tracer, pool: opts.PoolName, now: opts.Now}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -73,6 +78,9 @@ func New(cfg *config.Config, opts Options) *Server {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.pool == nil {
+		s.pool = func(p string) string { return p }
 	}
 	if s.tracer == nil {
 		s.tracer = noop.NewTracerProvider().Tracer("")

@@ -23,6 +23,7 @@
 #           TEST_CLIENTS_DIR=...   directory holding stream_openai.{py,mjs}
 #           REDIS_SERVER=...       redis-server binary
 #           CHROME_BIN=...         chromium binary
+#           EG_BIN=...             envoy-gateway binary (Envoy Gateway standalone)
 #   stderr: progress messages.
 #
 # Environment:
@@ -204,9 +205,31 @@ fi
 CHROME_VERSION="$("$CHROME_PATH" --version 2>/dev/null)" || die "could not run $CHROME_PATH --version"
 log "$CHROME_VERSION at $CHROME_PATH"
 
+# ---------------------------------------------------------------------------
+# Envoy Gateway: envoy-gateway, pinned, built from the Go module proxy into
+# <repo>/.tools/bin, for the standalone-mode end-to-end test. The first build
+# takes minutes (the Go build cache keeps it afterwards).
+# ---------------------------------------------------------------------------
+EG_VERSION=v1.9.1
+EG_PATH="$TOOLS/bin/envoy-gateway"
+eg_ok() {
+  [[ -x "$EG_PATH" ]] && go version -m "$EG_PATH" 2>/dev/null \
+    | grep -qP "^\tmod\tgithub.com/envoyproxy/gateway\t${EG_VERSION//./\\.}\t"
+}
+if eg_ok; then
+  log "envoy-gateway $EG_VERSION at $EG_PATH"
+else
+  command -v go >/dev/null 2>&1 || die "go not found: needed to build envoy-gateway"
+  log "building envoy-gateway $EG_VERSION into $TOOLS/bin (first time: a few minutes)"
+  mkdir -p "$TOOLS/bin"
+  GOBIN="$TOOLS/bin" CGO_ENABLED=0 go install "github.com/envoyproxy/gateway/cmd/envoy-gateway@$EG_VERSION" >&2
+  eg_ok || die "envoy-gateway $EG_VERSION not found at $EG_PATH after building it"
+fi
+
 printf 'ENVOY_BIN=%q\n' "$ENVOY_PATH"
 printf 'TEST_PYTHON=%q\n' "$PY_VENV/bin/python"
 printf 'TEST_NODE=%q\n' "$NODE"
 printf 'TEST_CLIENTS_DIR=%q\n' "$CLIENTS"
 printf 'REDIS_SERVER=%q\n' "$REDIS_PATH"
 printf 'CHROME_BIN=%q\n' "$CHROME_PATH"
+printf 'EG_BIN=%q\n' "$EG_PATH"

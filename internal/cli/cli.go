@@ -119,7 +119,7 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 	summary := "Run the ext_proc gRPC service (gate and meter filters) and the admin HTTP port."
 	fs := newFlagSet(name, summary, stderr)
 	path := fs.String("config", "", "YAML config file (default: the embedded default; see internal/config/default.yaml)")
-	extprocAddr := fs.String("extproc-listen", "", "override extproc.listen, e.g. 127.0.0.1:50051")
+	extprocAddr := fs.String("extproc-listen", "", "override extproc.listen, e.g. 127.0.0.1:50051 or unix:/run/infergate.sock")
 	adminAddr := fs.String("admin-listen", "", "override admin.listen, e.g. 127.0.0.1:9090")
 	if err := parse(fs, args); err != nil {
 		return err

@@ -69,7 +69,7 @@ func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.List
 	})
 	admin := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = admin.Serve(adminLis) }()
-	go feed.Subscribe(ctx, c.rdb, feed.DefaultStream, c.routing.ctrl.Observe, c.log)
+	go feed.Subscribe(ctx, c.rdb, feed.DefaultStream, c.routing.observe, c.log)
 	c.log.Info("infergate controller serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String())
 	err := c.routing.serve(ctx, xdsLis)
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

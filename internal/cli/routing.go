@@ -21,6 +21,7 @@ import (
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/feed"
+	"github.com/infergate/infergate/xds/httproute"
 	"github.com/infergate/infergate/xds/loadsignal"
 	"github.com/infergate/infergate/xds/server"
 )
@@ -38,6 +39,9 @@ type routing struct {
 	// store keeps the weights in the shared Redis, so a restarted
 	// controller resumes where it was instead of jumping to the primary.
 	store redis.UniversalClient
+	// routeFile, with weightSink httpRouteFile, replaces the xDS server:
+	// weights go into an HTTPRoute that Envoy Gateway translates.
+	routeFile *httproute.File
 }
 
 // weightsKey is the Redis hash of the weights in force, by virtual model.
@@ -78,8 +82,17 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter, store 
 		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{
 			Key: name, Value: "%DYNAMIC_METADATA(" + extproc.MetadataNamespace + ":" + name + ")%"}})
 	}
-	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store,
-		xds: server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})}
+	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store}
+	switch cfg.WeightSink.Type {
+	case "httpRouteFile":
+		h := cfg.WeightSink.HTTPRoute
+		r.routeFile = &httproute.File{Path: h.File, Namespace: h.Namespace, Name: h.Name}
+		if err := r.routeFile.Load(); err != nil {
+			return nil, fmt.Errorf("weightSink: %w", err)
+		}
+	default:
+		r.xds = server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})
+	}
 	if r.decisions, err = meter.Int64Counter("infergate.sla.decisions",
 		metric.WithDescription("Weight changes made by the SLA controller, by virtual model.")); err != nil {
 		return nil, err
@@ -146,7 +159,24 @@ func (r *routing) save(ctx context.Context) {
 
 // Record implements extproc.Sink: every metered request is an observation.
 func (r *routing) Record(_ context.Context, st *extproc.Stamp) {
-	observations(st, r.ctrl.Observe)
+	observations(st, r.observe)
+}
+
+// observe hands an observation to the controller, naming its pool as the
+// configuration does.
+func (r *routing) observe(o controller.Observation) {
+	o.Pool = r.poolName(o.Pool)
+	r.ctrl.Observe(o)
+}
+
+// poolName maps what Envoy reports as the serving cluster to the pool's
+// configured name: with an HTTPRoute sink, an Envoy Gateway locality
+// becomes its backendRef. Safe on a nil routing.
+func (r *routing) poolName(p string) string {
+	if r == nil || r.routeFile == nil {
+		return p
+	}
+	return r.routeFile.Resolve(p)
 }
 
 // observations turns a stamp into what the controller judges pools by: the
@@ -190,6 +220,13 @@ func (r *routing) push() (string, error) {
 			}
 		}
 		routes = append(routes, route)
+	}
+	if r.routeFile != nil {
+		weights := make(map[string]map[string]uint32, len(routes))
+		for _, rt := range routes {
+			weights[rt.VirtualModel] = rt.Weights
+		}
+		return "", r.routeFile.Apply(weights)
 	}
 	return r.xds.SetRoutes(routes)
 }
@@ -267,8 +304,18 @@ func (r *routing) run(ctx context.Context) {
 // serve runs the xDS server and the controller loop.
 func (r *routing) serve(ctx context.Context, lis net.Listener) error {
 	go r.run(ctx)
+	if r.xds == nil { // the weights go to a file; nothing to serve
+		if lis != nil {
+			lis.Close()
+		}
+		<-ctx.Done()
+		return nil
+	}
 	return r.xds.Serve(ctx, lis)
 }
+
+// needsListener reports whether routing serves xDS.
+func (r *routing) needsListener() bool { return r != nil && r.xds != nil }
 
 var debugPage = template.Must(template.New("controller").Funcs(template.FuncMap{
 	"ms":  func(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond)) },

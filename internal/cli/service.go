@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +25,10 @@ import (
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/xds/feed"
 )
+
+// streamWorkers serve ext_proc streams (each HTTP request holds two, the
+// meter's for the whole response).
+const streamWorkers = 512
 
 // drainTimeout bounds a graceful stop: in-flight streams (long LLM
 // responses) get this long before they are cut.
@@ -86,16 +93,24 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		go pub.Run(ctx)
 		sinks = append(sinks, publishSink{pub})
 		if rt != nil {
-			go feed.Subscribe(ctx, adm.redis, feed.DefaultStream, rt.ctrl.Observe, logger)
+			go feed.Subscribe(ctx, adm.redis, feed.DefaultStream, rt.observe, logger)
 		}
 	case rt != nil:
 		sinks = append(sinks, rt)
 	}
 	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller,
-		Tracer: tracing.Tracer()})
+		Tracer: tracing.Tracer(), PoolName: rt.poolName})
 	g := grpc.NewServer(
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(cfg.Gate.MaxBodyBytes+1<<20),
+		// Streams are served by long-lived goroutines: the stack a policy
+		// evaluation grew is reused, not grown again by copying for every
+		// stream. Streams beyond them get a goroutine of their own.
+		grpc.NumStreamWorkers(streamWorkers),
+		// Fixed flow-control windows (1 MiB holds a request body): no
+		// bandwidth-probing pings on Envoy's long-lived connections.
+		grpc.InitialWindowSize(1<<20),
+		grpc.InitialConnWindowSize(16<<20),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
@@ -113,6 +128,13 @@ func (s *Service) AdminHandler() http.Handler {
 		pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
 		mux.Handle("GET /debug/requests", pages)
 		mux.Handle("GET /debug/requests/{id}", pages)
+	}
+	if s.cfg.Admin.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -141,7 +163,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	xdsCtx, stopXDS := context.WithCancel(context.Background())
 	defer stopXDS()
 	if s.routing != nil {
-		if xdsLis == nil {
+		if xdsLis == nil && s.routing.needsListener() {
 			return errors.New("virtual models are configured but there is no xDS listener")
 		}
 		go func() {
@@ -190,7 +212,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 
 // ListenAndServe opens the configured listeners and serves.
 func (s *Service) ListenAndServe(ctx context.Context) error {
-	ep, err := net.Listen("tcp", s.cfg.ExtProc.Listen)
+	ep, err := listenExtProc(s.cfg.ExtProc.Listen)
 	if err != nil {
 		return fmt.Errorf("extproc listener: %w", err)
 	}
@@ -200,7 +222,7 @@ func (s *Service) ListenAndServe(ctx context.Context) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	var xl net.Listener
-	if s.routing != nil {
+	if s.routing.needsListener() {
 		if xl, err = net.Listen("tcp", s.cfg.XDS.Listen); err != nil {
 			ep.Close()
 			ad.Close()
@@ -208,4 +230,18 @@ func (s *Service) ListenAndServe(ctx context.Context) error {
 		}
 	}
 	return s.Serve(ctx, ep, ad, xl)
+}
+
+// listenExtProc listens on host:port, or on a Unix domain socket for
+// unix:PATH (a stale socket file left by a killed process is replaced; the
+// listener removes the file when it closes).
+func listenExtProc(addr string) (net.Listener, error) {
+	path, ok := strings.CutPrefix(addr, config.UnixPrefix)
+	if !ok {
+		return net.Listen("tcp", addr)
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
+		_ = os.Remove(path)
+	}
+	return net.Listen("unix", path)
 }

@@ -37,6 +37,7 @@ type Config struct {
 	// route weights the controller moves when a pool breaches its SLA.
 	VirtualModels []VirtualModel `yaml:"virtualModels"`
 	XDS           XDS            `yaml:"xds"`
+	WeightSink    WeightSink     `yaml:"weightSink"`
 	Tracing       Tracing        `yaml:"tracing"`
 	Log           Log            `yaml:"log"`
 }
@@ -106,6 +107,24 @@ func (vm VirtualModel) RetriesAcrossPools() bool {
 	return vm.Retry.AcrossPools == nil || *vm.Retry.AcrossPools
 }
 
+// WeightSink is where the SLA controller's weights go.
+type WeightSink struct {
+	// Type is xds (infergate's own xDS server, for plain Envoy) or
+	// httpRouteFile (a Gateway API HTTPRoute in a file: Envoy Gateway's
+	// standalone mode re-translates it on every change).
+	Type      string        `yaml:"type"`
+	HTTPRoute HTTPRouteFile `yaml:"httpRoute"`
+}
+
+// HTTPRouteFile names the HTTPRoute whose backendRef weights are rewritten:
+// one rule per virtual model, matching its x-infergate-model header, with
+// the pools as backendRefs.
+type HTTPRouteFile struct {
+	File      string `yaml:"file"`
+	Namespace string `yaml:"namespace"`
+	Name      string `yaml:"name"`
+}
+
 // XDS is the control plane Envoy fetches the virtual-model routes from.
 type XDS struct {
 	Listen          string `yaml:"listen"`
@@ -173,6 +192,8 @@ type Check struct {
 
 // ExtProc is the gRPC ExternalProcessor service Envoy calls.
 type ExtProc struct {
+	// Listen is host:port, or unix:PATH for a Unix domain socket (Envoy on
+	// the same host: its cluster endpoint is then {pipe: {path: PATH}}).
 	Listen string `yaml:"listen"`
 	// MaxConcurrentStreams bounds in-flight ext_proc streams per connection
 	// (two per HTTP request: gate and meter).
@@ -184,6 +205,10 @@ type Admin struct {
 	Listen string `yaml:"listen"`
 	// RecentRequests is how many requests /debug/requests keeps (0: the page is off).
 	RecentRequests int `yaml:"recentRequests"`
+	// Pprof mounts Go's profiler (net/http/pprof) under /debug/pprof/: for
+	// profiling a running gateway. Off by default: the admin port should
+	// not hand out profiles unless asked to.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Tracing exports OpenTelemetry spans of every request's phases over OTLP.
@@ -302,6 +327,7 @@ func (c *Config) fillDefaults() {
 	if c.Admin.RecentRequests == 0 {
 		c.Admin.RecentRequests = 1000
 	}
+	setDefault(&c.WeightSink.Type, "xds")
 	setDefault(&c.Tracing.Protocol, "grpc")
 	if c.Tracing.SampleRatio == 0 {
 		c.Tracing.SampleRatio = 1
@@ -370,7 +396,7 @@ func (c *Config) validate() error {
 			errs = append(errs, &Error{Path: path, Msg: fmt.Sprintf(format, args...)})
 		}
 	}
-	check(validAddr(c.ExtProc.Listen), "extproc.listen", "%q is not host:port", c.ExtProc.Listen)
+	check(validAddr(c.ExtProc.Listen) || validUnix(c.ExtProc.Listen), "extproc.listen", "%q is not host:port or unix:PATH", c.ExtProc.Listen)
 	check(validAddr(c.Admin.Listen), "admin.listen", "%q is not host:port", c.Admin.Listen)
 	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",
 		"must be between 1 and 67108864, got %d", c.Gate.MaxBodyBytes)
@@ -393,6 +419,11 @@ func (c *Config) validate() error {
 	}
 	check(validAddr(c.XDS.Listen), "xds.listen", "%q is not host:port", c.XDS.Listen)
 	check(c.Admin.RecentRequests >= 0, "admin.recentRequests", "must not be negative")
+	check(oneOf(c.WeightSink.Type, "xds", "httpRouteFile"), "weightSink.type", "must be xds or httpRouteFile; got %q", c.WeightSink.Type)
+	if c.WeightSink.Type == "httpRouteFile" {
+		check(c.WeightSink.HTTPRoute.File != "" && c.WeightSink.HTTPRoute.Name != "", "weightSink.httpRoute",
+			"file and name are required with type httpRouteFile")
+	}
 	check(c.Tracing.Endpoint == "" || validAddr(c.Tracing.Endpoint), "tracing.endpoint", "%q is not host:port", c.Tracing.Endpoint)
 	check(oneOf(c.Tracing.Protocol, "grpc", "http"), "tracing.protocol", "must be grpc or http; got %q", c.Tracing.Protocol)
 	check(c.Tracing.SampleRatio > 0 && c.Tracing.SampleRatio <= 1, "tracing.sampleRatio", "must be in (0, 1], got %v", c.Tracing.SampleRatio)
@@ -497,6 +528,14 @@ func lineOf(root *yaml.Node, path string) int {
 func validAddr(a string) bool {
 	_, port, err := net.SplitHostPort(a)
 	return err == nil && port != ""
+}
+
+// UnixPrefix marks a listen address that is a Unix domain socket path.
+const UnixPrefix = "unix:"
+
+func validUnix(a string) bool {
+	path, ok := strings.CutPrefix(a, UnixPrefix)
+	return ok && strings.TrimSpace(path) != ""
 }
 
 func oneOf(v string, options ...string) bool {

@@ -36,6 +36,7 @@ func defaults() *Config {
 		Checks:        map[string]Check{},
 		VirtualModels: []VirtualModel{},
 		XDS:           XDS{Listen: ":18000", RouteConfigName: "infergate"},
+		WeightSink:    WeightSink{Type: "xds"},
 		Tracing:       Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
 		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
 	}
@@ -68,8 +69,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -102,7 +103,7 @@ func TestValidFile(t *testing.T) {
 	yes := true
 	want := &Config{
 		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512},
-		Admin:   Admin{Listen: "[::1]:9191", RecentRequests: 50},
+		Admin:   Admin{Listen: "[::1]:9191", RecentRequests: 50, Pprof: true},
 		Gate: Gate{
 			MaxBodyBytes: 64 << 20,
 			InjectUsage:  ptr(false),
@@ -127,7 +128,8 @@ func TestValidFile(t *testing.T) {
 				Cooldown: 10 * time.Second, ProbeWeight: 2, PrefillPerToken: time.Millisecond},
 			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}, AcrossPools: &yes},
 		}},
-		XDS: XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm"},
+		XDS:        XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm"},
+		WeightSink: WeightSink{Type: "httpRouteFile", HTTPRoute: HTTPRouteFile{File: "/etc/eg/routes.yaml", Namespace: "llm", Name: "chat"}},
 		Tracing: Tracing{Endpoint: "otel-collector:4318", Protocol: "http", Insecure: true, SampleRatio: 0.25,
 			QueueSize: 100, TraceURL: "http://jaeger:16686/trace/{trace_id}"},
 		Log: Log{Level: "debug", Format: "text", Requests: ptr(false)},
@@ -196,6 +198,16 @@ func TestParsePartial(t *testing.T) {
 			name:   "host names and IPv6 listen addresses",
 			doc:    "extproc:\n  listen: \"localhost:50051\"\nadmin:\n  listen: \"[::]:9090\"\n",
 			modify: func(c *Config) { c.ExtProc.Listen, c.Admin.Listen = "localhost:50051", "[::]:9090" },
+		},
+		{
+			name:   "ext_proc on a Unix domain socket",
+			doc:    "extproc:\n  listen: unix:/run/infergate/extproc.sock\n",
+			modify: func(c *Config) { c.ExtProc.Listen = "unix:/run/infergate/extproc.sock" },
+		},
+		{
+			name:   "profiler on the admin port",
+			doc:    "admin: {pprof: true}\n",
+			modify: func(c *Config) { c.Admin.Pprof = true },
 		},
 		{
 			name:   "document start marker",
@@ -315,6 +327,9 @@ func FuzzParse(f *testing.F) {
 func checkBounds(t *testing.T, c *Config) {
 	t.Helper()
 	for _, addr := range []string{c.ExtProc.Listen, c.Admin.Listen} {
+		if addr == c.ExtProc.Listen && validUnix(addr) {
+			continue
+		}
 		if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 			t.Errorf("listen address %q is not host:port", addr)
 		}

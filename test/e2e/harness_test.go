@@ -260,12 +260,17 @@ func startStackOn(t *testing.T, bootstrap, config string, replicas int) *stack {
 	return startStackFor(t, bootstrap, func(*stack) string { return config }, replicas)
 }
 
-// startStackFor is startStackOn with a config that names the pools' addresses.
-func startStackFor(t *testing.T, bootstrap string, config func(*stack) string, replicas int) *stack {
+// startStackFor is startStackOn with a config that names the pools'
+// addresses; before, if given, runs once the pools are up. Without a
+// bootstrap no Envoy is started (the caller brings its own).
+func startStackFor(t *testing.T, bootstrap string, config func(*stack) string, replicas int, before ...func(*stack)) *stack {
 	t.Helper()
 	s := &stack{
 		PoolA: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
 		PoolB: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}),
+	}
+	for _, f := range before {
+		f(s)
 	}
 	var addrs []string
 	for range replicas {
@@ -274,7 +279,9 @@ func startStackFor(t *testing.T, bootstrap string, config func(*stack) string, r
 		addrs = append(addrs, g.ExtProcAddr)
 	}
 	s.Gateway = s.Replicas[0]
-	s.Envoy = startEnvoy(t, bootstrap, addrs, s.Replicas[0].XDSAddr, s.PoolA.Addr, s.PoolB.Addr)
+	if bootstrap != "" {
+		s.Envoy = startEnvoy(t, bootstrap, addrs, s.Replicas[0].XDSAddr, s.PoolA.Addr, s.PoolB.Addr)
+	}
 	return s
 }
 

@@ -1,0 +1,96 @@
+package extproc
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+)
+
+// syncSink is a captureSink safe for the server's goroutines.
+type syncSink struct {
+	mu     sync.Mutex
+	stamps []*Stamp
+}
+
+func (c *syncSink) Record(_ context.Context, s *Stamp) {
+	c.mu.Lock()
+	c.stamps = append(c.stamps, s)
+	c.mu.Unlock()
+}
+
+// A meter configured as a blocking filter (no observability_mode) answers
+// every part Envoy holds, unchanged, and still stamps the request.
+func TestMeterBlockingAnswersEveryPart(t *testing.T) {
+	s, _ := newTestServer(t, "")
+	sink := &syncSink{}
+	s.sinks = append(s.sinks, sink)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	go g.Serve(lis)
+	defer g.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(context.Background(), RoleHeader, "meter")
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []*extprocv3.ProcessingRequest{
+		headersMsg(false, "x-request-id", "blocking", ModelHeader, "m"),
+		respHeaders("text/event-stream"),
+		respBody(roleChunk, false),
+		respBody(contentChunk, false),
+		respBody(contentChunk+"data: [DONE]\n\n", true),
+	}
+	for _, msg := range msgs {
+		msg.ObservabilityMode = false
+		if err := stream.Send(msg); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ok bool
+		switch msg.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestHeaders:
+			ok = resp.GetRequestHeaders() != nil && resp.GetRequestHeaders().GetResponse() == nil
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			ok = resp.GetResponseHeaders() != nil && resp.GetResponseHeaders().GetResponse() == nil
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			ok = resp.GetResponseBody() != nil && resp.GetResponseBody().GetResponse() == nil
+		}
+		if !ok {
+			t.Fatalf("answer to %T: %v", msg.Request, resp)
+		}
+	}
+	stream.CloseSend()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		sink.mu.Lock()
+		n := len(sink.stamps)
+		sink.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no stamp")
+		}
+	}
+	if st := sink.stamps[0]; st.RequestID != "blocking" || st.ContentEvents != 2 || !st.Complete {
+		t.Fatalf("stamp %+v", st)
+	}
+}

@@ -1,0 +1,236 @@
+// Package httproute moves the SLA controller's weights into a Gateway API
+// HTTPRoute kept in a file: the resource file Envoy Gateway's standalone
+// mode (file provider) watches and re-translates on every change. Each
+// virtual model is the rule that matches its x-infergate-model header; its
+// pools are that rule's backendRefs, by name.
+//
+// It also maps what the meter sees back to pools: Envoy Gateway puts a
+// rule's backends in one cluster as localities named
+// "httproute/<namespace>/<name>/rule/<i>/backend/<j>", and the meter
+// reports that locality when no cluster name is available.
+package httproute
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	"gopkg.in/yaml.v3"
+)
+
+// ModelHeader is the header each virtual model's rule matches on.
+const ModelHeader = "x-infergate-model"
+
+// File is an HTTPRoute in a YAML file (possibly one of several documents).
+type File struct {
+	Path      string
+	Namespace string // "" matches the route's namespace whatever it is
+	Name      string
+
+	mu       sync.Mutex
+	backends map[string]string // locality region → backendRef name
+}
+
+// Resolve returns the pool a locality region stands for, or the input
+// unchanged when it is not one of this route's.
+func (f *File) Resolve(pool string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if name, ok := f.backends[pool]; ok {
+		return name
+	}
+	return pool
+}
+
+// Load reads the file and learns the route's backends, without writing.
+func (f *File) Load() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, _, err := f.read()
+	return err
+}
+
+// Apply sets, for each virtual model, its rule's backendRef weights; pools
+// not mentioned keep theirs. The file is replaced atomically, and only when
+// something changed (every write makes Envoy Gateway re-translate).
+func (f *File) Apply(weights map[string]map[string]uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	docs, route, err := f.read()
+	if err != nil {
+		return err
+	}
+	changed := false
+	for vm, ws := range weights {
+		rule := ruleFor(route, vm)
+		if rule == nil {
+			return fmt.Errorf("httproute %s: no rule matches %s: %s", f.Name, ModelHeader, vm)
+		}
+		seen := 0
+		for _, ref := range seq(mapGet(rule, "backendRefs")) {
+			w, ok := ws[scalar(mapGet(ref, "name"))]
+			if !ok {
+				continue
+			}
+			seen++
+			changed = setScalar(ref, "weight", strconv.FormatUint(uint64(w), 10)) || changed
+		}
+		if seen != len(ws) {
+			return fmt.Errorf("httproute %s: the rule for %s has %d of the %d pools as backendRefs", f.Name, vm, seen, len(ws))
+		}
+	}
+	if !changed {
+		return nil
+	}
+	var out bytes.Buffer
+	enc := yaml.NewEncoder(&out)
+	enc.SetIndent(2)
+	for _, d := range docs {
+		if err := enc.Encode(d); err != nil {
+			return fmt.Errorf("httproute %s: %w", f.Path, err)
+		}
+	}
+	if err := enc.Close(); err != nil {
+		return err
+	}
+	return writeAtomic(f.Path, out.Bytes())
+}
+
+// read parses the file, finds the route and refreshes the locality map.
+// Callers hold f.mu.
+func (f *File) read() ([]*yaml.Node, *yaml.Node, error) {
+	b, err := os.ReadFile(f.Path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("httproute: %w", err)
+	}
+	var docs []*yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	for {
+		var d yaml.Node
+		if err := dec.Decode(&d); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, nil, fmt.Errorf("httproute: %s: %w", f.Path, err)
+		}
+		docs = append(docs, &d)
+	}
+	var route *yaml.Node
+	ns := "default"
+	for _, d := range docs {
+		if len(d.Content) == 0 {
+			continue
+		}
+		root := d.Content[0]
+		md := mapGet(root, "metadata")
+		if scalar(mapGet(root, "kind")) != "HTTPRoute" || scalar(mapGet(md, "name")) != f.Name {
+			continue
+		}
+		if n := scalar(mapGet(md, "namespace")); n != "" {
+			ns = n
+		}
+		if f.Namespace != "" && ns != f.Namespace {
+			continue
+		}
+		route = root
+		break
+	}
+	if route == nil {
+		return nil, nil, fmt.Errorf("httproute: no HTTPRoute %q in %s", f.Name, f.Path)
+	}
+	f.backends = map[string]string{}
+	for i, rule := range seq(mapGet(mapGet(route, "spec"), "rules")) {
+		for j, ref := range seq(mapGet(rule, "backendRefs")) {
+			f.backends[fmt.Sprintf("httproute/%s/%s/rule/%d/backend/%d", ns, f.Name, i, j)] = scalar(mapGet(ref, "name"))
+		}
+	}
+	return docs, route, nil
+}
+
+// ruleFor finds the rule whose matches select x-infergate-model: vm exactly.
+func ruleFor(route *yaml.Node, vm string) *yaml.Node {
+	for _, rule := range seq(mapGet(mapGet(route, "spec"), "rules")) {
+		for _, m := range seq(mapGet(rule, "matches")) {
+			for _, h := range seq(mapGet(m, "headers")) {
+				typ := scalar(mapGet(h, "type"))
+				if strings.EqualFold(scalar(mapGet(h, "name")), ModelHeader) && scalar(mapGet(h, "value")) == vm &&
+					(typ == "" || typ == "Exact") {
+					return rule
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// YAML node helpers: mappings and sequences by key, tolerant of absence.
+
+func mapGet(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+func seq(n *yaml.Node) []*yaml.Node {
+	if n == nil || n.Kind != yaml.SequenceNode {
+		return nil
+	}
+	return n.Content
+}
+
+func scalar(n *yaml.Node) string {
+	if n == nil || n.Kind != yaml.ScalarNode {
+		return ""
+	}
+	return n.Value
+}
+
+// setScalar sets key to an integer value, adding it if absent; it reports
+// whether anything changed.
+func setScalar(m *yaml.Node, key, value string) bool {
+	if v := mapGet(m, key); v != nil {
+		if v.Value == value {
+			return false
+		}
+		v.Kind, v.Tag, v.Value = yaml.ScalarNode, "!!int", value
+		return true
+	}
+	m.Content = append(m.Content,
+		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: key},
+		&yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: value})
+	return true
+}
+
+// writeAtomic replaces path with b: a reader (Envoy Gateway's watcher)
+// never sees a half-written file. The temporary file's name does not end
+// in .yaml, so a watcher of the directory does not load it.
+func writeAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("httproute: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return fmt.Errorf("httproute: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("httproute: %w", err)
+	}
+	if info, err := os.Stat(path); err == nil {
+		_ = os.Chmod(tmp.Name(), info.Mode())
+	}
+	return os.Rename(tmp.Name(), path)
+}
