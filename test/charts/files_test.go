@@ -193,6 +193,7 @@ var exported = map[string]string{
 	"gen_ai_client_token_usage":                   "gen_ai.client.token.usage",
 	"infergate_inter_token_latency_seconds":       "infergate.inter_token_latency",
 	"infergate_gateway_duration_seconds":          "infergate.gateway.duration",
+	"infergate_checks_duration_seconds":           "infergate.checks.duration",
 	"infergate_gate_duration_seconds":             "infergate.gate.duration",
 	"infergate_gate_decisions_total":              "infergate.gate.decisions",
 	"infergate_meter_active_streams":              "infergate.meter.active_streams",
