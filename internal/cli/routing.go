@@ -21,9 +21,9 @@ import (
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/feed"
-	"github.com/infergate/infergate/xds/httproute"
 	"github.com/infergate/infergate/xds/loadsignal"
 	"github.com/infergate/infergate/xds/server"
+	"github.com/infergate/infergate/xds/weightsink"
 )
 
 // routing is SLA-driven routing: the meter's stamps feed the controller,
@@ -39,9 +39,42 @@ type routing struct {
 	// store keeps the weights in the shared Redis, so a restarted
 	// controller resumes where it was instead of jumping to the primary.
 	store redis.UniversalClient
-	// routeFile, with weightSink httpRouteFile, replaces the xDS server:
-	// weights go into an HTTPRoute that Envoy Gateway translates.
-	routeFile *httproute.File
+	// sink, when set, replaces the xDS server: the weights go into a
+	// gateway's own routing resource (an HTTPRoute, a VirtualService).
+	sink weightSink
+}
+
+// weightSink is a routing resource the weights are written to.
+type weightSink interface {
+	Load() error
+	Apply(weights map[string]map[string]uint32) error
+	Resolve(pool string) string
+}
+
+// newWeightSink returns the configured sink, or nil for infergate's own
+// xDS. It reads the resource once, so a wrong name fails at start.
+func newWeightSink(c config.WeightSink) (weightSink, error) {
+	var sink weightSink
+	switch c.Type {
+	case "httpRouteFile":
+		sink = &weightsink.File{Path: c.HTTPRoute.File, Namespace: c.HTTPRoute.Namespace, Name: c.HTTPRoute.Name}
+	case "httpRoute", "virtualService":
+		kube, err := weightsink.InCluster()
+		if err != nil {
+			return nil, fmt.Errorf("weightSink: %w", err)
+		}
+		if c.Type == "httpRoute" {
+			sink = &weightsink.HTTPRoute{Kube: kube, Namespace: c.HTTPRoute.Namespace, Name: c.HTTPRoute.Name}
+		} else {
+			sink = &weightsink.VirtualService{Kube: kube, Namespace: c.VirtualService.Namespace, Name: c.VirtualService.Name}
+		}
+	default:
+		return nil, nil
+	}
+	if err := sink.Load(); err != nil {
+		return nil, fmt.Errorf("weightSink: %w", err)
+	}
+	return sink, nil
 }
 
 // weightsKey is the Redis hash of the weights in force, by virtual model.
@@ -83,14 +116,10 @@ func newRouting(cfg *config.Config, log *slog.Logger, meter metric.Meter, store 
 			Key: name, Value: "%DYNAMIC_METADATA(" + extproc.MetadataNamespace + ":" + name + ")%"}})
 	}
 	r := &routing{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store}
-	switch cfg.WeightSink.Type {
-	case "httpRouteFile":
-		h := cfg.WeightSink.HTTPRoute
-		r.routeFile = &httproute.File{Path: h.File, Namespace: h.Namespace, Name: h.Name}
-		if err := r.routeFile.Load(); err != nil {
-			return nil, fmt.Errorf("weightSink: %w", err)
-		}
-	default:
+	if r.sink, err = newWeightSink(cfg.WeightSink); err != nil {
+		return nil, err
+	}
+	if r.sink == nil {
 		r.xds = server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})
 	}
 	if r.decisions, err = meter.Int64Counter("infergate.sla.decisions",
@@ -173,10 +202,10 @@ func (r *routing) observe(o controller.Observation) {
 // configured name: with an HTTPRoute sink, an Envoy Gateway locality
 // becomes its backendRef. Safe on a nil routing.
 func (r *routing) poolName(p string) string {
-	if r == nil || r.routeFile == nil {
+	if r == nil || r.sink == nil {
 		return p
 	}
-	return r.routeFile.Resolve(p)
+	return r.sink.Resolve(p)
 }
 
 // observations turns a stamp into what the controller judges pools by: the
@@ -221,12 +250,12 @@ func (r *routing) push() (string, error) {
 		}
 		routes = append(routes, route)
 	}
-	if r.routeFile != nil {
+	if r.sink != nil {
 		weights := make(map[string]map[string]uint32, len(routes))
 		for _, rt := range routes {
 			weights[rt.VirtualModel] = rt.Weights
 		}
-		return "", r.routeFile.Apply(weights)
+		return "", r.sink.Apply(weights)
 	}
 	return r.xds.SetRoutes(routes)
 }

@@ -42,8 +42,8 @@ type Service struct {
 	grpc    *grpc.Server
 	ready   atomic.Bool
 	adm     *admissionParts
-	routing *routing           // nil without virtual models
-	recent  *requestlog.Ring   // nil when admin.recentRequests is 0
+	routing *routing         // nil without virtual models
+	recent  *requestlog.Ring // nil when admin.recentRequests is 0
 	tracing *telemetry.Tracing
 	stop    context.CancelFunc // ends the watchers
 }

@@ -109,18 +109,27 @@ func (vm VirtualModel) RetriesAcrossPools() bool {
 
 // WeightSink is where the SLA controller's weights go.
 type WeightSink struct {
-	// Type is xds (infergate's own xDS server, for plain Envoy) or
+	// Type is xds (infergate's own xDS server, for plain Envoy),
 	// httpRouteFile (a Gateway API HTTPRoute in a file: Envoy Gateway's
-	// standalone mode re-translates it on every change).
-	Type      string        `yaml:"type"`
-	HTTPRoute HTTPRouteFile `yaml:"httpRoute"`
+	// standalone mode re-translates it on every change), httpRoute (the
+	// HTTPRoute through the Kubernetes API) or virtualService (an Istio
+	// VirtualService through the Kubernetes API).
+	Type           string        `yaml:"type"`
+	HTTPRoute      HTTPRouteFile `yaml:"httpRoute"`
+	VirtualService Resource      `yaml:"virtualService"`
 }
 
 // HTTPRouteFile names the HTTPRoute whose backendRef weights are rewritten:
 // one rule per virtual model, matching its x-infergate-model header, with
-// the pools as backendRefs.
+// the pools as backendRefs. File is only for httpRouteFile.
 type HTTPRouteFile struct {
 	File      string `yaml:"file"`
+	Namespace string `yaml:"namespace"`
+	Name      string `yaml:"name"`
+}
+
+// Resource names a namespaced Kubernetes object.
+type Resource struct {
 	Namespace string `yaml:"namespace"`
 	Name      string `yaml:"name"`
 }
@@ -161,6 +170,10 @@ type Policy struct {
 	// Shadow evaluates and records decisions (decision "shadow_deny") but
 	// enforces none: for trying a policy on live traffic.
 	Shadow bool `yaml:"shadow"`
+	// Memoize reuses a decision for requests that agree on every input
+	// field the policy reads (per policy version; never for a policy that
+	// calls a non-deterministic built-in such as time.now_ns or http.send).
+	Memoize *bool `yaml:"memoize"`
 }
 
 // RateLimit chooses where budgets are counted.
@@ -362,6 +375,9 @@ func (c *Config) fillDefaults() {
 	if c.Policy.ReloadInterval == 0 {
 		c.Policy.ReloadInterval = time.Second
 	}
+	if c.Policy.Memoize == nil {
+		c.Policy.Memoize = ptr(true)
+	}
 	setDefault(&c.RateLimit.Backend, "memory")
 	setDefault(&c.RateLimit.OnBackendError, "deny")
 	if c.RateLimit.Redis.Timeout == 0 {
@@ -419,10 +435,15 @@ func (c *Config) validate() error {
 	}
 	check(validAddr(c.XDS.Listen), "xds.listen", "%q is not host:port", c.XDS.Listen)
 	check(c.Admin.RecentRequests >= 0, "admin.recentRequests", "must not be negative")
-	check(oneOf(c.WeightSink.Type, "xds", "httpRouteFile"), "weightSink.type", "must be xds or httpRouteFile; got %q", c.WeightSink.Type)
-	if c.WeightSink.Type == "httpRouteFile" {
-		check(c.WeightSink.HTTPRoute.File != "" && c.WeightSink.HTTPRoute.Name != "", "weightSink.httpRoute",
-			"file and name are required with type httpRouteFile")
+	check(oneOf(c.WeightSink.Type, "xds", "httpRouteFile", "httpRoute", "virtualService"), "weightSink.type",
+		"must be xds, httpRouteFile, httpRoute or virtualService; got %q", c.WeightSink.Type)
+	switch ws := c.WeightSink; ws.Type {
+	case "httpRouteFile":
+		check(ws.HTTPRoute.File != "" && ws.HTTPRoute.Name != "", "weightSink.httpRoute", "file and name are required with type httpRouteFile")
+	case "httpRoute":
+		check(ws.HTTPRoute.Namespace != "" && ws.HTTPRoute.Name != "", "weightSink.httpRoute", "namespace and name are required with type httpRoute")
+	case "virtualService":
+		check(ws.VirtualService.Namespace != "" && ws.VirtualService.Name != "", "weightSink.virtualService", "namespace and name are required with type virtualService")
 	}
 	check(c.Tracing.Endpoint == "" || validAddr(c.Tracing.Endpoint), "tracing.endpoint", "%q is not host:port", c.Tracing.Endpoint)
 	check(oneOf(c.Tracing.Protocol, "grpc", "http"), "tracing.protocol", "must be grpc or http; got %q", c.Tracing.Protocol)

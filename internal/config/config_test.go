@@ -31,7 +31,7 @@ func defaults() *Config {
 				TenantClaim: "tenant", LabelClaims: []string{"tier"}},
 			PolicyHeaders: []string{"user-agent", "x-request-id"},
 		},
-		Policy:        Policy{ReloadInterval: time.Second},
+		Policy:        Policy{ReloadInterval: time.Second, Memoize: ptr(true)},
 		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", Redis: Redis{Timeout: 250 * time.Millisecond}},
 		Checks:        map[string]Check{},
 		VirtualModels: []VirtualModel{},
@@ -69,8 +69,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -116,7 +116,7 @@ func TestValidFile(t *testing.T) {
 				LabelClaims: []string{"tier", "team"}},
 			PolicyHeaders: []string{"user-agent"},
 		},
-		Policy: Policy{Dir: "/etc/infergate/policies", ReloadInterval: 2 * time.Second, Shadow: true},
+		Policy: Policy{Dir: "/etc/infergate/policies", ReloadInterval: 2 * time.Second, Shadow: true, Memoize: ptr(false)},
 		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", Redis: Redis{Address: "redis:6379",
 			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
 		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
@@ -230,6 +230,7 @@ func TestParseReturnsFreshValues(t *testing.T) {
 	a := mustParse(t, nil)
 	a.Gate.Paths[0] = "/mutated"
 	*a.Gate.InjectUsage = false
+	*a.Policy.Memoize = false
 	*a.Log.Requests = false
 	assertConfig(t, mustParse(t, nil), defaults())
 }
@@ -340,7 +341,7 @@ func checkBounds(t *testing.T, c *Config) {
 	if c.Gate.MaxBodyBytes < 1 || c.Gate.MaxBodyBytes > 64<<20 {
 		t.Errorf("gate.maxBodyBytes = %d out of [1, 64 MiB]", c.Gate.MaxBodyBytes)
 	}
-	if c.Gate.InjectUsage == nil || c.Log.Requests == nil {
+	if c.Gate.InjectUsage == nil || c.Log.Requests == nil || c.Policy.Memoize == nil {
 		t.Errorf("booleans left unset: %s", dump(c))
 	}
 	if c.Gate.Paths == nil {

@@ -15,6 +15,7 @@ import (
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwapiv1 "sigs.k8s.io/gateway-api/apis/v1"
 	kjson "sigs.k8s.io/json"
@@ -34,6 +35,8 @@ var typed = map[string]func() any{
 	"v1/ServiceAccount":                              func() any { return &corev1.ServiceAccount{} },
 	"apps/v1/Deployment":                             func() any { return &appsv1.Deployment{} },
 	"policy/v1/PodDisruptionBudget":                  func() any { return &policyv1.PodDisruptionBudget{} },
+	"rbac.authorization.k8s.io/v1/Role":              func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding":       func() any { return &rbacv1.RoleBinding{} },
 	"autoscaling/v2/HorizontalPodAutoscaler":         func() any { return &autoscalingv2.HorizontalPodAutoscaler{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":        func() any { return &monitoringv1.ServiceMonitor{} },
 	"gateway.networking.k8s.io/v1/HTTPRoute":         func() any { return &gwapiv1.HTTPRoute{} },
@@ -167,7 +170,7 @@ func TestStrictDecode(t *testing.T) {
 				t.Fatal("no Deployment rendered")
 			}
 			for _, o := range objs["apps/v1/Deployment"] {
-				checkDeployment(t, o.(*appsv1.Deployment))
+				checkDeployment(t, o.(*appsv1.Deployment), len(objs["rbac.authorization.k8s.io/v1/Role"]) > 0)
 			}
 		})
 	}
@@ -253,7 +256,7 @@ spec:
 
 // checkDeployment checks what the chart promises of every pod: probes,
 // a graceful drain, and a locked-down container.
-func checkDeployment(t *testing.T, d *appsv1.Deployment) {
+func checkDeployment(t *testing.T, d *appsv1.Deployment, weightSinkRole bool) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	if len(spec.Containers) != 1 {
@@ -283,8 +286,11 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment) {
 	if len(c.Args) < 3 || c.Args[1] != "--config" || c.Args[2] != "/etc/infergate/config.yaml" {
 		t.Errorf("%s: args %q", d.Name, c.Args)
 	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		t.Errorf("%s: mounts a service account token it never uses", d.Name)
+	// Only the SLA controller with a Kubernetes weight sink calls the API
+	// (the scaled variant's controller sets an HTTPRoute's weights).
+	wantToken := strings.HasSuffix(d.Name, "-controller") && weightSinkRole
+	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken != wantToken {
+		t.Errorf("%s: automountServiceAccountToken %v, want %v", d.Name, spec.AutomountServiceAccountToken, wantToken)
 	}
 }
 

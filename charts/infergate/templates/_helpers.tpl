@@ -85,6 +85,20 @@ Whether infergate runs virtual models (and so an SLA controller and xDS).
 {{- if .Values.config.virtualModels }}true{{ end }}
 {{- end }}
 
+{{/*
+The Kubernetes object the SLA controller writes its weights to, when its
+weightSink is one (config.weightSink.type httpRoute or virtualService):
+"resource|namespace|name|apiGroup", else empty.
+*/}}
+{{- define "infergate.weightSinkObject" -}}
+{{- $ws := .Values.config.weightSink | default dict }}
+{{- if and (include "infergate.hasVirtualModels" .) (eq ($ws.type | default "") "httpRoute") }}
+{{- printf "httproutes|%s|%s|gateway.networking.k8s.io" $ws.httpRoute.namespace $ws.httpRoute.name }}
+{{- else if and (include "infergate.hasVirtualModels" .) (eq ($ws.type | default "") "virtualService") }}
+{{- printf "virtualservices|%s|%s|networking.istio.io" $ws.virtualService.namespace $ws.virtualService.name }}
+{{- end }}
+{{- end }}
+
 {{- define "infergate.apiKeysSecret" -}}
 {{- if .Values.apiKeys.existingSecret }}
 {{- .Values.apiKeys.existingSecret }}
@@ -227,8 +241,14 @@ metadata:
     {{- end }}
 spec:
   serviceAccountName: {{ include "infergate.serviceAccountName" $root }}
-  # infergate never calls the Kubernetes API.
+  {{- if and (include "infergate.weightSinkObject" $root) (or .xds (not .extproc)) }}
+  # The SLA controller writes its weights through the Kubernetes API
+  # (config.weightSink): it needs the service account's token.
+  automountServiceAccountToken: true
+  {{- else }}
+  # infergate does not call the Kubernetes API.
   automountServiceAccountToken: false
+  {{- end }}
   {{- with $v.imagePullSecrets }}
   imagePullSecrets:
     {{- toYaml . | nindent 4 }}

@@ -1,14 +1,21 @@
-// Package httproute moves the SLA controller's weights into a Gateway API
-// HTTPRoute kept in a file: the resource file Envoy Gateway's standalone
-// mode (file provider) watches and re-translates on every change. Each
-// virtual model is the rule that matches its x-infergate-model header; its
-// pools are that rule's backendRefs, by name.
+// Package weightsink moves the SLA controller's weights into the routing
+// resources of gateways that do not take xDS from infergate:
 //
-// It also maps what the meter sees back to pools: Envoy Gateway puts a
-// rule's backends in one cluster as localities named
+//   - File: a Gateway API HTTPRoute in a file, the resource file Envoy
+//     Gateway's standalone mode (file provider) watches and re-translates on
+//     every change;
+//   - HTTPRoute: the same HTTPRoute through the Kubernetes API (Envoy
+//     Gateway in a cluster);
+//   - VirtualService: an Istio VirtualService through the Kubernetes API.
+//
+// Each virtual model is the rule (or http route) that matches its
+// x-infergate-model header; its pools are that rule's backends, by name.
+//
+// The HTTPRoute sinks also map what the meter sees back to pools: Envoy
+// Gateway puts a rule's backends in one cluster as localities named
 // "httproute/<namespace>/<name>/rule/<i>/backend/<j>", and the meter
 // reports that locality when no cluster name is available.
-package httproute
+package weightsink
 
 import (
 	"bytes"
@@ -66,24 +73,9 @@ func (f *File) Apply(weights map[string]map[string]uint32) error {
 	if err != nil {
 		return err
 	}
-	changed := false
-	for vm, ws := range weights {
-		rule := ruleFor(route, vm)
-		if rule == nil {
-			return fmt.Errorf("httproute %s: no rule matches %s: %s", f.Name, ModelHeader, vm)
-		}
-		seen := 0
-		for _, ref := range seq(mapGet(rule, "backendRefs")) {
-			w, ok := ws[scalar(mapGet(ref, "name"))]
-			if !ok {
-				continue
-			}
-			seen++
-			changed = setScalar(ref, "weight", strconv.FormatUint(uint64(w), 10)) || changed
-		}
-		if seen != len(ws) {
-			return fmt.Errorf("httproute %s: the rule for %s has %d of the %d pools as backendRefs", f.Name, vm, seen, len(ws))
-		}
+	changed, err := setWeights(route, f.Name, weights)
+	if err != nil {
+		return err
 	}
 	if !changed {
 		return nil
@@ -100,6 +92,43 @@ func (f *File) Apply(weights map[string]map[string]uint32) error {
 		return err
 	}
 	return writeAtomic(f.Path, out.Bytes())
+}
+
+// setWeights sets each virtual model's rule's backendRef weights in an
+// HTTPRoute (a YAML or JSON document); it reports whether anything changed.
+func setWeights(route *yaml.Node, name string, weights map[string]map[string]uint32) (bool, error) {
+	changed := false
+	for vm, ws := range weights {
+		rule := ruleFor(route, vm)
+		if rule == nil {
+			return false, fmt.Errorf("httproute %s: no rule matches %s: %s", name, ModelHeader, vm)
+		}
+		seen := 0
+		for _, ref := range seq(mapGet(rule, "backendRefs")) {
+			w, ok := ws[scalar(mapGet(ref, "name"))]
+			if !ok {
+				continue
+			}
+			seen++
+			changed = setScalar(ref, "weight", strconv.FormatUint(uint64(w), 10)) || changed
+		}
+		if seen != len(ws) {
+			return false, fmt.Errorf("httproute %s: the rule for %s has %d of the %d pools as backendRefs", name, vm, seen, len(ws))
+		}
+	}
+	return changed, nil
+}
+
+// localities maps Envoy Gateway's locality names for route's backends to
+// the backendRefs' names.
+func localities(route *yaml.Node, ns, name string) map[string]string {
+	out := map[string]string{}
+	for i, rule := range seq(mapGet(mapGet(route, "spec"), "rules")) {
+		for j, ref := range seq(mapGet(rule, "backendRefs")) {
+			out[fmt.Sprintf("httproute/%s/%s/rule/%d/backend/%d", ns, name, i, j)] = scalar(mapGet(ref, "name"))
+		}
+	}
+	return out
 }
 
 // read parses the file, finds the route and refreshes the locality map.
@@ -144,12 +173,7 @@ func (f *File) read() ([]*yaml.Node, *yaml.Node, error) {
 	if route == nil {
 		return nil, nil, fmt.Errorf("httproute: no HTTPRoute %q in %s", f.Name, f.Path)
 	}
-	f.backends = map[string]string{}
-	for i, rule := range seq(mapGet(mapGet(route, "spec"), "rules")) {
-		for j, ref := range seq(mapGet(rule, "backendRefs")) {
-			f.backends[fmt.Sprintf("httproute/%s/%s/rule/%d/backend/%d", ns, f.Name, i, j)] = scalar(mapGet(ref, "name"))
-		}
-	}
+	f.backends = localities(route, ns, f.Name)
 	return docs, route, nil
 }
 
