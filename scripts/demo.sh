@@ -58,7 +58,7 @@ wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate"
 wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "envoy"
 note "pool-a  (mock: TTFT 120ms, ITL 15ms)  http://127.0.0.1:$POOL_A_PORT"
 note "pool-b  (mock: TTFT  60ms, ITL  8ms)  http://127.0.0.1:$POOL_B_PORT"
-note "infergate ext_proc 127.0.0.1:$EXTPROC_PORT, admin http://127.0.0.1:$INFERGATE_ADMIN/metrics"
+note "infergate ext_proc 127.0.0.1:$EXTPROC_PORT, admin http://127.0.0.1:$INFERGATE_ADMIN/metrics and /debug/requests"
 note "envoy   http://127.0.0.1:$LISTEN_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
 
 say "One streamed request through the gateway (model pool-a)"
@@ -85,7 +85,9 @@ note "direct = pool-a itself; gateway = Envoy + infergate in front of pool-a"
 note "each request goes to both, back to back in alternating order: the paired difference is what the gateway adds"
 bin/infergate bench --target direct=http://127.0.0.1:$POOL_A_PORT --target gateway=http://127.0.0.1:$LISTEN_PORT \
   --model pool-a --concurrency "$CONCURRENCY" --requests "$REQUESTS" --warmup 8 --output-tokens "$MAX_TOKENS" \
-  --json "$WORK/bench.json"
+  --join http://127.0.0.1:$INFERGATE_ADMIN --json "$WORK/bench.json" --html "$WORK/bench.html"
+note "HTML report: $WORK/bench.html (DEMO_KEEP=1 make demo keeps it)"
+note "every request's waterfall while it runs: http://127.0.0.1:$INFERGATE_ADMIN/debug/requests"
 
 say "The stamp infergate recorded for the first request ($RID)"
 sleep 0.2 # the meter stamps when the stream ends; give the log line a moment

@@ -116,12 +116,31 @@ func Join(source string, samples []Sample, recs []gatewayRecord) *result.Join {
 	return j
 }
 
+// GatewayTarget picks the target to join: the one whose responses carried
+// an x-request-id (a gateway's), the first on a tie (a direct model server
+// sends none).
+func GatewayTarget(samples [][]Sample) int {
+	best, bestN := 0, -1
+	for i, ss := range samples {
+		n := 0
+		for j := range ss {
+			if ss[j].RequestID != "" {
+				n++
+			}
+		}
+		if n > bestN {
+			best, bestN = i, n
+		}
+	}
+	return best
+}
+
 // maxJoinSamples bounds the per-request breakdowns kept in the report.
 const maxJoinSamples = 10000
 
 // writeJoin prints the breakdown: where each request's time went.
 func writeJoin(w io.Writer, j *result.Join) {
-	fmt.Fprintf(w, "\nWhere the time went (%d of %d requests joined with %s):\n", j.Joined, j.Requests, j.Source)
+	fmt.Fprintf(w, "\nWhere the time went (%s: %d of %d requests joined with %s/debug/requests):\n", j.Target, j.Joined, j.Requests, j.Source)
 	if j.Joined == 0 {
 		fmt.Fprintln(w, "  none: the gateway keeps its last admin.recentRequests records, and requests must carry x-request-id back")
 		return

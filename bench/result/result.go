@@ -30,7 +30,7 @@ type Report struct {
 	Targets []TargetResult `json:"targets"`
 
 	Sweep   *Sweep   `json:"sweep,omitempty"`   // --sweep
-	Join    *Join    `json:"join,omitempty"`    // --join: the first target's requests, joined with the gateway's records
+	Join    *Join    `json:"join,omitempty"`    // --join: the gateway target's requests, joined with the gateway's records
 	Compare *Compare `json:"compare,omitempty"` // two targets (--compare-targets, or two --target)
 	// Baseline is the outcome of --baseline, if given.
 	Baseline *BaselineCheck `json:"baseline,omitempty"`
@@ -297,7 +297,8 @@ type BaselineMetric struct {
 // Envoy's response path. Distributions cover the joined requests.
 type Join struct {
 	Source               string          `json:"source"`   // the admin URL the records came from
-	Requests             int             `json:"requests"` // successful, measured requests of the first target
+	Target               string          `json:"target"`   // the target joined: the one whose responses carry x-request-id
+	Requests             int             `json:"requests"` // successful, measured requests of that target
 	Joined               int             `json:"joined"`   // of those, found among the gateway's recent records
 	ClientMs             Dist            `json:"client_ms"`
 	GatewayMs            Dist            `json:"gateway_ms"`

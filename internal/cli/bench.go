@@ -386,7 +386,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return fmt.Errorf("bench: --join: %w", err)
 		}
-		rep.Join = loadgen.Join(f.join, rec.Samples[0], recs)
+		i := loadgen.GatewayTarget(rec.Samples)
+		rep.Join = loadgen.Join(f.join, rec.Samples[i], recs)
+		rep.Join.Target = rec.Targets[i].Name
 	}
 	if base != nil && runErr == nil {
 		if rep.Baseline, err = loadgen.CheckBaseline(rep, base, f.baseline, f.tolerances); err != nil {
