@@ -35,19 +35,21 @@ func formatTraceparent(sc trace.SpanContext) string {
 	return c[traceparentKey]
 }
 
-// mdCarrier reads trace context from gRPC metadata.
-type mdCarrier metadata.MD
+// mdCarrier reads trace context from a stream's incoming gRPC metadata,
+// key by key (metadata.FromIncomingContext would copy all of it).
+type mdCarrier struct{ ctx context.Context }
 
 func (c mdCarrier) Get(k string) string {
-	if v := metadata.MD(c).Get(k); len(v) > 0 {
+	if v := metadata.ValueFromIncomingContext(c.ctx, k); len(v) > 0 {
 		return v[0]
 	}
 	return ""
 }
-func (c mdCarrier) Set(k, v string) { metadata.MD(c).Set(k, v) }
+func (c mdCarrier) Set(string, string) {}
 func (c mdCarrier) Keys() []string {
-	out := make([]string, 0, len(c))
-	for k := range c {
+	md, _ := metadata.FromIncomingContext(c.ctx)
+	out := make([]string, 0, len(md))
+	for k := range md {
 		out = append(out, k)
 	}
 	return out
@@ -56,10 +58,8 @@ func (c mdCarrier) Keys() []string {
 // traceParent returns ctx with the parent for this request's spans: the
 // ext_proc stream's (Envoy's span), else the first valid of fallbacks.
 func traceParent(ctx context.Context, fallbacks ...map[string]string) context.Context {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if c := telemetry.Propagator.Extract(ctx, mdCarrier(md)); trace.SpanContextFromContext(c).IsValid() {
-			return c
-		}
+	if c := telemetry.Propagator.Extract(ctx, mdCarrier{ctx}); trace.SpanContextFromContext(c).IsValid() {
+		return c
 	}
 	for _, h := range fallbacks {
 		if h[traceparentKey] == "" {
@@ -120,7 +120,10 @@ func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end ti
 // into the wait for the first token (queueing and prefill) and the stream
 // (decode), with the stamp's breakdown as attributes.
 func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time) trace.SpanContext {
-	gate := map[string]string{traceparentKey: m.gateTraceparent}
+	var gate map[string]string
+	if m.gateTraceparent != "" {
+		gate = map[string]string{traceparentKey: m.gateTraceparent}
+	}
 	st := &m.stamp
 	name := "chat"
 	if st.Model != "" {
@@ -131,7 +134,6 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		span.End(trace.WithTimestamp(end))
 		return span.SpanContext()
 	}
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	span.SetAttributes(
 		attribute.String("gen_ai.operation.name", "chat"),
 		attribute.String("gen_ai.request.model", st.Model),

@@ -3,20 +3,18 @@ package report
 import (
 	"bytes"
 	"cmp"
-	"context"
-	"fmt"
 	"image"
 	"image/color"
 	"image/png"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/infergate/infergate/internal/testutil/browser"
 )
 
 // The page is checked in a real browser: it must render every chart with no
@@ -30,27 +28,7 @@ const (
 	screenshotPath  = "../../docs/bench-report.png"
 	screenshotLimit = 400 << 10 // bytes: it lives in the repository
 	viewportWidth   = 1240
-	doneMarker      = "report-test: done"
 )
-
-// chromeBinary finds Chromium the way scripts/install-test-deps.sh reports
-// it. A missing browser fails the test: it must not pass by skipping.
-func chromeBinary(t *testing.T) string {
-	t.Helper()
-	if p := os.Getenv("CHROME_BIN"); p != "" {
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("CHROME_BIN=%s: %v", p, err)
-		}
-		return p
-	}
-	p, err := exec.LookPath("chromium")
-	if err != nil {
-		t.Fatal("chromium not found on PATH and CHROME_BIN is not set; install it with " +
-			"`eval \"$(scripts/install-test-deps.sh)\"` (Debian: apt-get install chromium) " +
-			"or point CHROME_BIN at a Chromium or Chrome binary")
-	}
-	return p
-}
 
 // chartBox is what the page reports about one chart.
 type chartBox struct {
@@ -75,7 +53,6 @@ const chartsJS = `Array.from(document.querySelectorAll("svg[data-chart]")).map(s
 })`
 
 func TestHTMLInChromium(t *testing.T) {
-	bin := chromeBinary(t)
 	r := richReport()
 	var page bytes.Buffer
 	if err := WriteHTML(&page, r); err != nil {
@@ -86,37 +63,8 @@ func TestHTMLInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The whole browser session has one deadline; a hung Chromium fails the
-	// test instead of stalling it.
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(bin),
-		chromedp.NoSandbox, // tests run as root, in containers
-		chromedp.WindowSize(viewportWidth, 900),
-	)
-	actx, acancel := chromedp.NewExecAllocator(ctx, opts...)
-	defer acancel()
-	bctx, bcancel := chromedp.NewContext(actx)
-	defer bcancel()
-	if err := chromedp.Do(bctx); err != nil {
-		t.Fatalf("starting %s: %v", bin, err)
-	}
-
-	// Subscribe before navigating so that nothing the page logs is missed;
-	// the marker logged at the end says everything before it has arrived.
-	messages := chromedp.Console(bctx)
-	logged := make(chan []chromedp.ConsoleMessage, 1)
-	go func() {
-		var got []chromedp.ConsoleMessage
-		defer func() { logged <- got }()
-		for m, err := range messages {
-			if err != nil || m.Text == doneMarker {
-				return
-			}
-			got = append(got, m)
-		}
-	}()
+	b := browser.Start(t, viewportWidth, 900)
+	bctx := b.Ctx
 
 	if err := chromedp.Do(bctx, chromedp.Navigate("file://"+file)); err != nil {
 		t.Fatalf("opening the report: %v", err)
@@ -150,15 +98,7 @@ func TestHTMLInChromium(t *testing.T) {
 		}
 	}
 
-	if err := chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](fmt.Sprintf("console.info(%q)", doneMarker))); err != nil {
-		t.Fatal(err)
-	}
-	var got []chromedp.ConsoleMessage
-	select {
-	case got = <-logged:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the console marker never arrived")
-	}
+	got := b.Console(t)
 	for _, m := range got {
 		t.Errorf("console: %s (%s:%d)", m, m.URL, m.Line+1)
 	}
