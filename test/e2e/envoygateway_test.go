@@ -173,7 +173,7 @@ func TestEnvoyGatewayStandalone(t *testing.T) {
 		t.Errorf("%d content events in %d reads: not incremental", len(contentEvents(r.Events)), len(r.Reads))
 	}
 	st := s.Gateway.stamp(t, "eg-stream-1")
-	if st.Pool != "pool-a" || st.TTFTms < 60 || st.TTFTms > 80 || st.ITLP50ms < 13 || st.ITLP50ms > 18 ||
+	if st.Pool != "pool-a" || st.TTFTms < 55 || st.TTFTms > 85 || st.ITLP50ms < 13 || st.ITLP50ms > 18 ||
 		st.CompletionTokens != 8 || st.Decision != "allow" || st.Principal == "" || !st.Complete {
 		t.Errorf("stamp %+v", st)
 	}
