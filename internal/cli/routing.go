@@ -362,10 +362,10 @@ var debugPage = template.Must(template.New("controller").Funcs(template.FuncMap{
 td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f4f4f4}td.l,th.l{text-align:left}
 .bad{color:#b00;font-weight:600}.ok{color:#070}</style></head><body>
 <h1>SLA controller</h1>
-{{range .}}<h2>{{.Name}}</h2>
+{{range $m := .}}<h2>{{.Name}}</h2>
 <p>SLA: excess TTFT p95 &le; {{ms .SLA.TTFTP95}}, ITL p95 &le; {{ms .SLA.ITLP95}}, error rate &le; {{pct .SLA.ErrorRate}}, queue depth &le; {{.SLA.QueueDepth}} (0 = off)</p>
 <table><tr><th class="l">pool</th><th>weight</th><th>samples</th><th>excess TTFT p95</th><th>TTFT p95</th><th>ITL p95</th><th>errors</th><th>queue</th><th>KV cache</th><th>slope/token</th><th class="l">state</th></tr>
-{{$pools := .Pools}}{{range $p := sorted .Weights}}{{$s := index $pools $p}}<tr><td class="l">{{$p}}</td><td>{{index $.Weights $p}}</td>
+{{$pools := .Pools}}{{range $p := sorted .Weights}}{{$s := index $pools $p}}<tr><td class="l">{{$p}}</td><td>{{index $m.Weights $p}}</td>
 <td>{{$s.Samples}}</td><td>{{ms $s.ExcessTTFTP95}}</td><td>{{ms $s.TTFTP95}}</td><td>{{ms $s.ITLP95}}</td><td>{{pct $s.ErrorRate}}</td><td>{{if ge $s.QueueDepth 0.0}}{{$s.QueueDepth}}{{else}}-{{end}}</td><td>{{if ge $s.KVCacheUsage 0.0}}{{pct $s.KVCacheUsage}}{{else}}-{{end}}</td><td>{{ms $s.Slope}}</td>
 <td class="l {{if $s.Breached}}bad{{else if $s.Healthy}}ok{{end}}">{{if $s.Breached}}breached{{else if $s.Healthy}}healthy{{else}}unknown{{end}} {{$s.Why}}</td></tr>{{end}}</table>
 <table><tr><th class="l">time</th><th class="l">weights</th><th class="l">why</th></tr>
