@@ -48,6 +48,16 @@ bench: build ## Benchmarks: hot paths (go test -bench) and gateway overhead vs d
 	$(GO) test -run='^$$' -bench=. -benchmem ./internal/sse/ ./internal/openai/ ./extproc/ ./internal/policy/ ./internal/ratelimit/
 	@DEMO_REQUESTS=400 DEMO_CONCURRENCY=8 scripts/demo.sh
 
+# OVERHEAD_ARGS='--only c1' (say) reruns part of it, into bin/overhead.json: only a full run publishes.
+OVERHEAD_ARGS ?=
+.PHONY: bench-overhead
+bench-overhead: build ## Gateway overhead the public board's way: direct vs plain Envoy vs Envoy + infergate, and each choice's price (docs/performance.md)
+	$(GO) build -o bin/overhead ./bench/overhead
+	@# Measurements take turns on this machine: one at a time, under the shared lock.
+	flock /tmp/infergate-measure.lock bin/overhead --infergate $(BIN) \
+	  $(if $(OVERHEAD_ARGS),--json bin/overhead.json,--json docs/performance.json --doc docs/performance.md) \
+	  --command "make bench-overhead$(if $(OVERHEAD_ARGS), OVERHEAD_ARGS='$(OVERHEAD_ARGS)')" $(OVERHEAD_ARGS)
+
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (pinned as a go.mod tool)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
@@ -69,3 +79,15 @@ check: ## Everything CI would want: tidy (no diff), lint, test, short fuzzing
 .PHONY: clean
 clean: ## Remove build output (keeps .tools/)
 	rm -rf bin
+
+# The generator's own figures (docs/benchmarking.md); each run takes /tmp/infergate-measure.lock.
+MEASURE_ARGS ?=
+.PHONY: bench-accuracy bench-capacity bench-crosscheck
+bench-accuracy: build ## infergate bench vs the fixed-cadence mock: TTFT/ITL error at 256 streams, and the zero-delay noise floor
+	@python3 bench/scripts/measure.py accuracy $(MEASURE_ARGS)
+
+bench-capacity: build ## Most streams and SSE events/s this machine's bench + mock sustain accurately, bench CPU per 1000 events
+	@python3 bench/scripts/measure.py capacity $(MEASURE_ARGS)
+
+bench-crosscheck: build ## The same workload through NVIDIA AIPerf (pinned, into .tools/aiperf-venv) and infergate bench, side by side
+	@python3 bench/scripts/measure.py crosscheck $(MEASURE_ARGS)

@@ -31,6 +31,20 @@ func headersFrom(hm *corev3.HeaderMap) headers {
 	return h
 }
 
+// header returns one header's value from hm ("" when absent), without
+// building the whole map: the meter reads two or three headers of many.
+func header(hm *corev3.HeaderMap, key string) string {
+	for _, hv := range hm.GetHeaders() {
+		if strings.EqualFold(hv.GetKey(), key) {
+			if v := hv.GetValue(); v != "" {
+				return v
+			}
+			return string(hv.GetRawValue())
+		}
+	}
+	return ""
+}
+
 // attributes returns the CEL attributes Envoy attached to a message.
 func attributes(req *extprocv3.ProcessingRequest) map[string]*structpb.Value {
 	if a := req.GetAttributes()[attributesKey]; a != nil {

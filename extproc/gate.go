@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3modes "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -99,7 +100,11 @@ func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.Pr
 		if g.decided {
 			return []*extprocv3.ProcessingResponse{bodyResponse(nil)}
 		}
-		g.body = append(g.body, m.RequestBody.GetBody()...)
+		if body := m.RequestBody.GetBody(); g.body == nil {
+			g.body = body // the message is ours: no copy of a one-chunk body
+		} else {
+			g.body = append(g.body, body...)
+		}
 		if g.eager {
 			g.chunksOwed++
 		}
@@ -167,15 +172,18 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		RequestID:    h["x-request-id"],
 		Method:       method,
 		Path:         path,
-		Headers:      maps.Clone(h),
+		Headers:      h,
 		Completion:   completion,
 		Request:      req,
 		Body:         g.body,
 		PromptTokens: openai.EstimateTokens(req.PromptChars),
 		Metadata:     g.metadata,
 	}
-	for _, k := range spoofed {
-		delete(adm.Headers, k)
+	if len(spoofed) > 0 {
+		adm.Headers = maps.Clone(h)
+		for _, k := range spoofed {
+			delete(adm.Headers, k)
+		}
 	}
 	g.policyAt = s.now()
 	v := s.policy.Decide(ctx, adm)
@@ -202,41 +210,74 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	}
 	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs(decision, code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
-	fields := map[string]any{
-		"model":         req.Model,
-		"stream":        req.Stream,
-		"max_tokens":    req.MaxTokens,
-		"prompt_tokens": adm.PromptTokens,
-		"decision":      decision,
-		"reason":        v.Reason,
-		"principal":     v.Principal,
-		"tenant":        v.Tenant,
-		"gate_us":       gateTime.Microseconds(),
-		"auth_us":       v.Timings.Auth.Microseconds(),
-		"policy_us":     v.Timings.Policy.Microseconds(),
-		"ratelimit_us":  v.Timings.RateLimit.Microseconds(),
-		"checks_us":     v.Timings.Checks.Microseconds(),
-	}
+	// The metadata is built as the Struct Envoy receives, field by field
+	// (structpb.NewStruct would convert a map[string]any first).
+	var f metaFields
+	f.init(16 + len(v.Metadata))
+	f.str("model", req.Model)
+	f.set("stream", structpb.NewBoolValue(req.Stream))
+	f.num("max_tokens", int64(req.MaxTokens))
+	f.num("prompt_tokens", int64(adm.PromptTokens))
+	f.str("decision", decision)
+	f.str("reason", v.Reason)
+	f.str("principal", v.Principal)
+	f.str("tenant", v.Tenant)
+	f.num("gate_us", gateTime.Microseconds())
+	f.num("auth_us", v.Timings.Auth.Microseconds())
+	f.num("policy_us", v.Timings.Policy.Microseconds())
+	f.num("ratelimit_us", v.Timings.RateLimit.Microseconds())
+	f.num("checks_us", v.Timings.Checks.Microseconds())
 	if v.Reservation != "" {
-		fields["reservation"] = v.Reservation
+		f.str("reservation", v.Reservation)
 	}
 	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &Stamp{RequestID: adm.RequestID, Model: req.Model,
 		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: GatewayTime{Timings: v.Timings}})
 	if sc.IsValid() {
-		fields[traceparentKey] = formatTraceparent(sc)
+		f.str(traceparentKey, formatTraceparent(sc))
 	}
 	for k, val := range v.Metadata {
-		fields[k] = val
+		pv, err := structpb.NewValue(val)
+		if err != nil {
+			f.err = err
+			break
+		}
+		f.set(k, pv)
 	}
-	md, err := structpb.NewStruct(map[string]any{MetadataNamespace: fields})
-	if err != nil {
-		// A policy put something unencodable in its metadata: fail closed.
-		s.log.Error("gate metadata", "err", err)
+	if f.err != nil {
+		// Not encodable (a policy's metadata, a string that is not UTF-8):
+		// fail closed.
+		s.log.Error("gate metadata", "err", f.err)
 		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
 		return s.deny(ctx, g, req.Model, Verdict{Deny: e, Reason: e.Code})
 	}
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{MetadataNamespace: structpb.NewStructValue(&f.s)}}
 	return g.admit(mutation, newBody, md)
 }
+
+// metaFields builds the gate's metadata Struct; the first field that
+// protobuf could not encode (a string that is not UTF-8) is kept in err.
+type metaFields struct {
+	s   structpb.Struct
+	err error
+}
+
+func (f *metaFields) init(n int) { f.s.Fields = make(map[string]*structpb.Value, n) }
+
+func (f *metaFields) set(k string, v *structpb.Value) {
+	if !utf8.ValidString(k) && f.err == nil {
+		f.err = errors.New("metadata key " + strconv.Quote(k) + " is not UTF-8")
+	}
+	f.s.Fields[k] = v
+}
+
+func (f *metaFields) str(k, v string) {
+	if !utf8.ValidString(v) && f.err == nil {
+		f.err = errors.New("metadata " + k + " is not UTF-8")
+	}
+	f.set(k, structpb.NewStringValue(v))
+}
+
+func (f *metaFields) num(k string, v int64) { f.set(k, structpb.NewNumberValue(float64(v))) }
 
 // admit builds the answers that let the request through, in the order
 // Envoy expects them: headers first, then each held body chunk.

@@ -83,18 +83,22 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
 		m.sentAt = at
-		h := headersFrom(r.RequestHeaders.GetHeaders())
-		m.stamp.RequestID = h["x-request-id"]
-		m.stamp.Model = h[ModelHeader]
+		hm := r.RequestHeaders.GetHeaders()
+		m.stamp.RequestID = header(hm, "x-request-id")
+		m.stamp.Model = header(hm, ModelHeader)
 		attrs := attributes(msg)
 		m.envoyStart = attrTime(attrs, "request.time")
 		m.fromGate(msg.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
-		h := headersFrom(r.ResponseHeaders.GetHeaders())
+		hm := r.ResponseHeaders.GetHeaders()
+		var h headers // only what clusterOf reads
+		if p := header(hm, PoolHeader); p != "" {
+			h = headers{PoolHeader: p}
+		}
 		attrs := attributes(msg)
 		m.stamp.Status = attrInt(attrs, "response.code")
 		if m.stamp.Status == 0 {
-			m.stamp.Status = atoi(h[":status"])
+			m.stamp.Status = atoi(header(hm, ":status"))
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
 		m.stamp.Attempts = attrInt(attrs, "upstream.request_attempt_count")
@@ -102,7 +106,7 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		if n := len(m.stamp.PoolsTried); n > 0 {
 			m.stamp.Pool = m.stamp.PoolsTried[n-1]
 		}
-		m.sse = strings.HasPrefix(h["content-type"], "text/event-stream")
+		m.sse = strings.HasPrefix(header(hm, "content-type"), "text/event-stream")
 		if r.ResponseHeaders.GetEndOfStream() {
 			m.chunkAt = at
 			return true
@@ -254,8 +258,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		slices.Sort(sorted)
 		st.ITLP50 = percentile(sorted, 0.50)
 		st.ITLP95 = percentile(sorted, 0.95)
-		set := metric.WithAttributeSet(attribute.NewSet(
-			attribute.String("gen_ai.request.model", st.Model), attribute.String("infergate.pool", st.Pool)))
+		set := poolAttrs(st.Model, st.Pool)
 		for _, g := range m.gaps {
 			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
 		}

@@ -98,10 +98,8 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}
 	arrived := s.now()
 	role := ""
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		if v := md.Get(RoleHeader); len(v) > 0 {
-			role = v[0]
-		}
+	if v := metadata.ValueFromIncomingContext(ctx, RoleHeader); len(v) > 0 { // no copy of the whole metadata
+		role = v[0]
 	}
 	if role == "" && first.GetObservabilityMode() {
 		role = "meter"

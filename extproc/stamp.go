@@ -2,9 +2,12 @@ package extproc
 
 import (
 	"context"
-	"log/slog"
+	"io"
+	"math"
 	"strconv"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -81,44 +84,168 @@ func (s *Server) record(ctx context.Context, st *Stamp) {
 	}
 }
 
-// LogSink writes each stamp as one JSON log line ("msg":"request").
-type LogSink struct{ Logger *slog.Logger }
+// LogSink writes each stamp as one JSON line ("msg":"request"), exactly as
+// log/slog's JSON handler would (time, level, msg, then the fields below),
+// but encoded directly: slog formats floats through encoding/json, which
+// made this line most of the meter's per-request work.
+type LogSink struct {
+	mu  sync.Mutex
+	w   io.Writer
+	buf []byte
+}
+
+// NewLogSink writes stamps to w, one line each.
+func NewLogSink(w io.Writer) *LogSink { return &LogSink{w: w} }
 
 // Record implements Sink.
-func (l LogSink) Record(ctx context.Context, s *Stamp) {
-	l.Logger.LogAttrs(ctx, slog.LevelInfo, "request",
-		slog.String("request_id", s.RequestID),
-		slog.String("trace_id", s.TraceID),
-		slog.String("principal", s.Principal),
-		slog.String("tenant", s.Tenant),
-		slog.String("model", s.Model),
-		slog.String("response_model", s.ResponseModel),
-		slog.String("pool", s.Pool),
-		slog.String("upstream", s.Upstream),
-		slog.Int("status", s.Status),
-		slog.Int("attempts", s.Attempts),
-		slog.Any("pools_tried", s.PoolsTried),
-		slog.Bool("stream", s.Stream),
-		slog.Int("prompt_tokens", s.PromptTokens),
-		slog.Int("completion_tokens", s.CompletionTokens),
-		slog.String("token_source", s.TokenSource),
-		slog.Float64("ttft_ms", ms(s.TTFT)),
-		slog.Float64("itl_p50_ms", ms(s.ITLP50)),
-		slog.Float64("itl_p95_ms", ms(s.ITLP95)),
-		slog.Float64("itl_max_ms", ms(s.ITLMax)),
-		slog.Int("content_events", s.ContentEvents),
-		slog.Float64("e2e_ms", ms(s.E2E)),
-		slog.Float64("total_ms", ms(s.Total)),
-		slog.Float64("gateway_ms", ms(s.Gateway.Total)),
-		slog.Float64("gate_ms", ms(s.Gateway.Gate)),
-		slog.Float64("auth_ms", ms(s.Gateway.Auth)),
-		slog.Float64("policy_ms", ms(s.Gateway.Policy)),
-		slog.Float64("ratelimit_ms", ms(s.Gateway.RateLimit)),
-		slog.Float64("checks_ms", ms(s.Gateway.Checks)),
-		slog.String("decision", s.Decision),
-		slog.String("reason", s.Reason),
-		slog.Bool("complete", s.Complete),
-	)
+func (l *LogSink) Record(_ context.Context, s *Stamp) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := append(l.buf[:0], `{"time":"`...)
+	b = time.Now().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","level":"INFO","msg":"request"`...)
+	str := func(k, v string) {
+		b = append(b, ',', '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		b = appendJSONString(b, v)
+	}
+	num := func(k string, v int) {
+		b = append(b, ',', '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		b = strconv.AppendInt(b, int64(v), 10)
+	}
+	flt := func(k string, v float64) {
+		b = append(b, ',', '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		b = appendJSONFloat(b, v)
+	}
+	boolean := func(k string, v bool) {
+		b = append(b, ',', '"')
+		b = append(b, k...)
+		b = append(b, '"', ':')
+		b = strconv.AppendBool(b, v)
+	}
+	str("request_id", s.RequestID)
+	str("trace_id", s.TraceID)
+	str("principal", s.Principal)
+	str("tenant", s.Tenant)
+	str("model", s.Model)
+	str("response_model", s.ResponseModel)
+	str("pool", s.Pool)
+	str("upstream", s.Upstream)
+	num("status", s.Status)
+	num("attempts", s.Attempts)
+	b = append(b, `,"pools_tried":`...)
+	if s.PoolsTried == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, p := range s.PoolsTried {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = appendJSONString(b, p)
+		}
+		b = append(b, ']')
+	}
+	boolean("stream", s.Stream)
+	num("prompt_tokens", s.PromptTokens)
+	num("completion_tokens", s.CompletionTokens)
+	str("token_source", s.TokenSource)
+	flt("ttft_ms", ms(s.TTFT))
+	flt("itl_p50_ms", ms(s.ITLP50))
+	flt("itl_p95_ms", ms(s.ITLP95))
+	flt("itl_max_ms", ms(s.ITLMax))
+	num("content_events", s.ContentEvents)
+	flt("e2e_ms", ms(s.E2E))
+	flt("total_ms", ms(s.Total))
+	flt("gateway_ms", ms(s.Gateway.Total))
+	flt("gate_ms", ms(s.Gateway.Gate))
+	flt("auth_ms", ms(s.Gateway.Auth))
+	flt("policy_ms", ms(s.Gateway.Policy))
+	flt("ratelimit_ms", ms(s.Gateway.RateLimit))
+	flt("checks_ms", ms(s.Gateway.Checks))
+	str("decision", s.Decision)
+	str("reason", s.Reason)
+	boolean("complete", s.Complete)
+	b = append(b, '}', '\n')
+	_, _ = l.w.Write(b)
+	if cap(b) <= 16<<10 { // keep a normal line's buffer, not a huge one
+		l.buf = b
+	}
+}
+
+// appendJSONString quotes s as slog's JSON handler does: encoding/json's
+// escaping, without escaping HTML.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONFloat formats f as encoding/json does (what slog uses).
+func appendJSONFloat(b []byte, f float64) []byte {
+	abs := math.Abs(f)
+	format := byte('f')
+	if abs != 0 && (abs < 1e-6 || abs >= 1e21) {
+		format = 'e'
+	}
+	b = strconv.AppendFloat(b, f, format, -1, 64)
+	if format == 'e' {
+		// e-09 to e-9, as encoding/json writes it
+		if n := len(b); n >= 4 && b[n-4] == 'e' && b[n-3] == '-' && b[n-2] == '0' {
+			b[n-2] = b[n-1]
+			b = b[:n-1]
+		}
+	}
+	return b
 }
 
 // ms renders a duration as milliseconds with microsecond precision.
@@ -131,40 +258,102 @@ func (ms metricsSink) Record(ctx context.Context, s *Stamp) {
 	if s.Decision == "deny" {
 		return // denials are counted by infergate.gate.decisions
 	}
-	attrs := []attribute.KeyValue{
-		attribute.String("gen_ai.operation.name", "chat"),
-		attribute.String("gen_ai.request.model", s.Model),
-		attribute.String("infergate.pool", s.Pool),
-	}
+	errType := ""
 	if s.Status >= 400 || !s.Complete {
-		errType := strconv.Itoa(s.Status)
+		errType = strconv.Itoa(s.Status)
 		if !s.Complete {
 			errType = "incomplete"
 		}
-		attrs = append(attrs, attribute.String("error.type", errType))
 	}
-	set := metric.WithAttributeSet(attribute.NewSet(attrs...))
-	ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), set)
-	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), set)
+	sets := stampSets.get(stampKey{s.Model, s.Pool, errType}, func(k stampKey) stampAttrs {
+		attrs := []attribute.KeyValue{
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", k.model),
+			attribute.String("infergate.pool", k.pool),
+		}
+		if k.errType != "" {
+			attrs = append(attrs, attribute.String("error.type", k.errType))
+		}
+		return stampAttrs{
+			all:    metric.WithAttributeSet(attribute.NewSet(attrs...)),
+			input:  metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "input"))...)),
+			output: metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "output"))...)),
+		}
+	})
+	ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), sets.all)
+	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), sets.all)
 	if s.Gateway.Checks > 0 {
-		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), set)
+		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), sets.all)
 	}
 	if s.Status >= 400 || s.ContentEvents == 0 {
 		return
 	}
-	ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), set)
+	ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), sets.all)
 	if s.CompletionTokens > 1 {
-		ms.m.TimePerToken.Record(ctx, (s.E2E-s.TTFT).Seconds()/float64(s.CompletionTokens-1), set)
+		ms.m.TimePerToken.Record(ctx, (s.E2E-s.TTFT).Seconds()/float64(s.CompletionTokens-1), sets.all)
 	}
-	in := metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "input"))...))
-	out := metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "output"))...))
-	ms.m.TokenUsage.Record(ctx, int64(s.PromptTokens), in)
-	ms.m.TokenUsage.Record(ctx, int64(s.CompletionTokens), out)
+	ms.m.TokenUsage.Record(ctx, int64(s.PromptTokens), sets.input)
+	ms.m.TokenUsage.Record(ctx, int64(s.CompletionTokens), sets.output)
+}
+
+// The attribute sets of the per-request metrics, by the labels that vary.
+type (
+	stampKey    struct{ model, pool, errType string }
+	stampAttrs  struct{ all, input, output metric.MeasurementOption }
+	decisionKey struct{ decision, code string }
+	poolKey     struct{ model, pool string }
+)
+
+var (
+	stampSets    attrCache[stampKey, stampAttrs]
+	decisionSets attrCache[decisionKey, metric.MeasurementOption]
+	poolSets     attrCache[poolKey, metric.MeasurementOption]
+)
+
+// poolAttrs labels a measurement by model and pool.
+func poolAttrs(model, pool string) metric.MeasurementOption {
+	return poolSets.get(poolKey{model, pool}, func(k poolKey) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("gen_ai.request.model", k.model), attribute.String("infergate.pool", k.pool)))
+	})
+}
+
+// maxAttrSets bounds an attrCache: models are named by clients, so their
+// number is not; past the bound a set is built for each use, as without
+// the cache.
+const maxAttrSets = 1024
+
+// attrCache keeps built attribute sets: building one sorts and hashes its
+// attributes, which every request would otherwise do for every metric.
+type attrCache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+func (c *attrCache[K, V]) get(k K, build func(K) V) V {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = build(k)
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[K]V{}
+	}
+	if len(c.m) < maxAttrSets {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+	return v
 }
 
 // decisionAttrs labels a decision by its OpenAI error code: a small, fixed
 // set. Reasons are free text (a policy may quote the request) and would
 // explode the metric's cardinality; they go to the stamp instead.
-func decisionAttrs(decision, code string) metric.AddOption {
-	return metric.WithAttributes(attribute.String("decision", decision), attribute.String("code", code))
+func decisionAttrs(decision, code string) metric.MeasurementOption {
+	return decisionSets.get(decisionKey{decision, code}, func(k decisionKey) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(attribute.String("decision", k.decision), attribute.String("code", k.code)))
+	})
 }

@@ -83,6 +83,19 @@ type Config struct {
 	// trace), so the gateway's spans and records carry the client's trace.
 	Trace bool
 
+	// Sequential sends an item to the targets one after another, in the
+	// rotating order, instead of all at once: at concurrency 1 no two
+	// requests then overlap, so the targets never compete for the machine
+	// (what a per-request overhead comparison on a small box wants). Each
+	// target's Intended is when the previous target's request ended.
+	Sequential bool
+	// Capture, if set, is called after each request with its response body
+	// as read (see Raw), for checks the metrics do not keep: bodies
+	// compared byte for byte, a server's emit stamps against arrival. It is
+	// called from several goroutines at once; raw is valid only during the
+	// call.
+	Capture func(s *Sample, raw *Raw)
+
 	// OnSample, if set, is called after each request completes (for
 	// progress). It is called from several goroutines at once.
 	OnSample func(*Sample)
@@ -323,6 +336,13 @@ func (r *runner) fire(ctx context.Context, j job) {
 		ctx = r.coolCtx
 	}
 	n := len(r.urls)
+	if r.cfg.Sequential {
+		for i := range n {
+			r.send(ctx, j, (j.req.Item+i)%n)
+			j.intended = time.Now()
+		}
+		return
+	}
 	var wg sync.WaitGroup
 	for i := range n {
 		t := (j.req.Item + i) % n
@@ -341,10 +361,16 @@ func (r *runner) send(ctx context.Context, j job, t int) {
 		sr = newStreamReader()
 	}
 	defer r.readers.Put(sr)
+	if r.cfg.Capture != nil {
+		sr.capture()
+	}
 	s := Sample{Target: t, Item: j.req.Item, Phase: j.phase, Intended: j.intended, Queue: j.queue}
 	do(ctx, r.client, r.urls[t], j.req, r.cfg.Timeout, r.cfg.Trace, sr, &s)
 	if !s.OK() && ctx.Err() != nil {
 		return // aborted by the run, not failed by the target
+	}
+	if r.cfg.Capture != nil {
+		r.cfg.Capture(&s, sr.raw)
 	}
 	r.record(&s, sr.gaps)
 }

@@ -178,7 +178,7 @@ func do(ctx context.Context, client *http.Client, url string, req *Request, time
 		return
 	}
 	if !req.Stream {
-		readWhole(s, cr, timeout)
+		readWhole(s, cr, timeout, sr.raw)
 		return
 	}
 	if err := sr.read(s, cr); err != nil {
@@ -187,10 +187,13 @@ func do(ctx context.Context, client *http.Client, url string, req *Request, time
 }
 
 // readWhole reads a non-streaming response: TTFT is E2E, there are no gaps.
-func readWhole(s *Sample, r io.Reader, timeout time.Duration) {
+func readWhole(s *Sample, r io.Reader, timeout time.Duration, raw *Raw) {
 	b, err := io.ReadAll(io.LimitReader(r, maxBody))
 	s.E2E = time.Since(s.Start)
 	s.TTFT = s.E2E
+	if raw != nil {
+		raw.Body = append(raw.Body, b...)
+	}
 	if err != nil {
 		s.fail(transportClass(err, ClassStream), "reading body: "+describe(err, timeout))
 		return

@@ -20,6 +20,29 @@ type streamReader struct {
 	line []byte // holds lines longer than br's buffer
 	data []byte // the pending event's data
 	gaps []time.Duration
+	raw  *Raw // what was read, for Config.Capture; nil when not capturing
+}
+
+// Raw is one response body as the client read it, for Config.Capture.
+type Raw struct {
+	Body []byte // every byte of the body (of a stream, up to its [DONE] event)
+	// Lines are a stream's lines: Body[previous End:End], read at At
+	// (lines that arrived in one read share about the same time).
+	Lines []RawLine
+}
+
+// RawLine is where a streamed line ends in Raw.Body and when it was read.
+type RawLine struct {
+	End int
+	At  time.Time
+}
+
+// capture makes the next request keep its raw body.
+func (sr *streamReader) capture() {
+	if sr.raw == nil {
+		sr.raw = &Raw{}
+	}
+	sr.raw.Body, sr.raw.Lines = sr.raw.Body[:0], sr.raw.Lines[:0]
 }
 
 func newStreamReader() *streamReader {
@@ -144,6 +167,10 @@ func (sr *streamReader) read(s *Sample, r io.Reader) error {
 	for err == nil {
 		var line []byte
 		line, err = sr.readLine()
+		if sr.raw != nil && len(line) > 0 {
+			sr.raw.Body = append(sr.raw.Body, line...)
+			sr.raw.Lines = append(sr.raw.Lines, RawLine{End: len(sr.raw.Body), At: time.Now()})
+		}
 		l := bytes.TrimRight(line, "\r\n")
 		switch {
 		case len(l) == 0:

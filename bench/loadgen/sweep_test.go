@@ -6,10 +6,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/bench/result"
 )
 
@@ -91,5 +93,51 @@ func TestKnee(t *testing.T) {
 	}
 	if k := Knee(pts[3:]); k != -1 {
 		t.Errorf("knee %d, want -1", k)
+	}
+}
+
+// TestSweepFindsMockKnee sweeps concurrency against the mock's capacity
+// model and checks the knee is where the model puts it. With MaxBatch B, a
+// closed loop of C ≤ B users never waits: TTFT is the mock's 30 ms. Beyond
+// B, C − B requests wait for a slot, a whole service time S = TTFT +
+// (N−1)·ITL = 30 + 7·10 = 100 ms when the users start together, so their
+// TTFT is about 130 ms. An 80 ms TTFT SLO at p99 then holds up to C = B = 8
+// and fails above, with 50 ms of margin on both sides for a busy machine;
+// throughput grows up to B and stays there (B·N/S = 80 requests/s).
+func TestSweepFindsMockKnee(t *testing.T) {
+	const batch = 8
+	_, url, _ := newMock(t, mock.Config{MaxBatch: batch, TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond}, nil)
+	cfg := baseConfig(url)
+	cfg.Measure = Bound{Requests: 32}
+	cfg.Workload.Output = fixed(8)
+	spec, err := ParseSweep("concurrency=4,8,12,16")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, _, err := Sweep(context.Background(), cfg, spec, result.SLO{TTFTMs: 80, Percentile: 99}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rps := map[float64]float64{}
+	for _, p := range sw.Points {
+		m := p.Metrics
+		rps[p.Load] = m.Throughput.RequestsPerS
+		t.Logf("concurrency %2g: TTFT p50 %6.1f p99 %6.1f ms, %5.1f req/s, meets %v %s",
+			p.Load, m.TTFTMs.P50, m.TTFTMs.P99, m.Throughput.RequestsPerS, p.MeetsSLO, p.Why)
+		if m.Requests.Failed != 0 {
+			t.Errorf("concurrency %g: %d requests failed (%v)", p.Load, m.Requests.Failed, m.Errors.Examples)
+		}
+	}
+	if sw.KneeLoad != batch {
+		t.Errorf("knee at concurrency %g, want %d (MaxBatch)", sw.KneeLoad, batch)
+	}
+	for _, p := range sw.Points[2:] {
+		if p.MeetsSLO || !strings.HasPrefix(p.Why, "ttft_ms p99") {
+			t.Errorf("concurrency %g should miss the TTFT SLO: meets %v, %q", p.Load, p.MeetsSLO, p.Why)
+		}
+	}
+	// Throughput doubles from 4 to 8 users, then stays on the plateau.
+	if rps[8] < 1.5*rps[4] || rps[16] > 1.3*rps[8] {
+		t.Errorf("throughput %v req/s: want it to grow up to concurrency 8 and stay flat beyond", rps)
 	}
 }

@@ -6,7 +6,10 @@
 // (model, messages or prompt, and output length), so end-to-end tests can
 // compare bodies byte for byte across gateway paths. Events are scheduled on
 // absolute deadlines, and the mock exports its own achieved-cadence error, so
-// benchmarks can separate mock lateness from gateway overhead. Everything
+// benchmarks can separate mock lateness from gateway overhead. On Linux the
+// deadlines are kept by a kernel high-resolution timer (see pacer.go): tens
+// of microseconds late at the median rather than the half millisecond of
+// the Go runtime's timers in an idle process. Everything
 // below is off by default and changes timing or faults, never the content.
 //
 // # Capacity model
@@ -110,6 +113,11 @@ type Config struct {
 	ITLPerBatch       time.Duration // ITL added per other running request
 	KVCacheTokens     int           // KV capacity behind vllm:kv_cache_usage_perc (default 65536 when normalized)
 	PrefixCacheTokens int           // prefix cache capacity in tokens, in 16-token blocks (0: off)
+
+	// Board, if set, switches the completion endpoints to the public
+	// gateway board's fixed responses (see Board); only EmitTimestamps of
+	// the fields above still applies. Fixed when the Server is created.
+	Board *Board
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -171,6 +179,7 @@ type Server struct {
 	metrics *metrics
 	handler http.Handler
 	served  atomic.Int64
+	board   *Board // nil: the default mock
 
 	mu         sync.Mutex
 	lastHeader http.Header
@@ -184,6 +193,12 @@ func New(cfg Config, logger *slog.Logger) *Server {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{logger: logger}
+	if cfg.Board != nil {
+		b := *cfg.Board
+		b.Delay, b.Interval = max(b.Delay, 0), max(b.Interval, 0)
+		b.Chunks, b.ChunkBytes = max(b.Chunks, 0), max(b.ChunkBytes, 0)
+		s.board = &b
+	}
 	s.metrics = newMetrics(s)
 	s.SetConfig(cfg)
 	s.faults.Store(&Faults{})
@@ -220,8 +235,13 @@ func (s *Server) routes() http.Handler {
 	// Method checks happen in the handlers rather than in mux patterns so
 	// that a wrong method gets an OpenAI-style JSON error, not the mux's
 	// plain-text 405.
-	mux.Handle("/v1/chat/completions", s.completionHandler(kindChat))
-	mux.Handle("/v1/completions", s.completionHandler(kindText))
+	if s.board != nil {
+		mux.Handle("/v1/chat/completions", s.boardHandler(kindChat))
+		mux.Handle("/v1/completions", s.boardHandler(kindText))
+	} else {
+		mux.Handle("/v1/chat/completions", s.completionHandler(kindChat))
+		mux.Handle("/v1/completions", s.completionHandler(kindText))
+	}
 	mux.Handle("/v1/models", onlyGet(http.HandlerFunc(handleModels)))
 	mux.Handle("/healthz", onlyGet(http.HandlerFunc(handleHealth)))
 	mux.Handle("/metrics", onlyGet(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
@@ -532,6 +552,9 @@ func sleepUntil(ctx context.Context, timer *time.Timer, deadline time.Time) erro
 		// Already due (zero-delay benchmarks take this path every event):
 		// skip the timer but still notice a departed client.
 		return ctx.Err()
+	}
+	if p := precise(); p != nil {
+		p.expect(deadline) // wakes the runtime on time; see pacer.go
 	}
 	timer.Reset(d)
 	select {

@@ -8,7 +8,6 @@ package admission
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math"
@@ -258,8 +257,7 @@ func (c *Controller) reserve(ctx context.Context, a *extproc.Admission, d *polic
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return true
 	}
-	b, _ := json.Marshal(res.Reservation)
-	v.Reservation = string(b)
+	v.Reservation = encodeReservation(res.Reservation)
 	c.Metrics.reserved(ctx, cost)
 	v.Metadata = make(map[string]any, len(headers))
 	for k, val := range headers {
@@ -301,8 +299,8 @@ func (c *Controller) Settle(ctx context.Context, s *extproc.Settlement) {
 	if c.Limiter == nil || s.Reservation == "" {
 		return
 	}
-	var r ratelimit.Reservation
-	if err := json.Unmarshal([]byte(s.Reservation), &r); err != nil {
+	r, err := decodeReservation(s.Reservation)
+	if err != nil {
 		c.Log.Error("unreadable reservation; left to expire", "request_id", s.RequestID, "err", err)
 		c.Metrics.settleError(ctx)
 		return

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
@@ -70,11 +72,21 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		})
 	}
 	if cfg.Policy.Dir != "" {
-		w, err := policy.Watch(ctx, cfg.Policy.Dir, cfg.Policy.ReloadInterval, log)
+		w, err := policy.Watch(ctx, cfg.Policy.Dir, cfg.Policy.ReloadInterval, log, policy.WithMemo(*cfg.Policy.Memoize))
 		if err != nil {
 			return nil, fmt.Errorf("policy.dir: %w", err)
 		}
 		p.policy, c.Policy = w, w
+		if _, err := m.Meter().Int64ObservableCounter("infergate.policy.decisions",
+			metric.WithDescription("Policy decisions by how they were made: evaluated, or reused from an identical input (policy.memoize)."),
+			metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+				hits, misses := w.MemoStats()
+				o.Observe(int64(hits), memoHit)
+				o.Observe(int64(misses), memoMiss)
+				return nil
+			})); err != nil {
+			return nil, err
+		}
 	}
 	for name, ch := range cfg.Checks {
 		c.Checks[name] = admission.NewCheck(name, ch, log)
@@ -96,6 +108,11 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	}
 	return p, nil
 }
+
+var (
+	memoHit  = metric.WithAttributes(attribute.String("source", "memo"))
+	memoMiss = metric.WithAttributes(attribute.String("source", "evaluated"))
+)
 
 // redisClient connects to the shared Redis (rate limits and observations).
 func redisClient(r config.Redis) (*redis.Client, error) {

@@ -3,6 +3,8 @@ package cli
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -29,8 +31,16 @@ Per-request overrides: x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens,
 x-mock-tokens-per-event, x-mock-status, x-mock-retry-after-ms,
 x-mock-stall-after, x-mock-stall-ms, x-mock-reset-after,
 x-mock-malformed-after, x-mock-emit-timestamps (1: precede each SSE event
-with a ": t=<unix ns> seq=<n>" comment).`, stderr)
+with a ": t=<unix ns> seq=<n>" comment).
+
+--profile board answers like the public gateway board's mock instead: the
+same bytes for every request (non-streaming: a small fixed JSON answer;
+streaming: a role chunk, then 64 deltas of 16 bytes, the first at once and
+then every 20ms, then finish and [DONE]). There --ttft is the delay before
+any response (default 0), --itl the delta interval (default 20ms; 0 for a
+zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
 	listen := fs.String("listen", "127.0.0.1:8001", "address to listen on")
+	profile := fs.String("profile", "", `"board": the public gateway board's fixed responses (see above)`)
 	def := mock.Config{}.WithDefaults()
 	cfg := mock.Config{}
 	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "time to first content token")
@@ -58,6 +68,26 @@ with a ": t=<unix ns> seq=<n>" comment).`, stderr)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	switch *profile {
+	case "":
+	case "board":
+		// The board's own defaults, unless a flag says otherwise.
+		b := mock.DefaultBoard
+		fs.Visit(func(f *flag.Flag) {
+			switch f.Name {
+			case "ttft":
+				b.Delay = cfg.TTFT
+			case "itl":
+				b.Interval = cfg.ITL
+			case "max-tokens":
+				b.Chunks = cfg.MaxTokens
+			}
+		})
+		cfg.Board = &b
+	default:
+		fmt.Fprintf(stderr, "mock: unknown --profile %q (want board)\n", *profile)
+		return ErrUsage
+	}
 	logger := slog.New(slog.NewJSONHandler(stderr, nil))
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -72,8 +102,13 @@ with a ": t=<unix ns> seq=<n>" comment).`, stderr)
 		defer cancel()
 		_ = srv.Shutdown(shutdownCtx)
 	}()
-	logger.Info("mock upstream serving", "addr", lis.Addr().String(), "ttft", cfg.TTFT.String(), "itl", cfg.ITL.String(),
-		"max_batch", cfg.MaxBatch, "prefix_cache_tokens", cfg.PrefixCacheTokens)
+	if b := cfg.Board; b != nil {
+		logger.Info("mock upstream serving", "addr", lis.Addr().String(), "profile", *profile, "delay", b.Delay.String(),
+			"chunks", b.Chunks, "interval", b.Interval.String(), "chunk_bytes", b.ChunkBytes)
+	} else {
+		logger.Info("mock upstream serving", "addr", lis.Addr().String(), "ttft", cfg.TTFT.String(), "itl", cfg.ITL.String(),
+			"max_batch", cfg.MaxBatch, "prefix_cache_tokens", cfg.PrefixCacheTokens)
+	}
 	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}

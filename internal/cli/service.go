@@ -28,7 +28,7 @@ import (
 
 // streamWorkers serve ext_proc streams (each HTTP request holds two, the
 // meter's for the whole response).
-const streamWorkers = 512
+const streamWorkers = 16
 
 // drainTimeout bounds a graceful stop: in-flight streams (long LLM
 // responses) get this long before they are cut.
@@ -58,7 +58,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	}
 	var sinks []extproc.Sink
 	if *cfg.Log.Requests {
-		sinks = append(sinks, extproc.LogSink{Logger: slog.New(slog.NewJSONHandler(requests, nil))})
+		sinks = append(sinks, extproc.NewLogSink(requests))
 	}
 	var recent *requestlog.Ring
 	if cfg.Admin.RecentRequests > 0 {

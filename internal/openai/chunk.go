@@ -2,6 +2,7 @@ package openai
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"unsafe"
 
@@ -89,23 +90,40 @@ func readChoices(v gjson.Result, c *Chunk) bool {
 					ok = false
 					break
 				}
-				for _, name := range contentFields {
-					if ok = textField(field.Get(name), c); !ok {
-						break
-					}
-				}
-				if calls := field.Get("tool_calls"); ok && calls.IsArray() {
-					calls.ForEach(func(_, call gjson.Result) bool {
-						fn := call.Get("function")
-						if fn.Get("name").Str != "" || fn.Get("arguments").Str != "" {
-							c.Content = true
-						}
-						return true
-					})
-				}
+				ok = readDelta(field, c)
 			}
 			return ok
 		})
+		return ok
+	})
+	return ok
+}
+
+// readDelta reads a delta or message in one pass over its fields (a
+// lookup per field name would scan it five times).
+func readDelta(delta gjson.Result, c *Chunk) bool {
+	ok, seen := true, 0
+	delta.ForEach(func(key, v gjson.Result) bool {
+		switch key.Str {
+		case "content", "reasoning_content", "reasoning", "refusal":
+			// Like a lookup by name, only the first of a repeated key counts.
+			bit := 1 << slices.Index(contentFields[:], key.Str)
+			if seen&bit == 0 {
+				seen |= bit
+				ok = textField(v, c)
+			}
+		case "tool_calls":
+			if seen&16 == 0 && v.IsArray() {
+				v.ForEach(func(_, call gjson.Result) bool {
+					fn := call.Get("function")
+					if fn.Get("name").Str != "" || fn.Get("arguments").Str != "" {
+						c.Content = true
+					}
+					return true
+				})
+			}
+			seen |= 16
+		}
 		return ok
 	})
 	return ok

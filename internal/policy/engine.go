@@ -100,6 +100,7 @@ type Engine struct {
 	compiler *ast.Compiler
 	store    storage.Store
 	data     dataCache
+	memo     *memo // nil: every decision is evaluated (see Memoize)
 }
 
 // Load reads every *.rego, *.json, *.yaml and *.yml file under dir
@@ -283,6 +284,26 @@ func runTests(ctx context.Context, modules map[string]*ast.Module, store storage
 // noMetrics spares every evaluation a metrics registry nobody reads.
 var noMetrics = metrics.NoOp()
 
+// Memoize makes Decide reuse the decisions of inputs that agree on every
+// field the policy reads (see memo.go); call it before sharing e. It
+// reports false, and leaves e as it was, for a policy whose decisions
+// cannot be reused (one that reads the whole input, calls a
+// non-deterministic built-in such as time.now_ns or http.send, or uses
+// `with`).
+func (e *Engine) Memoize() bool {
+	e.memo = newMemo(e.compiler)
+	return e.memo != nil
+}
+
+// MemoStats counts the decisions Decide served from the memo and those it
+// evaluated; zero when not memoizing.
+func (e *Engine) MemoStats() (hits, misses uint64) {
+	if e.memo == nil {
+		return 0, 0
+	}
+	return e.memo.hits.Load(), e.memo.misses.Load()
+}
+
 // Decide evaluates the policies for in. It never fails open: when the
 // evaluation fails, infergate.authz.allow is undefined or not a boolean,
 // or any answer is malformed (an unknown unit, a non-positive amount, a
@@ -299,6 +320,25 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return errorDecision, fmt.Errorf("policy: %w", err)
 	}
+	if e.memo != nil {
+		if d, ok := e.memo.get(in); ok {
+			return d, nil
+		}
+	}
+	d, r, err := e.evaluate(ctx, in)
+	if err != nil {
+		return errorDecision, err
+	}
+	if e.memo != nil {
+		e.memo.put(in, d, r)
+	}
+	d.Reserve = r.cost(in)
+	return d, nil
+}
+
+// evaluate runs the query for in: the decision, less its reservation, and
+// what the policy said of the reservation.
+func (e *Engine) evaluate(ctx context.Context, in *Input) (Decision, *reserveSpec, error) {
 	// Cancel the evaluation with ctx, without the goroutine per evaluation
 	// rego starts otherwise.
 	cancel := topdown.NewCancel()
@@ -306,7 +346,7 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	txn, err := e.store.NewTransaction(ctx)
 	if err != nil {
 		stop()
-		return errorDecision, fmt.Errorf("policy: %w", err)
+		return errorDecision, nil, fmt.Errorf("policy: %w", err)
 	}
 	vc := vcaches.Get().(*vcache)
 	var (
@@ -337,18 +377,18 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	e.store.Abort(ctx, txn)
 	stop()
 	if err != nil {
-		return errorDecision, fmt.Errorf("policy: %w", err)
+		return errorDecision, nil, fmt.Errorf("policy: %w", err)
 	}
 	if results != 1 {
 		// Only an answer bound directly can be undefined, and only if the
 		// evaluation went wrong without an error.
-		return errorDecision, fmt.Errorf("policy: query %q returned %d results", e.query, results)
+		return errorDecision, nil, fmt.Errorf("policy: query %q returned %d results", e.query, results)
 	}
-	d, err := e.decision(&b, in)
+	d, r, err := e.decision(&b)
 	if err != nil {
-		return errorDecision, fmt.Errorf("policy: %w", err)
+		return errorDecision, nil, fmt.Errorf("policy: %w", err)
 	}
-	return d, nil
+	return d, r, nil
 }
 
 // bindings are the answers of one evaluation, in the order of answers.
@@ -375,7 +415,20 @@ func (e *Engine) answer(b *bindings, i int) (ast.Value, error) {
 	return arr.Elem(0).Value, nil
 }
 
-func (e *Engine) decision(b *bindings, in *Input) (Decision, error) {
+func (e *Engine) decision(b *bindings) (Decision, *reserveSpec, error) {
+	d, err := e.decisionAnswers(b)
+	if err != nil {
+		return d, nil, err
+	}
+	v, err := e.answer(b, ansReserve)
+	if err != nil {
+		return d, nil, err
+	}
+	r, err := parseReserve(v)
+	return d, r, err
+}
+
+func (e *Engine) decisionAnswers(b *bindings) (Decision, error) {
 	var d Decision
 	v, err := e.answer(b, ansAllow)
 	if err != nil {
@@ -428,12 +481,6 @@ func (e *Engine) decision(b *bindings, in *Input) (Decision, error) {
 		return d, err
 	}
 	if d.Limits, err = parseLimits(v); err != nil {
-		return d, err
-	}
-	if v, err = e.answer(b, ansReserve); err != nil {
-		return d, err
-	}
-	if d.Reserve, err = parseReserve(v, in); err != nil {
 		return d, err
 	}
 	return d, nil
@@ -566,9 +613,13 @@ func parseLimit(v ast.Value) (ratelimit.Limit, error) {
 	return l, nil
 }
 
-// parseReserve reads {"input_tokens": n, "output_tokens": m}; a missing
-// field keeps its default (the estimated prompt, max_tokens).
-func parseReserve(v ast.Value, in *Input) (*ratelimit.Cost, error) {
+// reserveSpec is what infergate.ratelimit.reserve says; a field it leaves
+// out (-1) keeps its default, taken from the input.
+type reserveSpec struct{ input, output int64 }
+
+// parseReserve reads {"input_tokens": n, "output_tokens": m}; nil when the
+// policy leaves reserve undefined.
+func parseReserve(v ast.Value) (*reserveSpec, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -579,15 +630,11 @@ func parseReserve(v ast.Value, in *Input) (*ratelimit.Cost, error) {
 	if err := onlyKeys(obj, keyInputTokens, keyOutputTokens); err != nil {
 		return nil, fmt.Errorf("infergate.ratelimit.reserve: %w", err)
 	}
-	c := &ratelimit.Cost{
-		Requests:     1,
-		InputTokens:  int64(in.Request.EstimatedPromptTokens),
-		OutputTokens: int64(in.Request.MaxTokens),
-	}
+	r := &reserveSpec{input: -1, output: -1}
 	for _, f := range []struct {
 		key *ast.Term
 		dst *int64
-	}{{keyInputTokens, &c.InputTokens}, {keyOutputTokens, &c.OutputTokens}} {
+	}{{keyInputTokens, &r.input}, {keyOutputTokens, &r.output}} {
 		t := obj.Get(f.key)
 		if t == nil {
 			continue
@@ -598,7 +645,23 @@ func parseReserve(v ast.Value, in *Input) (*ratelimit.Cost, error) {
 		}
 		*f.dst = n
 	}
-	return c, nil
+	return r, nil
+}
+
+// cost is the reservation for in: the policy's numbers, the estimated
+// prompt and max_tokens where it gave none; nil without a reserve.
+func (r *reserveSpec) cost(in *Input) *ratelimit.Cost {
+	if r == nil {
+		return nil
+	}
+	c := &ratelimit.Cost{Requests: 1, InputTokens: r.input, OutputTokens: r.output}
+	if r.input < 0 {
+		c.InputTokens = int64(in.Request.EstimatedPromptTokens)
+	}
+	if r.output < 0 {
+		c.OutputTokens = int64(in.Request.MaxTokens)
+	}
+	return c
 }
 
 func onlyKeys(obj ast.Object, keys ...*ast.Term) error {

@@ -25,14 +25,24 @@ type Watcher struct {
 	engine   atomic.Pointer[Engine]
 	lastErr  atomic.Pointer[error] // nil after a good reload
 	ok, fail atomic.Int64
+	memo     bool // memoize each version's decisions (Engine.Memoize)
+	// The memo counts of the versions replaced, so the totals never fall.
+	pastHits, pastMisses atomic.Uint64
 
 	done chan struct{}
 }
 
+// Option changes how a Watcher serves decisions.
+type Option func(*Watcher)
+
+// WithMemo memoizes each policy version's decisions (Engine.Memoize) when
+// on is true.
+func WithMemo(on bool) Option { return func(w *Watcher) { w.memo = on } }
+
 // Watch loads dir (an error if that fails) and reloads it, until ctx is
 // done, whenever the names, sizes or modification times of its policy and
 // data files change. The directory is checked every interval (default 1s).
-func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Logger) (*Watcher, error) {
+func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Logger, opts ...Option) (*Watcher, error) {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
@@ -40,16 +50,19 @@ func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Lo
 		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Watcher{dir: dir, interval: interval, log: log, done: make(chan struct{})}
+	for _, o := range opts {
+		o(w)
+	}
 	fp, err := filewatch.Fingerprint(dir, isPolicyFile)
 	if err != nil {
 		return nil, fmt.Errorf("policy %s: %w", dir, err)
 	}
-	e, err := Load(ctx, dir)
+	e, err := w.load(ctx)
 	if err != nil {
 		return nil, err
 	}
 	w.engine.Store(e)
-	log.Info("policy loaded", "dir", dir, "modules", e.modules, "tests", e.tests)
+	log.Info("policy loaded", "dir", dir, "modules", e.modules, "tests", e.tests, "memoized", e.memo != nil)
 	go func() {
 		defer close(w.done)
 		filewatch.Poll(ctx, dir, isPolicyFile, fp, interval, func() error { return w.reload(ctx) }, w.failed)
@@ -57,9 +70,25 @@ func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Lo
 	return w, nil
 }
 
+// load loads one version of the directory.
+func (w *Watcher) load(ctx context.Context) (*Engine, error) {
+	e, err := Load(ctx, w.dir)
+	if err == nil && w.memo {
+		e.Memoize()
+	}
+	return e, err
+}
+
 // Decide evaluates the current policy; see Engine.Decide.
 func (w *Watcher) Decide(ctx context.Context, in *Input) (Decision, error) {
 	return w.engine.Load().Decide(ctx, in)
+}
+
+// MemoStats counts decisions served from the memo and evaluated, over
+// every policy version loaded (Engine.MemoStats of each).
+func (w *Watcher) MemoStats() (hits, misses uint64) {
+	h, m := w.engine.Load().MemoStats()
+	return h + w.pastHits.Load(), m + w.pastMisses.Load()
 }
 
 // Engine returns the policy version currently serving.
@@ -84,14 +113,16 @@ func (w *Watcher) Done() <-chan struct{} { return w.done }
 // reload loads the directory again; on success the new version serves.
 func (w *Watcher) reload(ctx context.Context) error {
 	start := time.Now()
-	e, err := Load(ctx, w.dir)
+	e, err := w.load(ctx)
 	if err != nil {
 		return err
 	}
-	w.engine.Store(e)
+	h, m := w.engine.Swap(e).MemoStats()
+	w.pastHits.Add(h)
+	w.pastMisses.Add(m)
 	w.lastErr.Store(nil)
 	w.ok.Add(1)
-	w.log.Info("policy reloaded", "dir", w.dir, "modules", e.modules, "tests", e.tests,
+	w.log.Info("policy reloaded", "dir", w.dir, "modules", e.modules, "tests", e.tests, "memoized", e.memo != nil,
 		"took", time.Since(start).Round(time.Millisecond))
 	return nil
 }

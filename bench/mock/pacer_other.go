@@ -1,0 +1,6 @@
+//go:build !linux
+
+package mock
+
+// newPacer: without a timerfd, sleepers use runtime timers.
+func newPacer() *pacer { return nil }
