@@ -6,10 +6,10 @@
 // (model, messages or prompt, and output length), so end-to-end tests can
 // compare bodies byte for byte across gateway paths. Events are scheduled on
 // absolute deadlines, and the mock exports its own achieved-cadence error, so
-// benchmarks can separate mock lateness from gateway overhead. On Linux the
-// deadlines are kept by a kernel high-resolution timer (see pacer.go): tens
-// of microseconds late at the median rather than the half millisecond of
-// the Go runtime's timers in an idle process. Everything
+// benchmarks can separate mock lateness from gateway overhead. On Linux a
+// kernel high-resolution timer keeps the deadlines (bench/internal/pacer):
+// tens of microseconds late at the median rather than the half millisecond
+// of the Go runtime's timers in an idle process. Everything
 // below is off by default and changes timing or faults, never the content.
 //
 // # Capacity model
@@ -80,6 +80,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/infergate/infergate/bench/internal/pacer"
 )
 
 // Defaults applied by Config.WithDefaults.
@@ -553,9 +555,7 @@ func sleepUntil(ctx context.Context, timer *time.Timer, deadline time.Time) erro
 		// skip the timer but still notice a departed client.
 		return ctx.Err()
 	}
-	if p := precise(); p != nil {
-		p.expect(deadline) // wakes the runtime on time; see pacer.go
-	}
+	pacer.Expect(deadline) // wakes an idle runtime on time
 	timer.Reset(d)
 	select {
 	case <-ctx.Done():

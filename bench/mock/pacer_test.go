@@ -1,102 +1,24 @@
 package mock
 
 import (
-	"context"
-	"math"
-	"math/rand/v2"
 	"os"
-	"slices"
-	"sync"
 	"testing"
-	"time"
+
+	"github.com/infergate/infergate/bench/internal/pacer"
 )
 
 // The package's tests run servers inside synctest bubbles, which the
-// pacer's goroutine would never let settle (see preciseTimers); the tests
-// below turn it on for themselves.
+// pacer's goroutine would never let settle if a bubble started it; the test
+// below turns it on for itself.
 func TestMain(m *testing.M) {
-	preciseTimers = false
+	pacer.SetEnabled(false)
 	os.Exit(m.Run())
 }
 
-func withPacer(t *testing.T) {
-	t.Helper()
-	preciseTimers = true
-	t.Cleanup(func() { preciseTimers = false })
-	if precise() == nil {
-		t.Skip("no timerfd on this platform")
-	}
-}
-
-// wakeLateness runs n sleepers through sleepUntil to deadlines spread over
-// 40 ms, started in random order (so later ones often move the kernel timer
-// earlier), and returns how late each woke, sorted.
-func wakeLateness(t *testing.T, n int) []time.Duration {
-	t.Helper()
-	base := time.Now().Add(2 * time.Millisecond)
-	late := make([]time.Duration, n)
-	var wg sync.WaitGroup
-	for i, k := range rand.Perm(n) {
-		deadline := base.Add(time.Duration(k) * 40 * time.Millisecond / time.Duration(n))
-		wg.Go(func() {
-			timer := time.NewTimer(math.MaxInt64)
-			defer timer.Stop()
-			if err := sleepUntil(context.Background(), timer, deadline); err != nil {
-				t.Error(err)
-			}
-			late[i] = time.Since(deadline)
-		})
-	}
-	wg.Wait()
-	slices.Sort(late)
-	return late
-}
-
-func TestPacerWakesSleepersOnTime(t *testing.T) {
-	runtime := wakeLateness(t, 200)
-	withPacer(t)
-	paced := wakeLateness(t, 200)
-	for _, c := range []struct {
-		name string
-		late []time.Duration
-	}{{"runtime timers", runtime}, {"pacer", paced}} {
-		p50, p99 := c.late[len(c.late)/2], c.late[len(c.late)*99/100]
-		t.Logf("%s: 200 sleepers late by p50 %v, p99 %v, max %v", c.name, p50, p99, c.late[len(c.late)-1])
-		if c.late[0] < 0 {
-			t.Errorf("%s: a sleeper woke %v early", c.name, -c.late[0])
-		}
-		// Loose: the machine running the tests may be small and busy (and a
-		// busy runtime's own timers are precise, so the two are not compared).
-		if p50 > 2*time.Millisecond {
-			t.Errorf("%s: median lateness %v", c.name, p50)
-		}
-	}
-}
-
-// The kernel timer follows the earliest deadline announced.
-func TestPacerArmsForEarliestDeadline(t *testing.T) {
-	var armed []time.Duration
-	p := &pacer{arm: func(d time.Duration) { armed = append(armed, d) }}
-	now := time.Now()
-	p.expect(now.Add(time.Hour))
-	p.expect(now.Add(time.Minute)) // earlier: re-armed
-	p.expect(now.Add(2 * time.Hour))
-	if len(armed) != 2 || armed[1] > time.Minute || armed[1] < 59*time.Second {
-		t.Fatalf("armed %v, want an hour then a minute", armed)
-	}
-	p.expect(now.Add(-time.Second)) // already due: the shortest arm
-	if got := armed[len(armed)-1]; got != time.Microsecond {
-		t.Errorf("armed %v for a past deadline, want 1µs", got)
-	}
-	p.fire() // forgets the past deadline, re-arms for the minute
-	if len(p.q) != 3 || !p.armed.Equal(now.Add(time.Minute)) {
-		t.Errorf("after fire: %d deadlines, armed for %v", len(p.q), p.armed.Sub(now))
-	}
-}
-
-// The stream path on the pacer, with TestCadence's checks (never early,
+// The stream path with the pacer, with TestCadence's checks (never early,
 // absolute deadlines, the median gap).
 func TestCadenceOnPacer(t *testing.T) {
-	withPacer(t)
+	pacer.SetEnabled(true)
+	defer pacer.SetEnabled(false)
 	TestCadence(t)
 }

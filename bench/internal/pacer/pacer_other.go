@@ -1,6 +1,6 @@
 //go:build !linux
 
-package mock
+package pacer
 
 // newPacer: without a timerfd, sleepers use runtime timers.
 func newPacer() *pacer { return nil }

@@ -1,4 +1,4 @@
-package mock
+package pacer
 
 import (
 	"os"
@@ -34,7 +34,7 @@ func newPacer() *pacer {
 		spec := itimerspec{value: syscall.NsecToTimespec(d.Nanoseconds())}
 		_, _, _ = syscall.Syscall6(syscall.SYS_TIMERFD_SETTIME, fd, 0, uintptr(unsafe.Pointer(&spec)), 0, 0, 0)
 	}}
-	f := os.NewFile(fd, "mock-pacer")
+	f := os.NewFile(fd, "pacer-timerfd")
 	go func() {
 		var expirations [8]byte
 		for {
