@@ -104,30 +104,11 @@ func (l *LogSink) Record(_ context.Context, s *Stamp) {
 	b := append(l.buf[:0], `{"time":"`...)
 	b = time.Now().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","level":"INFO","msg":"request"`...)
-	str := func(k, v string) {
-		b = append(b, ',', '"')
-		b = append(b, k...)
-		b = append(b, '"', ':')
-		b = appendJSONString(b, v)
-	}
-	num := func(k string, v int) {
-		b = append(b, ',', '"')
-		b = append(b, k...)
-		b = append(b, '"', ':')
-		b = strconv.AppendInt(b, int64(v), 10)
-	}
-	flt := func(k string, v float64) {
-		b = append(b, ',', '"')
-		b = append(b, k...)
-		b = append(b, '"', ':')
-		b = appendJSONFloat(b, v)
-	}
-	boolean := func(k string, v bool) {
-		b = append(b, ',', '"')
-		b = append(b, k...)
-		b = append(b, '"', ':')
-		b = strconv.AppendBool(b, v)
-	}
+	key := func(k string) { b = append(append(append(b, ',', '"'), k...), '"', ':') } // keys need no escaping
+	str := func(k, v string) { key(k); b = appendJSONString(b, v) }
+	num := func(k string, v int) { key(k); b = strconv.AppendInt(b, int64(v), 10) }
+	flt := func(k string, v float64) { key(k); b = appendJSONFloat(b, v) }
+	boolean := func(k string, v bool) { key(k); b = strconv.AppendBool(b, v) }
 	str("request_id", s.RequestID)
 	str("trace_id", s.TraceID)
 	str("principal", s.Principal)
