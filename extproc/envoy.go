@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/request"
 )
 
 // attributesKey is where Envoy puts the CEL attributes it was asked to send.
@@ -114,7 +115,7 @@ func setHeader(key, value string) *corev3.HeaderValueOption {
 func immediate(e *openai.Error, extra ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
 	hdrs := append([]*corev3.HeaderValueOption{
 		setHeader("content-type", "application/json"),
-		setHeader(errorHeader, e.Code),
+		setHeader(request.ErrorHeader, e.Code),
 	}, extra...)
 	return &extprocv3.ProcessingResponse{
 		Response: &extprocv3.ProcessingResponse_ImmediateResponse{
@@ -127,7 +128,3 @@ func immediate(e *openai.Error, extra ...*corev3.HeaderValueOption) *extprocv3.P
 		},
 	}
 }
-
-// errorHeader marks responses infergate wrote itself, so Envoy's local-reply
-// mapper leaves their bodies alone.
-const errorHeader = "x-infergate-error"

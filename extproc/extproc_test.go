@@ -13,12 +13,13 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/telemetry"
 )
 
-type captureSink struct{ stamps []*Stamp }
+type captureSink struct{ stamps []*request.Stamp }
 
-func (c *captureSink) Record(_ context.Context, s *Stamp) { c.stamps = append(c.stamps, s) }
+func (c *captureSink) Record(_ context.Context, s *request.Stamp) { c.stamps = append(c.stamps, s) }
 
 func newTestServer(t testing.TB, yaml string) (*Server, *captureSink) {
 	t.Helper()
@@ -31,7 +32,13 @@ func newTestServer(t testing.TB, yaml string) (*Server, *captureSink) {
 		t.Fatal(err)
 	}
 	sink := &captureSink{}
-	return New(cfg, Options{Metrics: m, Sinks: []Sink{sink}}), sink
+	s, err := New(Options{CompletionPaths: cfg.Gate.Paths, MaxBodyBytes: cfg.Gate.MaxBodyBytes, KeepUsageOption: !*cfg.Gate.InjectUsage,
+		MaxEventBytes: cfg.Meter.MaxEventBytes, MaxTrackedGaps: cfg.Meter.MaxTrackedGaps,
+		Meter: m.Meter(), Sinks: []request.Sink{sink}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, sink
 }
 
 func headersMsg(eos bool, kv ...string) *extprocv3.ProcessingRequest {
@@ -80,8 +87,8 @@ func TestGateEagerModeIsOneRoundTrip(t *testing.T) {
 	for _, h := range hr.GetHeaderMutation().GetSetHeaders() {
 		set[h.GetHeader().GetKey()] = string(h.GetHeader().GetRawValue())
 	}
-	if set[ModelHeader] != "m1" {
-		t.Errorf("%s = %q, want m1", ModelHeader, set[ModelHeader])
+	if set[request.ModelHeader] != "m1" {
+		t.Errorf("%s = %q, want m1", request.ModelHeader, set[request.ModelHeader])
 	}
 	if got := hr.GetHeaderMutation().GetRemoveHeaders(); len(got) != 1 || got[0] != "x-infergate-model" {
 		t.Errorf("removed %v, want the spoofed x-infergate-model", got)
@@ -96,7 +103,7 @@ func TestGateEagerModeIsOneRoundTrip(t *testing.T) {
 	if !out[2].GetRequestBody().GetResponse().GetBodyMutation().GetClearBody() {
 		t.Error("second chunk must be cleared: its bytes are already in the first")
 	}
-	md := out[0].GetDynamicMetadata().GetFields()[MetadataNamespace].GetStructValue().GetFields()
+	md := out[0].GetDynamicMetadata().GetFields()[request.MetadataNamespace].GetStructValue().GetFields()
 	if md["model"].GetStringValue() != "m1" || !md["stream"].GetBoolValue() {
 		t.Errorf("metadata for the meter = %v", md)
 	}
@@ -116,7 +123,7 @@ func TestGateBufferedMode(t *testing.T) {
 		t.Fatalf("got %d answers", len(out))
 	}
 	common := out[0].GetRequestBody().GetResponse()
-	if common.GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetKey() != ModelHeader || !common.GetClearRouteCache() {
+	if common.GetHeaderMutation().GetSetHeaders()[0].GetHeader().GetKey() != request.ModelHeader || !common.GetClearRouteCache() {
 		t.Errorf("body answer lacks the routing mutation: %v", common)
 	}
 	if common.GetBodyMutation() != nil {
@@ -194,7 +201,7 @@ func TestMeterTimings(t *testing.T) {
 	m.emit = m.onEvent
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
-	m.observe(headersMsg(false, "x-request-id", "r1", ModelHeader, "m"), at(0))
+	m.observe(headersMsg(false, "x-request-id", "r1", request.ModelHeader, "m"), at(0))
 	m.observe(respHeaders("text/event-stream"), at(1))
 	m.observe(respBody(roleChunk, false), at(2))
 	m.observe(respBody(contentChunk, false), at(100))
@@ -306,7 +313,7 @@ func FuzzMeterStream(f *testing.F) {
 	f.Add([]byte("data:{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\r\n\r\n: ping\n\ndata: [DONE]\n\n"), 7)
 	f.Add([]byte("data: {not json}\n\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\n"), 3)
 	f.Fuzz(func(t *testing.T, stream []byte, split int) {
-		count := func(chunks ...[]byte) (int, *Stamp) {
+		count := func(chunks ...[]byte) (int, *request.Stamp) {
 			s, sink := newTestServer(t, "")
 			m := &meterRequest{maxGaps: 100}
 			m.emit = m.onEvent

@@ -20,14 +20,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/request"
 )
-
-// ModelHeader is the routing header the gate sets from the body's model and
-// Envoy routes on. Clients cannot set it: every x-infergate-* header a
-// client sends is removed.
-const ModelHeader = "x-infergate-model"
-
-const reservedPrefix = "x-infergate-"
 
 // gateRequest is the gate's per-request state.
 type gateRequest struct {
@@ -108,7 +102,7 @@ func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.Pr
 		if g.eager {
 			g.chunksOwed++
 		}
-		if m.RequestBody.GetEndOfStream() || len(g.body) > s.cfg.Gate.MaxBodyBytes {
+		if m.RequestBody.GetEndOfStream() || len(g.body) > s.opts.MaxBodyBytes {
 			return s.decide(ctx, g)
 		}
 		if !g.eager {
@@ -116,7 +110,7 @@ func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.Pr
 			// the route is already chosen, so nothing can be decided on.
 			e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_misconfigured", "",
 				"the gateway's request filter is not configured to read the request body")
-			return s.deny(ctx, g, "", Verdict{Deny: e, Reason: e.Code})
+			return s.deny(ctx, g, "", request.Verdict{Deny: e, Reason: e.Code})
 		}
 		return nil
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
@@ -140,7 +134,7 @@ func bodyResponse(common *extprocv3.CommonResponse) *extprocv3.ProcessingRespons
 func (g *gateRequest) spoofed() []string {
 	var out []string
 	for k := range g.headers {
-		if strings.HasPrefix(k, reservedPrefix) {
+		if strings.HasPrefix(k, request.ReservedHeaderPrefix) {
 			out = append(out, k)
 		}
 	}
@@ -159,16 +153,16 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	// Completion requests must be well-formed before anything else looks
 	// at them; every request, completion or not, then gets the policy's
 	// decision.
-	completion := slices.Contains(s.cfg.Gate.Paths, path)
+	completion := slices.Contains(s.opts.CompletionPaths, path)
 	var req openai.Request
 	if completion {
 		var verr *openai.Error
 		if req, verr = s.validate(path, method, h, g.body); verr != nil {
-			return s.deny(ctx, g, req.Model, Verdict{Deny: verr, Reason: verr.Code})
+			return s.deny(ctx, g, req.Model, request.Verdict{Deny: verr, Reason: verr.Code})
 		}
 	}
 	spoofed := g.spoofed()
-	adm := &Admission{
+	adm := &request.Admission{
 		RequestID:    h["x-request-id"],
 		Method:       method,
 		Path:         path,
@@ -193,10 +187,10 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 
 	mutation := &extprocv3.HeaderMutation{RemoveHeaders: spoofed}
 	if req.Model != "" {
-		mutation.SetHeaders = append(mutation.SetHeaders, setHeader(ModelHeader, req.Model))
+		mutation.SetHeaders = append(mutation.SetHeaders, setHeader(request.ModelHeader, req.Model))
 	}
 	var newBody []byte
-	if req.Stream && *s.cfg.Gate.InjectUsage && req.IncludeUsage == nil {
+	if req.Stream && !s.opts.KeepUsageOption && req.IncludeUsage == nil {
 		if b, err := openai.WithUsage(g.body); err == nil {
 			newBody = b
 			mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(b))))
@@ -208,7 +202,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	if v.Deny != nil { // shadow_deny: what would have been answered
 		code = v.Deny.Code
 	}
-	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs(decision, code))
+	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(decision, code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	// The metadata is built as the Struct Envoy receives, field by field
 	// (structpb.NewStruct would convert a map[string]any first).
@@ -230,10 +224,10 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	if v.Reservation != "" {
 		f.str("reservation", v.Reservation)
 	}
-	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &Stamp{RequestID: adm.RequestID, Model: req.Model,
-		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: GatewayTime{Timings: v.Timings}})
+	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &request.Stamp{RequestID: adm.RequestID, Model: req.Model,
+		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: request.GatewayTime{Timings: v.Timings}})
 	if sc.IsValid() {
-		f.str(traceparentKey, formatTraceparent(sc))
+		f.str(request.TraceparentKey, formatTraceparent(sc))
 	}
 	for k, val := range v.Metadata {
 		pv, err := structpb.NewValue(val)
@@ -248,9 +242,9 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		// fail closed.
 		s.log.Error("gate metadata", "err", f.err)
 		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
-		return s.deny(ctx, g, req.Model, Verdict{Deny: e, Reason: e.Code})
+		return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
 	}
-	md := &structpb.Struct{Fields: map[string]*structpb.Value{MetadataNamespace: structpb.NewStructValue(&f.s)}}
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{request.MetadataNamespace: structpb.NewStructValue(&f.s)}}
 	return g.admit(mutation, newBody, md)
 }
 
@@ -325,9 +319,9 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 		return openai.Request{}, openai.NewError(http.StatusUnsupportedMediaType, openai.TypeInvalidRequest, "unsupported_media_type", "",
 			"content-type must be application/json")
 	}
-	if len(body) > s.cfg.Gate.MaxBodyBytes {
+	if len(body) > s.opts.MaxBodyBytes {
 		return openai.Request{}, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
-			"request body is "+strconv.Itoa(len(body))+" bytes; the limit is "+strconv.Itoa(s.cfg.Gate.MaxBodyBytes))
+			"request body is "+strconv.Itoa(len(body))+" bytes; the limit is "+strconv.Itoa(s.opts.MaxBodyBytes))
 	}
 	req, err := openai.ParseRequest(body)
 	var fe *openai.FieldError
@@ -344,15 +338,15 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 }
 
 // deny answers with an immediate OpenAI-style error and stamps the request.
-func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdict) []*extprocv3.ProcessingResponse {
+func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v request.Verdict) []*extprocv3.ProcessingResponse {
 	g.decided = true
 	gateTime := time.Since(g.started) - v.Timings.Checks
-	s.metrics.GateDecisions.Add(ctx, 1, decisionAttrs("deny", v.Deny.Code))
+	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", v.Deny.Code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
 		slog.String("request_id", g.headers["x-request-id"]), slog.Int("status", v.Deny.Status),
 		slog.String("code", v.Deny.Code), slog.String("message", v.Deny.Message))
-	st := &Stamp{
+	st := &request.Stamp{
 		RequestID: g.headers["x-request-id"],
 		Model:     model,
 		Principal: v.Principal,
@@ -362,7 +356,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v Verdi
 		Reason:    v.Reason,
 		Start:     g.started,
 		Total:     time.Since(g.started),
-		Gateway:   GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
+		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
 		Complete:  true,
 	}
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {

@@ -12,17 +12,23 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/sse"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // maxJSONBody bounds how much of a non-streamed response the meter keeps to
 // read its usage; the response itself is never held (the meter sees copies).
 const maxJSONBody = 4 << 20
 
+// settleTimeout bounds settling a reservation once the response ended,
+// whether or not the stream that carried it is still there.
+const settleTimeout = 2 * time.Second
+
 // meterRequest is the meter's per-request state. Everything it holds is
 // bounded: the SSE carry-over, the kept gaps, the JSON body.
 type meterRequest struct {
-	stamp      Stamp
+	stamp      request.Stamp
 	sentAt     time.Time // request headers reached the meter: the request left the gateway
 	envoyStart time.Time // Envoy's request.time
 	sse        bool
@@ -33,6 +39,7 @@ type meterRequest struct {
 	last       time.Time
 	gaps       []time.Duration
 	maxGaps    int
+	orders     *poolOrders
 	usage      *openai.Usage
 	badEvents  int
 	body       []byte
@@ -50,8 +57,8 @@ type meterRequest struct {
 // one through unchanged, before reading it.
 func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer,
 	msg *extprocv3.ProcessingRequest, arrived time.Time) error {
-	m := &meterRequest{maxGaps: s.cfg.Meter.MaxTrackedGaps}
-	m.parser.MaxLine = s.cfg.Meter.MaxEventBytes
+	m := &meterRequest{maxGaps: s.opts.MaxTrackedGaps, orders: &s.orders}
+	m.parser.MaxLine = s.opts.MaxEventBytes
 	m.emit = m.onEvent
 	blocking := !msg.GetObservabilityMode()
 	s.metrics.MeterStreams.Add(ctx, 1)
@@ -85,15 +92,15 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		m.sentAt = at
 		hm := r.RequestHeaders.GetHeaders()
 		m.stamp.RequestID = header(hm, "x-request-id")
-		m.stamp.Model = header(hm, ModelHeader)
+		m.stamp.Model = header(hm, request.ModelHeader)
 		attrs := attributes(msg)
 		m.envoyStart = attrTime(attrs, "request.time")
-		m.fromGate(msg.GetMetadataContext().GetFilterMetadata()[MetadataNamespace])
+		m.fromGate(msg.GetMetadataContext().GetFilterMetadata()[request.MetadataNamespace])
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		hm := r.ResponseHeaders.GetHeaders()
 		var h headers // only what clusterOf reads
-		if p := header(hm, PoolHeader); p != "" {
-			h = headers{PoolHeader: p}
+		if p := header(hm, request.PoolHeader); p != "" {
+			h = headers{request.PoolHeader: p}
 		}
 		attrs := attributes(msg)
 		m.stamp.Status = attrInt(attrs, "response.code")
@@ -102,7 +109,7 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
 		m.stamp.Attempts = attrInt(attrs, "upstream.request_attempt_count")
-		m.stamp.PoolsTried = servingPools(clusterOf(attrs, h), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
+		m.stamp.PoolsTried = m.orders.servingPools(clusterOf(attrs, h), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
 		if n := len(m.stamp.PoolsTried); n > 0 {
 			m.stamp.Pool = m.stamp.PoolsTried[n-1]
 		}
@@ -167,7 +174,7 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.stamp.Gateway.RateLimit = us("ratelimit_us")
 	m.stamp.Gateway.Checks = us("checks_us")
 	m.reservation = f["reservation"].GetStringValue()
-	m.gateTraceparent = f[traceparentKey].GetStringValue()
+	m.gateTraceparent = f[request.TraceparentKey].GetStringValue()
 	m.stamp.PromptTokens = int(f["prompt_tokens"].GetNumberValue())
 }
 
@@ -256,9 +263,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if len(m.gaps) > 0 {
 		sorted := slices.Clone(m.gaps)
 		slices.Sort(sorted)
-		st.ITLP50 = percentile(sorted, 0.50)
-		st.ITLP95 = percentile(sorted, 0.95)
-		set := poolAttrs(st.Model, st.Pool)
+		st.ITLP50 = stats.Percentile(sorted, 0.50)
+		st.ITLP95 = stats.Percentile(sorted, 0.95)
+		set := s.meters.poolAttrs(st.Model, st.Pool)
 		for _, g := range m.gaps {
 			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
 		}
@@ -273,24 +280,22 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
 	}
 	if st.Decision != "deny" {
-		settle := &Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
+		settle := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
 			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete,
 			UsageReported: m.usage != nil}
 		if m.usage == nil && st.Status >= 400 {
 			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
 		}
-		s.policy.Settle(ctx, settle)
+		// The stream's context is gone when the client reset: the charge
+		// must reach the limiter anyway.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		s.policy.Settle(sctx, settle)
+		cancel()
 	}
 	if sc := s.traceMeter(ctx, m, end); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
 	s.record(ctx, st)
-}
-
-// percentile reads the q-quantile of sorted values (nearest rank).
-func percentile(sorted []time.Duration, q float64) time.Duration {
-	i := int(q*float64(len(sorted))+0.5) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 func atoi(s string) int {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -16,10 +17,10 @@ import (
 // syncSink is a captureSink safe for the server's goroutines.
 type syncSink struct {
 	mu     sync.Mutex
-	stamps []*Stamp
+	stamps []*request.Stamp
 }
 
-func (c *syncSink) Record(_ context.Context, s *Stamp) {
+func (c *syncSink) Record(_ context.Context, s *request.Stamp) {
 	c.mu.Lock()
 	c.stamps = append(c.stamps, s)
 	c.mu.Unlock()
@@ -44,13 +45,13 @@ func TestMeterBlockingAnswersEveryPart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx := metadata.AppendToOutgoingContext(context.Background(), RoleHeader, "meter")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter")
 	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	msgs := []*extprocv3.ProcessingRequest{
-		headersMsg(false, "x-request-id", "blocking", ModelHeader, "m"),
+		headersMsg(false, "x-request-id", "blocking", request.ModelHeader, "m"),
 		respHeaders("text/event-stream"),
 		respBody(roleChunk, false),
 		respBody(contentChunk, false),

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -17,10 +18,6 @@ import (
 // retries outnumber pools). Envoy hands the metadata over as the text
 // form of the Metadata proto.
 
-// PoolHeader is a response header a route may add per backend to name the
-// pool (the Helm chart's Envoy Gateway HTTPRoute does).
-const PoolHeader = "x-infergate-pool"
-
 // clusterOf names what served the request: Envoy's cluster; where the
 // cluster name is not available (Envoy Gateway does not let ext_proc ask
 // for xds.cluster_name), the route's x-infergate-pool response header, else
@@ -31,7 +28,7 @@ func clusterOf(attrs map[string]*structpb.Value, h headers) string {
 	if c := attrString(attrs, "xds.cluster_name"); c != "" {
 		return c
 	}
-	if p := h[PoolHeader]; p != "" {
+	if p := h[request.PoolHeader]; p != "" {
 		return p
 	}
 	return localityRegion(attrString(attrs, "upstream.locality"))
@@ -50,53 +47,47 @@ func localityRegion(text string) string {
 	return l.GetRegion()
 }
 
-// Cluster metadata namespace and key written by infergate's xDS server.
-const (
-	poolsNamespace = "infergate"
-	poolsKey       = "pools"
-)
-
 // poolOrders caches parsed metadata by its text: a handful of aggregates
-// repeat on every request.
-var poolOrders struct {
-	sync.Mutex
-	m map[string][]string
+// repeat on every request. Each Server has its own.
+type poolOrders struct {
+	mu sync.Mutex
+	m  map[string][]string
 }
 
 // maxPoolOrders bounds the cache; it is cleared when full.
 const maxPoolOrders = 1024
 
 // poolOrder returns the pools listed in cluster metadata text, or nil.
-func poolOrder(metadataText string) []string {
+func (c *poolOrders) order(metadataText string) []string {
 	if metadataText == "" || metadataText == "NULL" {
 		return nil
 	}
-	poolOrders.Lock()
-	defer poolOrders.Unlock()
-	if order, ok := poolOrders.m[metadataText]; ok {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if order, ok := c.m[metadataText]; ok {
 		return order
 	}
 	var md corev3.Metadata
 	var order []string
 	if prototext.Unmarshal([]byte(metadataText), &md) == nil {
-		for _, v := range md.GetFilterMetadata()[poolsNamespace].GetFields()[poolsKey].GetListValue().GetValues() {
+		for _, v := range md.GetFilterMetadata()[request.MetadataNamespace].GetFields()[request.PoolsKey].GetListValue().GetValues() {
 			if s := v.GetStringValue(); s != "" {
 				order = append(order, s)
 			}
 		}
 	}
-	if poolOrders.m == nil || len(poolOrders.m) >= maxPoolOrders {
-		poolOrders.m = make(map[string][]string)
+	if c.m == nil || len(c.m) >= maxPoolOrders {
+		c.m = make(map[string][]string)
 	}
-	poolOrders.m[metadataText] = order
+	c.m[metadataText] = order
 	return order
 }
 
 // servingPools returns the pools a request's attempts went to, in order;
 // the last one served the response. Without a pool order every attempt
 // went to the cluster itself.
-func servingPools(cluster, metadataText string, attempts int) []string {
-	order := poolOrder(metadataText)
+func (c *poolOrders) servingPools(cluster, metadataText string, attempts int) []string {
+	order := c.order(metadataText)
 	if len(order) == 0 {
 		if cluster == "" {
 			return nil

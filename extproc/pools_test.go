@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -27,7 +28,7 @@ func TestServingPools(t *testing.T) {
 		{"other", `filter_metadata { key: "someone-else" value { } }`, 1, []string{"other"}},
 		{"broken", `filter_metadata {{{`, 1, []string{"broken"}},
 	} {
-		if got := servingPools(tc.cluster, tc.md, tc.attempts); !slices.Equal(got, tc.want) {
+		if got := new(poolOrders).servingPools(tc.cluster, tc.md, tc.attempts); !slices.Equal(got, tc.want) {
 			t.Errorf("servingPools(%q, %.20q, %d) = %v, want %v", tc.cluster, tc.md, tc.attempts, got, tc.want)
 		}
 	}
@@ -38,7 +39,7 @@ func FuzzServingPools(f *testing.F) {
 	f.Add("x", "NULL", 0)
 	f.Fuzz(func(t *testing.T, cluster, md string, attempts int) {
 		attempts %= 16
-		got := servingPools(cluster, md, attempts)
+		got := new(poolOrders).servingPools(cluster, md, attempts)
 		if cluster != "" && len(got) != max(attempts, 1) {
 			t.Fatalf("%d pools for %d attempts", len(got), attempts)
 		}
@@ -65,7 +66,7 @@ func TestClusterOfLocality(t *testing.T) {
 
 func TestClusterOfPoolHeader(t *testing.T) {
 	attrs := map[string]*structpb.Value{"upstream.locality": structpb.NewStringValue(`region: "httproute/default/llm/rule/0/backend/1"`)}
-	if got := clusterOf(attrs, headers{PoolHeader: "pool-b"}); got != "pool-b" {
-		t.Errorf("clusterOf with %s = %q", PoolHeader, got)
+	if got := clusterOf(attrs, headers{request.PoolHeader: "pool-b"}); got != "pool-b" {
+		t.Errorf("clusterOf with %s = %q", request.PoolHeader, got)
 	}
 }

@@ -12,6 +12,7 @@
 package extproc
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -19,46 +20,60 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/infergate/infergate/internal/config"
-	"github.com/infergate/infergate/internal/telemetry"
+	"github.com/infergate/infergate/internal/request"
 )
-
-// RoleHeader is the gRPC initial metadata key Envoy's grpc_service sets to
-// name the filter role ("gate" or "meter"). Without it the role is taken
-// from the first message: observability-mode messages are the meter's.
-const RoleHeader = "x-infergate-filter"
-
-// MetadataNamespace is the dynamic-metadata namespace the gate writes and
-// the meter (and access logs, and response-header formatters) read.
-const MetadataNamespace = "infergate"
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
 type Server struct {
 	extprocv3.UnimplementedExternalProcessorServer
 
-	cfg     *config.Config
+	opts    Options
 	log     *slog.Logger
-	metrics *telemetry.Metrics
-	policy  Policy
-	sinks   []Sink
+	metrics *instruments
+	policy  request.Policy
+	sinks   []request.Sink
 	tracer  trace.Tracer
 	pool    func(string) string
 	now     func() time.Time
+	meters  *meters
+	orders  poolOrders
 }
 
-// Options are the Server's collaborators; zero fields get defaults.
+// DefaultCompletionPaths are the paths whose bodies the gate parses.
+var DefaultCompletionPaths = []string{"/v1/chat/completions", "/v1/completions"}
+
+// Options are the Server's settings and collaborators; zero fields get
+// defaults.
 type Options struct {
-	Logger  *slog.Logger
-	Metrics *telemetry.Metrics // required
-	Policy  Policy             // default: AllowAll
-	Sinks   []Sink             // where stamps go, in addition to metrics
-	Tracer  trace.Tracer       // default: no tracing
+	// CompletionPaths are the request paths whose JSON body the gate
+	// parses and validates (default DefaultCompletionPaths); other paths
+	// get the policy's decision without a parsed body.
+	CompletionPaths []string
+	// MaxBodyBytes bounds a request body (413 above it; default 1 MiB).
+	MaxBodyBytes int
+	// KeepUsageOption leaves a streaming body without
+	// stream_options.include_usage as it is; by default the gate asks the
+	// model server for usage, so the meter can count tokens exactly.
+	KeepUsageOption bool
+	// MaxEventBytes bounds one SSE line the meter keeps across chunks
+	// (default 1 MiB); MaxTrackedGaps the inter-token gaps kept per
+	// request for the stamp (default 16384).
+	MaxEventBytes  int
+	MaxTrackedGaps int
+
+	Logger *slog.Logger
+	Meter  metric.Meter   // where the gate's and meter's instruments go; default: none
+	Policy request.Policy // default: request.AllowAll
+	Sinks  []request.Sink // where stamps go, in addition to metrics
+	Tracer trace.Tracer   // default: no tracing
 	// PoolName maps what Envoy reports as the serving cluster to the pool's
 	// configured name (e.g. an Envoy Gateway locality to its backendRef);
 	// default: unchanged.
@@ -66,15 +81,22 @@ type Options struct {
 	Now      func() time.Time
 }
 
-// New returns a Server for cfg.
-func New(cfg *config.Config, opts Options) *Server {
-	s := &Server{cfg: cfg, log: opts.Logger, metrics: opts.Metrics, policy: opts.Policy,
-		sinks: opts.Sinks, tracer: opts.Tracer, pool: opts.PoolName, now: opts.Now}
+// New returns a Server; it fails only if its instruments cannot be
+// registered on opts.Meter.
+func New(opts Options) (*Server, error) {
+	if opts.CompletionPaths == nil {
+		opts.CompletionPaths = DefaultCompletionPaths
+	}
+	opts.MaxBodyBytes = cmp.Or(opts.MaxBodyBytes, 1<<20)
+	opts.MaxEventBytes = cmp.Or(opts.MaxEventBytes, 1<<20)
+	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
+	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
+		pool: opts.PoolName, now: opts.Now}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
 	if s.policy == nil {
-		s.policy = AllowAll{}
+		s.policy = request.AllowAll{}
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -83,10 +105,19 @@ func New(cfg *config.Config, opts Options) *Server {
 		s.pool = func(p string) string { return p }
 	}
 	if s.tracer == nil {
-		s.tracer = noop.NewTracerProvider().Tracer("")
+		s.tracer = tracenoop.NewTracerProvider().Tracer("")
 	}
-	s.sinks = append([]Sink{metricsSink{s.metrics}}, s.sinks...)
-	return s
+	meter := opts.Meter
+	if meter == nil {
+		meter = metricnoop.NewMeterProvider().Meter("")
+	}
+	var err error
+	if s.metrics, err = newInstruments(meter); err != nil {
+		return nil, err
+	}
+	s.meters = &meters{m: s.metrics}
+	s.sinks = append([]request.Sink{s.meters}, s.sinks...)
+	return s, nil
 }
 
 // Process serves one ext_proc stream: one HTTP request as seen by one filter.
@@ -98,7 +129,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 	}
 	arrived := s.now()
 	role := ""
-	if v := metadata.ValueFromIncomingContext(ctx, RoleHeader); len(v) > 0 { // no copy of the whole metadata
+	if v := metadata.ValueFromIncomingContext(ctx, request.RoleHeader); len(v) > 0 { // no copy of the whole metadata
 		role = v[0]
 	}
 	if role == "" && first.GetObservabilityMode() {

@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/stats"
 	"github.com/infergate/infergate/internal/telemetry"
 )
 
@@ -25,14 +27,11 @@ import (
 // follows the gate's span (passed in dynamic metadata), so a request is
 // still one trace.
 
-// traceparentKey carries the gate's span context to the meter.
-const traceparentKey = "traceparent"
-
 // formatTraceparent renders sc as a W3C traceparent value.
 func formatTraceparent(sc trace.SpanContext) string {
 	c := propagation.MapCarrier{}
 	telemetry.Propagator.Inject(trace.ContextWithSpanContext(context.Background(), sc), c)
-	return c[traceparentKey]
+	return c[request.TraceparentKey]
 }
 
 // mdCarrier reads trace context from a stream's incoming gRPC metadata,
@@ -62,7 +61,7 @@ func traceParent(ctx context.Context, fallbacks ...map[string]string) context.Co
 		return c
 	}
 	for _, h := range fallbacks {
-		if h[traceparentKey] == "" {
+		if h[request.TraceparentKey] == "" {
 			continue
 		}
 		if c := telemetry.Propagator.Extract(ctx, propagation.MapCarrier(h)); trace.SpanContextFromContext(c).IsValid() {
@@ -74,7 +73,7 @@ func traceParent(ctx context.Context, fallbacks ...map[string]string) context.Co
 
 // traceGate records the gate's span and, when the policy ran (policyAt set),
 // one child per stage. It returns the gate span's context, for the meter.
-func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end time.Time, st *Stamp) trace.SpanContext {
+func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end time.Time, st *request.Stamp) trace.SpanContext {
 	ctx, span := s.tracer.Start(traceParent(ctx, g.headers), "infergate.gate", trace.WithTimestamp(g.started))
 	if !span.IsRecording() {
 		span.End(trace.WithTimestamp(end))
@@ -122,7 +121,7 @@ func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end ti
 func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time) trace.SpanContext {
 	var gate map[string]string
 	if m.gateTraceparent != "" {
-		gate = map[string]string{traceparentKey: m.gateTraceparent}
+		gate = map[string]string{request.TraceparentKey: m.gateTraceparent}
 	}
 	st := &m.stamp
 	name := "chat"
@@ -148,14 +147,14 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		attribute.String("infergate.pools_tried", strings.Join(st.PoolsTried, ",")),
 		attribute.String("infergate.decision", st.Decision),
 		attribute.String("infergate.token_source", st.TokenSource),
-		attribute.Float64("infergate.ttft_ms", ms(st.TTFT)),
-		attribute.Float64("infergate.itl_p50_ms", ms(st.ITLP50)),
-		attribute.Float64("infergate.itl_p95_ms", ms(st.ITLP95)),
-		attribute.Float64("infergate.itl_max_ms", ms(st.ITLMax)),
-		attribute.Float64("infergate.total_ms", ms(st.Total)),
-		attribute.Float64("infergate.gateway_ms", ms(st.Gateway.Total)),
-		attribute.Float64("infergate.model_ms", ms(st.E2E)),
-		attribute.Float64("infergate.moderation_ms", ms(st.Gateway.Checks)),
+		attribute.Float64("infergate.ttft_ms", stats.Ms(st.TTFT)),
+		attribute.Float64("infergate.itl_p50_ms", stats.Ms(st.ITLP50)),
+		attribute.Float64("infergate.itl_p95_ms", stats.Ms(st.ITLP95)),
+		attribute.Float64("infergate.itl_max_ms", stats.Ms(st.ITLMax)),
+		attribute.Float64("infergate.total_ms", stats.Ms(st.Total)),
+		attribute.Float64("infergate.gateway_ms", stats.Ms(st.Gateway.Total)),
+		attribute.Float64("infergate.model_ms", stats.Ms(st.E2E)),
+		attribute.Float64("infergate.moderation_ms", stats.Ms(st.Gateway.Checks)),
 		attribute.Bool("infergate.complete", st.Complete),
 	)
 	for i, p := range st.PoolsTried {

@@ -1,7 +1,7 @@
 // Package admission is the gate's policy: who is calling (API key or
 // verified JWT claims), what the Rego policies say, which budgets the
 // request reserves, and which external checks it must pass. It implements
-// extproc.Policy; every failure denies (fail closed) unless configured
+// request.Policy; every failure denies (fail closed) unless configured
 // otherwise.
 package admission
 
@@ -15,12 +15,12 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/request"
 )
 
 // Decider evaluates the Rego policies (a *policy.Watcher).
@@ -33,7 +33,7 @@ type Decider interface {
 // real count when the stream ends.
 const DefaultOutputReservation = 1024
 
-// Controller implements extproc.Policy.
+// Controller implements request.Policy.
 type Controller struct {
 	Keys    *identity.KeySet // nil: no API keys
 	JWT     config.JWT
@@ -47,9 +47,9 @@ type Controller struct {
 	Now     func() time.Time
 }
 
-// Decide implements extproc.Policy.
-func (c *Controller) Decide(ctx context.Context, a *extproc.Admission) extproc.Verdict {
-	var v extproc.Verdict
+// Decide implements request.Policy.
+func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.Verdict {
+	var v request.Verdict
 	start := c.now()
 
 	// Who is calling.
@@ -125,7 +125,7 @@ func (c *Controller) Decide(ctx context.Context, a *extproc.Admission) extproc.V
 		c.Metrics.track(p.Tenant, 1, 0)
 	} else {
 		if v.Reservation != "" { // release what was reserved: nothing will be spent
-			c.Settle(ctx, &extproc.Settlement{RequestID: a.RequestID, Tenant: p.Tenant, Reservation: v.Reservation})
+			c.Settle(ctx, &request.Settlement{RequestID: a.RequestID, Tenant: p.Tenant, Reservation: v.Reservation})
 			v.Reservation = ""
 		}
 		if c.Shadow {
@@ -136,7 +136,7 @@ func (c *Controller) Decide(ctx context.Context, a *extproc.Admission) extproc.V
 }
 
 // shadow records a denial without enforcing it.
-func (c *Controller) shadow(v extproc.Verdict) extproc.Verdict {
+func (c *Controller) shadow(v request.Verdict) request.Verdict {
 	v.Decision = "shadow_deny"
 	v.Reason = cmp.Or(v.Reason, v.Deny.Code)
 	v.Headers = nil
@@ -144,7 +144,7 @@ func (c *Controller) shadow(v extproc.Verdict) extproc.Verdict {
 }
 
 // identify finds the principal: verified JWT claims first, then an API key.
-func (c *Controller) identify(a *extproc.Admission) (identity.Principal, error) {
+func (c *Controller) identify(a *request.Admission) (identity.Principal, error) {
 	if c.JWT.Enabled {
 		if claims, ok := a.Metadata[c.JWT.Namespace][c.JWT.PayloadKey].(map[string]any); ok {
 			return identity.FromClaims(identity.JWTConfig{TenantClaim: c.JWT.TenantClaim, LabelClaims: c.JWT.LabelClaims}, claims), nil
@@ -168,7 +168,7 @@ func (c *Controller) identify(a *extproc.Admission) (identity.Principal, error) 
 }
 
 // input builds the documented policy input.
-func (c *Controller) input(a *extproc.Admission, p *identity.Principal) *policy.Input {
+func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.Input {
 	hdrs := make(map[string]string, len(c.Headers))
 	for _, h := range c.Headers {
 		if v, ok := a.Headers[h]; ok {
@@ -202,7 +202,7 @@ func (c *Controller) input(a *extproc.Admission, p *identity.Principal) *policy.
 }
 
 // policyError renders a policy denial in OpenAI's error shape.
-func policyError(d policy.Decision, a *extproc.Admission) *openai.Error {
+func policyError(d policy.Decision, a *request.Admission) *openai.Error {
 	status := cmp.Or(d.Status, http.StatusForbidden)
 	msg := cmp.Or(d.Reason, "denied by policy")
 	switch status {
@@ -210,7 +210,7 @@ func policyError(d policy.Decision, a *extproc.Admission) *openai.Error {
 		return openai.NewError(status, openai.TypeAuthentication, "unauthorized", "", msg)
 	case http.StatusNotFound:
 		if d.Reason == "unknown_url" {
-			return extproc.UnknownURL(a.Method, a.Path)
+			return openai.UnknownURL(a.Method, a.Path)
 		}
 		return openai.NewError(status, openai.TypeInvalidRequest, "not_found", "", msg)
 	case http.StatusTooManyRequests:
@@ -226,7 +226,7 @@ func policyError(d policy.Decision, a *extproc.Admission) *openai.Error {
 
 // reserve charges the request's budgets. It reports whether the request
 // is denied (v.Deny set).
-func (c *Controller) reserve(ctx context.Context, a *extproc.Admission, d *policy.Decision, v *extproc.Verdict) bool {
+func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, v *request.Verdict) bool {
 	cost := ratelimit.Cost{Requests: 1, InputTokens: int64(a.PromptTokens), OutputTokens: int64(a.Request.MaxTokens)}
 	if cost.OutputTokens == 0 {
 		cost.OutputTokens = DefaultOutputReservation
@@ -292,9 +292,9 @@ func rateLimitHeaders(states []ratelimit.State) map[string]string {
 	return h
 }
 
-// Settle implements extproc.Policy: the reservation is replaced by what the
+// Settle implements request.Policy: the reservation is replaced by what the
 // response really used.
-func (c *Controller) Settle(ctx context.Context, s *extproc.Settlement) {
+func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 	c.Metrics.track(s.Tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
 	if c.Limiter == nil || s.Reservation == "" {
 		return

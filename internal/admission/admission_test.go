@@ -16,12 +16,12 @@ import (
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/request"
 )
 
 // fakePolicy answers with a fixed decision and records the input.
@@ -59,8 +59,8 @@ func newController(t *testing.T) *Controller {
 		Headers: []string{"user-agent"}}
 }
 
-func chat(hdr map[string]string) *extproc.Admission {
-	return &extproc.Admission{RequestID: "r", Method: "POST", Path: "/v1/chat/completions", Headers: hdr, Completion: true,
+func chat(hdr map[string]string) *request.Admission {
+	return &request.Admission{RequestID: "r", Method: "POST", Path: "/v1/chat/completions", Headers: hdr, Completion: true,
 		Request: openai.Request{Model: "llama", Stream: true, MaxTokens: 100}, PromptTokens: 20, Body: []byte(`{}`)}
 }
 
@@ -161,8 +161,8 @@ func TestReserveAndSettle(t *testing.T) {
 		t.Fatalf("third request: %+v %v", v3.Deny, v3.Headers)
 	}
 	// The first two used far less than they reserved: settle refunds.
-	c.Settle(ctx, &extproc.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
-	c.Settle(ctx, &extproc.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
+	c.Settle(ctx, &request.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
 	v4 := c.Decide(ctx, chat(hdr)) // 60 used + 120 = 180 <= 300
 	if v4.Deny != nil {
 		t.Fatalf("after refunds: %+v", v4.Deny)
@@ -226,7 +226,7 @@ func TestLostStreamKeepsReservation(t *testing.T) {
 	ctx := context.Background()
 	hdr := map[string]string{"x-api-key": secretKey}
 	v := c.Decide(ctx, chat(hdr)) // 120 reserved
-	c.Settle(ctx, &extproc.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Complete: false})
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Complete: false})
 	if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != "60" {
 		t.Errorf("remaining %v, want 60: the lost stream's 120 must stay charged", got)
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,10 +30,13 @@ type admissionParts struct {
 	policy     *policy.Watcher
 	keysErr    atomic.Pointer[error]
 	redis      *redis.Client
+	// watchKeys polls the API key file until its context is done (nil
+	// without one).
+	watchKeys func(context.Context)
 }
 
-// newAdmission loads keys and policies and connects the limiter. Watchers
-// run until ctx is done.
+// newAdmission loads keys and policies and connects the limiter; run
+// watches them for changes.
 func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *telemetry.Metrics) (*admissionParts, error) {
 	am, err := admission.NewMetrics(m.Meter())
 	if err != nil {
@@ -56,23 +60,25 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		c.Keys = &identity.KeySet{}
 		c.Keys.Store(keys)
 		log.Info("API keys loaded", "path", cfg.Auth.Keys, "keys", keys.Len())
-		go watch.Poll(ctx, cfg.Auth.Keys, nil, last, cfg.Policy.ReloadInterval, func() error {
-			keys, err := identity.LoadKeys(cfg.Auth.Keys)
-			if err != nil {
-				return err
-			}
-			c.Keys.Store(keys)
-			p.keysErr.Store(nil)
-			log.Info("API keys reloaded", "keys", keys.Len())
-			return nil
-		}, func(err error) {
-			err = fmt.Errorf("auth.keys reload kept the previous keys: %w", err)
-			p.keysErr.Store(&err)
-			log.Error("API keys reload failed", "err", err)
-		})
+		p.watchKeys = func(ctx context.Context) {
+			watch.Poll(ctx, cfg.Auth.Keys, nil, last, cfg.Policy.ReloadInterval, func() error {
+				keys, err := identity.LoadKeys(cfg.Auth.Keys)
+				if err != nil {
+					return err
+				}
+				c.Keys.Store(keys)
+				p.keysErr.Store(nil)
+				log.Info("API keys reloaded", "keys", keys.Len())
+				return nil
+			}, func(err error) {
+				err = fmt.Errorf("auth.keys reload kept the previous keys: %w", err)
+				p.keysErr.Store(&err)
+				log.Error("API keys reload failed", "err", err)
+			})
+		}
 	}
 	if cfg.Policy.Dir != "" {
-		w, err := policy.Watch(ctx, cfg.Policy.Dir, cfg.Policy.ReloadInterval, log, policy.WithMemo(*cfg.Policy.Memoize))
+		w, err := policy.NewWatcher(ctx, cfg.Policy.Dir, cfg.Policy.ReloadInterval, log, policy.WithMemo(*cfg.Policy.Memoize))
 		if err != nil {
 			return nil, fmt.Errorf("policy.dir: %w", err)
 		}
@@ -140,6 +146,20 @@ func (p *admissionParts) health() error {
 	return errors.Join(errs...)
 }
 
+// run watches the key file and the policy directory until ctx is done.
+func (p *admissionParts) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	if p.watchKeys != nil {
+		wg.Go(func() { p.watchKeys(ctx) })
+	}
+	if p.policy != nil {
+		wg.Go(func() { p.policy.Run(ctx) })
+	}
+	wg.Wait()
+}
+
+// close releases the limiter's Redis connection: after everything that
+// settles reservations has stopped.
 func (p *admissionParts) close() {
 	if p.redis != nil {
 		p.redis.Close()

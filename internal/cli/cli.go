@@ -4,14 +4,14 @@ package cli
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"runtime"
 
+	"github.com/infergate/infergate/bench/command"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/policy"
 )
@@ -49,7 +49,7 @@ envoy/snippet.yaml; see README.md.
 `
 
 // ErrUsage marks a command-line mistake (exit status 2).
-var ErrUsage = errors.New("usage error")
+var ErrUsage = flagset.ErrUsage
 
 // Run executes one command line.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -64,9 +64,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "controller":
 		return runController(ctx, rest, stderr)
 	case "bench":
-		return runBench(ctx, rest, stdout, stderr)
+		return command.Bench(ctx, rest, stdout, stderr, Version)
 	case "mock":
-		return runMock(ctx, rest, stderr)
+		return command.Mock(ctx, rest, stderr)
 	case "validate":
 		return runValidate(rest, stdout, stderr)
 	case "version", "--version":
@@ -78,31 +78,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	fmt.Fprintf(stderr, "infergate: unknown command %q\n\n%s", cmd, usage)
 	return ErrUsage
-}
-
-func newFlagSet(name, summary string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "%s\n\nUsage: infergate %s [flags]\n\nFlags:\n", summary, name)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parse maps flag errors to ErrUsage and --help to a clean exit.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return flag.ErrHelp
-		}
-		return ErrUsage
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected argument %q\n", fs.Arg(0))
-		return ErrUsage
-	}
-	return nil
 }
 
 func newLogger(w io.Writer, c config.Log) *slog.Logger {
@@ -117,11 +92,11 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 
 func runServe(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
 	summary := "Run the ext_proc gRPC service (gate and meter filters) and the admin HTTP port."
-	fs := newFlagSet(name, summary, stderr)
+	fs := flagset.New(name, summary, stderr)
 	path := fs.String("config", "", "YAML config file (default: the embedded default; see internal/config/default.yaml)")
 	extprocAddr := fs.String("extproc-listen", "", "override extproc.listen, e.g. 127.0.0.1:50051 or unix:/run/infergate.sock")
 	adminAddr := fs.String("admin-listen", "", "override admin.listen, e.g. 127.0.0.1:9090")
-	if err := parse(fs, args); err != nil {
+	if err := flagset.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg, err := config.Load(*path)
@@ -148,9 +123,9 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 }
 
 func runValidate(args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("validate", "Check a config file, its API keys and its Rego policies (compiled, their tests run)\nwithout starting anything; exits non-zero on the first error, with its line.", stderr)
+	fs := flagset.New("validate", "Check a config file, its API keys and its Rego policies (compiled, their tests run)\nwithout starting anything; exits non-zero on the first error, with its line.", stderr)
 	path := fs.String("config", "", "YAML config file to check (required)")
-	if err := parse(fs, args); err != nil {
+	if err := flagset.Parse(fs, args); err != nil {
 		return err
 	}
 	if *path == "" {

@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/xds/feed"
+	"github.com/infergate/infergate/xds/routing"
 )
 
 // ControllerService is the SLA controller and its xDS server on their own,
@@ -24,7 +27,7 @@ type ControllerService struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	metrics *telemetry.Metrics
-	routing *routing
+	routing *routing.Service
 	rdb     *redis.Client
 }
 
@@ -45,7 +48,7 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	if err != nil {
 		return nil, err
 	}
-	rt, err := newRouting(cfg, logger, metrics.Meter(), rdb)
+	rt, err := routing.New(context.Background(), cfg, logger, metrics.Meter(), rdb)
 	if err != nil {
 		rdb.Close()
 		return nil, err
@@ -53,12 +56,13 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb}, nil
 }
 
-// Serve runs until ctx is done. Envoy keeps the last routes while no
-// controller serves them.
+// Serve runs until ctx is done or a part fails; every goroutine it starts
+// has ended when it returns, and Redis closes last. Envoy keeps the last
+// routes while no controller serves them.
 func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.Listener) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", c.metrics.Handler())
-	mux.HandleFunc("GET /debug/controller", c.routing.debugHandler)
+	mux.HandleFunc("GET /debug/controller", c.routing.DebugHandler)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := c.rdb.Ping(r.Context()).Err(); err != nil {
@@ -68,28 +72,40 @@ func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.List
 		io.WriteString(w, "ready\n")
 	})
 	admin := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = admin.Serve(adminLis) }()
-	go feed.Subscribe(ctx, c.rdb, feed.DefaultStream, c.routing.observe, c.log)
+	g, failed := errgroup.WithContext(ctx)
+	runCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	g.Go(func() error {
+		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("admin: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		feed.Subscribe(runCtx, c.rdb, feed.DefaultStream, c.routing.Observe, c.log)
+		return nil
+	})
+	g.Go(func() error { return c.routing.Run(runCtx, xdsLis) })
 	c.log.Info("infergate controller serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String())
-	err := c.routing.serve(ctx, xdsLis)
+
+	<-failed.Done()
+	stop()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = admin.Shutdown(shutdownCtx)
+	err := g.Wait()
 	_ = c.metrics.Shutdown(shutdownCtx)
 	c.rdb.Close()
 	c.log.Info("infergate controller stopped")
-	if err != nil && ctx.Err() == nil {
-		return fmt.Errorf("xds: %w", err)
-	}
-	return nil
+	return err
 }
 
 func runController(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlagSet("controller", `Run the SLA controller and its xDS server alone. It reads the observations that
+	fs := flagset.New("controller", `Run the SLA controller and its xDS server alone. It reads the observations that
 ext_proc replicas publish to the shared Redis (ratelimit.backend: redis) and
 serves the virtual-model routes to Envoy; run as many as you like.`, stderr)
 	path := fs.String("config", "", "YAML config file with virtualModels and ratelimit.redis (required)")
-	if err := parse(fs, args); err != nil {
+	if err := flagset.Parse(fs, args); err != nil {
 		return err
 	}
 	cfg, err := config.Load(*path)

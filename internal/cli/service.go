@@ -16,14 +16,17 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/xds/feed"
+	"github.com/infergate/infergate/xds/routing"
 )
 
 // streamWorkers serve ext_proc streams (each HTTP request holds two, the
@@ -34,73 +37,85 @@ const streamWorkers = 16
 // responses) get this long before they are cut.
 const drainTimeout = 30 * time.Second
 
-// Service is the ext_proc gRPC server plus the admin HTTP server.
+// Service is the ext_proc gRPC server plus the admin HTTP server and, with
+// virtual models, the SLA routing service.
 type Service struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	metrics *telemetry.Metrics
-	grpc    *grpc.Server
-	ready   atomic.Bool
-	adm     *admissionParts
-	routing *routing         // nil without virtual models
-	recent  *requestlog.Ring // nil when admin.recentRequests is 0
-	tracing *telemetry.Tracing
-	stop    context.CancelFunc // ends the watchers
+	cfg       *config.Config
+	log       *slog.Logger
+	metrics   *telemetry.Metrics
+	grpc      *grpc.Server
+	ready     atomic.Bool
+	adm       *admissionParts
+	routing   *routing.Service // nil without virtual models
+	publisher *feed.Publisher  // observations to the shared Redis; nil without Redis
+	recent    *requestlog.Ring // nil when admin.recentRequests is 0
+	tracing   *telemetry.Tracing
 }
 
 // NewService builds the service; stamps go to requests as JSON lines.
 // Policies, keys and the rate-limit backend are loaded now, so a broken
-// configuration fails at start, not at the first request.
+// configuration fails at start, not at the first request. Nothing runs
+// until Serve.
 func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*Service, error) {
+	ctx := context.Background()
 	metrics, err := telemetry.New()
 	if err != nil {
 		return nil, err
 	}
-	var sinks []extproc.Sink
+	var sinks []request.Sink
 	if *cfg.Log.Requests {
-		sinks = append(sinks, extproc.NewLogSink(requests))
+		sinks = append(sinks, requestlog.NewLogSink(requests))
 	}
 	var recent *requestlog.Ring
 	if cfg.Admin.RecentRequests > 0 {
 		recent = requestlog.NewRing(cfg.Admin.RecentRequests)
 		sinks = append(sinks, recent)
 	}
-	ctx, stop := context.WithCancel(context.Background())
 	tracing, err := telemetry.NewTracing(ctx, cfg.Tracing, Version, metrics)
 	if err != nil {
-		stop()
 		return nil, err
 	}
 	adm, err := newAdmission(ctx, cfg, logger, metrics)
 	if err != nil {
-		stop()
 		return nil, err
 	}
 	var store redis.UniversalClient
 	if adm.redis != nil {
 		store = adm.redis
 	}
-	rt, err := newRouting(cfg, logger, metrics.Meter(), store)
+	rt, err := routing.New(ctx, cfg, logger, metrics.Meter(), store)
 	if err != nil {
-		stop()
+		adm.close()
 		return nil, err
 	}
+	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: recent, tracing: tracing}
 	switch {
 	case adm.redis != nil:
 		// Replicas share Redis: every one publishes its observations and
 		// every controller reads them all, so they decide alike.
-		pub := feed.NewPublisher(adm.redis, feed.DefaultStream, logger)
-		go pub.Run(ctx)
-		sinks = append(sinks, publishSink{pub})
-		if rt != nil {
-			go feed.Subscribe(ctx, adm.redis, feed.DefaultStream, rt.observe, logger)
-		}
+		s.publisher = feed.NewPublisher(adm.redis, feed.DefaultStream, logger)
+		sinks = append(sinks, routing.PublishSink(s.publisher))
 	case rt != nil:
 		sinks = append(sinks, rt)
 	}
-	srv := extproc.New(cfg, extproc.Options{Logger: logger, Metrics: metrics, Sinks: sinks, Policy: adm.controller,
-		Tracer: tracing.Tracer(), PoolName: rt.poolName})
-	g := grpc.NewServer(
+	srv, err := extproc.New(extproc.Options{
+		CompletionPaths: cfg.Gate.Paths,
+		MaxBodyBytes:    cfg.Gate.MaxBodyBytes,
+		KeepUsageOption: !*cfg.Gate.InjectUsage,
+		MaxEventBytes:   cfg.Meter.MaxEventBytes,
+		MaxTrackedGaps:  cfg.Meter.MaxTrackedGaps,
+		Logger:          logger,
+		Meter:           metrics.Meter(),
+		Sinks:           sinks,
+		Policy:          adm.controller,
+		Tracer:          tracing.Tracer(),
+		PoolName:        rt.PoolName,
+	})
+	if err != nil {
+		adm.close()
+		return nil, err
+	}
+	s.grpc = grpc.NewServer(
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(cfg.Gate.MaxBodyBytes+1<<20),
 		// Streams are served by long-lived goroutines: the stack a policy
@@ -114,16 +129,15 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 	)
-	extprocv3.RegisterExternalProcessorServer(g, srv)
-	return &Service{cfg: cfg, log: logger, metrics: metrics, grpc: g, adm: adm, routing: rt, recent: recent,
-		tracing: tracing, stop: stop}, nil
+	extprocv3.RegisterExternalProcessorServer(s.grpc, srv)
+	return s, nil
 }
 
 // AdminHandler serves /metrics, /healthz and /readyz.
 func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
-	mux.HandleFunc("GET /debug/controller", s.routing.debugHandler)
+	mux.HandleFunc("GET /debug/controller", s.routing.DebugHandler)
 	if s.recent != nil {
 		pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
 		mux.Handle("GET /debug/requests", pages)
@@ -153,61 +167,80 @@ func (s *Service) AdminHandler() http.Handler {
 	return mux
 }
 
-// Serve runs until ctx is done, then drains: readiness goes false first so
-// load balancers stop sending, then in-flight streams get drainTimeout.
-// xdsLis serves the virtual-model routes; it is only used (and required)
-// when virtual models are configured.
+// Serve runs until ctx is done or a part fails, then stops in order:
+// readiness goes false (load balancers stop sending), the control plane
+// stops (Envoy keeps its last routes), in-flight ext_proc streams drain
+// (long LLM responses get drainTimeout), the observations they produced
+// are flushed to the feed, the watchers stop, and Redis closes last. Every
+// goroutine it starts has ended when it returns. xdsLis serves the
+// virtual-model routes; it is only used (and required) when routing
+// serves xDS.
 func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Listener) error {
-	admin := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
-	errc := make(chan error, 3)
-	xdsCtx, stopXDS := context.WithCancel(context.Background())
-	defer stopXDS()
-	if s.routing != nil {
-		if xdsLis == nil && s.routing.needsListener() {
-			return errors.New("virtual models are configured but there is no xDS listener")
-		}
-		go func() {
-			if err := s.routing.serve(xdsCtx, xdsLis); err != nil {
-				errc <- fmt.Errorf("xds: %w", err)
-			}
-		}()
-	} else if xdsLis != nil {
+	if s.routing.NeedsListener() && xdsLis == nil {
+		return errors.New("virtual models are configured but there is no xDS listener")
+	}
+	if s.routing == nil && xdsLis != nil {
 		xdsLis.Close()
 	}
-	go func() { errc <- s.grpc.Serve(extprocLis) }()
-	go func() {
+	admin := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
+	// Each part stops on its own signal, in the order above; the group's
+	// context only tells that one of them failed.
+	g, failed := errgroup.WithContext(ctx)
+	routingCtx, stopRouting := context.WithCancel(context.Background())
+	feedCtx, stopFeed := context.WithCancel(context.Background())
+	watchCtx, stopWatching := context.WithCancel(context.Background())
+	defer stopRouting()
+	defer stopFeed()
+	defer stopWatching()
+
+	g.Go(func() error { return s.grpc.Serve(extprocLis) })
+	g.Go(func() error {
 		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
-			errc <- err
+			return fmt.Errorf("admin: %w", err)
 		}
-	}()
+		return nil
+	})
+	g.Go(func() error { s.adm.run(watchCtx); return nil })
+	if s.publisher != nil {
+		g.Go(func() error { s.publisher.Run(feedCtx); return nil })
+	}
+	if s.routing != nil {
+		g.Go(func() error { return s.routing.Run(routingCtx, xdsLis) })
+		if s.adm.redis != nil {
+			g.Go(func() error {
+				feed.Subscribe(routingCtx, s.adm.redis, feed.DefaultStream, s.routing.Observe, s.log)
+				return nil
+			})
+		}
+	}
 	s.ready.Store(true)
 	s.log.Info("infergate serving", "extproc", extprocLis.Addr().String(), "admin", adminLis.Addr().String())
 
-	var err error
-	select {
-	case <-ctx.Done():
-	case err = <-errc:
-		err = fmt.Errorf("server stopped: %w", err)
-	}
+	<-failed.Done()
 	s.ready.Store(false)
-	// Envoy keeps its last routes while the control plane is away.
-	stopXDS()
-	stopped := make(chan struct{})
-	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	stopRouting()
+	drained := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(drained) }()
 	select {
-	case <-stopped:
+	case <-drained:
 	case <-time.After(drainTimeout):
 		s.grpc.Stop()
+		<-drained
 	}
+	stopFeed()
+	stopWatching()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = admin.Shutdown(shutdownCtx)
+	err := g.Wait()
 	_ = s.metrics.Shutdown(shutdownCtx)
 	_ = s.tracing.Shutdown(shutdownCtx)
-	s.stop()
 	s.adm.close()
 	s.log.Info("infergate stopped")
-	return err
+	if err != nil {
+		return fmt.Errorf("server stopped: %w", err)
+	}
+	return nil
 }
 
 // ListenAndServe opens the configured listeners and serves.
@@ -222,7 +255,7 @@ func (s *Service) ListenAndServe(ctx context.Context) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	var xl net.Listener
-	if s.routing.needsListener() {
+	if s.routing.NeedsListener() {
 		if xl, err = net.Listen("tcp", s.cfg.XDS.Listen); err != nil {
 			ep.Close()
 			ad.Close()

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/xds/controller"
 )
 
 // Default is the embedded default configuration `infergate serve` runs with.
@@ -44,11 +46,16 @@ type Config struct {
 
 // VirtualModel is one routed name and its pools.
 type VirtualModel struct {
-	Name   string     `yaml:"name"`
-	Pools  []PoolRef  `yaml:"pools"`
-	SLA    SLA        `yaml:"sla"`
-	Tuning Tuning     `yaml:"tuning"`
-	Retry  *RetryRule `yaml:"retry"`
+	Name  string    `yaml:"name"`
+	Pools []PoolRef `yaml:"pools"`
+	// SLA thresholds; a zero value disables that check. The TTFT one
+	// applies to the TTFT in excess of what the prompt length explains
+	// (see README: length-normalised TTFT); queueDepth needs
+	// pools[].metrics.
+	SLA controller.SLA `yaml:"sla"`
+	// Tuning of the weight controller; zero values take the defaults.
+	Tuning controller.Tuning `yaml:"tuning"`
+	Retry  *RetryRule        `yaml:"retry"`
 }
 
 // PoolRef is an Envoy cluster serving a virtual model; priority 0 is the
@@ -60,30 +67,6 @@ type PoolRef struct {
 	// (vLLM-style /metrics), scraped every interval for queue depth and
 	// KV-cache usage; optional.
 	Metrics []string `yaml:"metrics"`
-}
-
-// SLA thresholds; a zero value disables that check.
-type SLA struct {
-	// TTFTP95 applies to the TTFT in excess of what the prompt length
-	// explains (see README: length-normalised TTFT).
-	TTFTP95   time.Duration `yaml:"ttftP95"`
-	ITLP95    time.Duration `yaml:"itlP95"`
-	ErrorRate float64       `yaml:"errorRate"`
-	// QueueDepth bounds the requests waiting at a pool's model servers
-	// (needs pools[].metrics).
-	QueueDepth float64 `yaml:"queueDepth"`
-}
-
-// Tuning of the weight controller; zero values take the defaults.
-type Tuning struct {
-	Window          time.Duration `yaml:"window"`
-	MinSamples      int           `yaml:"minSamples"`
-	Interval        time.Duration `yaml:"interval"`
-	Step            uint32        `yaml:"step"`
-	Hysteresis      float64       `yaml:"hysteresis"`
-	Cooldown        time.Duration `yaml:"cooldown"`
-	ProbeWeight     uint32        `yaml:"probeWeight"`
-	PrefillPerToken time.Duration `yaml:"prefillPerToken"`
 }
 
 // RetryRule sends eligible failures to another attempt (Envoy's retry
@@ -468,9 +451,10 @@ func (c *Config) validate() error {
 					fmt.Sprintf("%s.pools.%d.metrics", at, j), "%q must be an http(s) URL", m)
 			}
 		}
-		check(vm.SLA.TTFTP95 >= 0 && vm.SLA.ITLP95 >= 0, at+".sla", "durations must not be negative")
-		check(vm.SLA.ErrorRate >= 0 && vm.SLA.ErrorRate <= 1, at+".sla.errorRate", "must be between 0 and 1, got %v", vm.SLA.ErrorRate)
-		check(vm.SLA.QueueDepth >= 0, at+".sla.queueDepth", "must not be negative")
+		// The controller owns the bounds of the SLA and the tuning.
+		for _, fe := range controller.FieldErrors(vm.SLA.Validate()) {
+			check(false, at+".sla."+fe.Field, "%s", fe.Msg)
+		}
 		if vm.SLA.QueueDepth > 0 {
 			scraped := false
 			for _, p := range vm.Pools {
@@ -478,11 +462,12 @@ func (c *Config) validate() error {
 			}
 			check(scraped, at+".sla.queueDepth", "needs pools[].metrics to read the queue from")
 		}
-		t := vm.Tuning
-		check(t.Window >= 0 && t.Interval >= 0 && t.Cooldown >= 0 && t.PrefillPerToken >= 0, at+".tuning", "durations must not be negative")
-		check(t.MinSamples >= 0, at+".tuning.minSamples", "must not be negative")
-		check(t.Step <= 100 && t.ProbeWeight <= 50, at+".tuning", "step must be at most 100 and probeWeight at most 50")
-		check(t.Hysteresis >= 0 && t.Hysteresis < 1, at+".tuning.hysteresis", "must be in [0, 1), got %v", t.Hysteresis)
+		for _, fe := range controller.FieldErrors(vm.Tuning.Validate()) {
+			check(false, at+".tuning."+fe.Field, "%s", fe.Msg)
+		}
+		// NoProbe is for Go callers; the file has no way to spell it.
+		check(vm.Tuning.ProbeWeight != controller.NoProbe, at+".tuning.probeWeight",
+			"must be at most %d, got %d", controller.MaxProbeWeight, vm.Tuning.ProbeWeight)
 		if vm.Retry != nil {
 			check(vm.Retry.Attempts >= 1 && vm.Retry.Attempts <= 10, at+".retry.attempts", "must be 1 to 10, got %d", vm.Retry.Attempts)
 			for _, code := range vm.Retry.StatusCodes {
@@ -509,6 +494,7 @@ func tidyYAMLError(err error) error {
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		m = strings.ReplaceAll(m, " in type config.", " in section ")
+		m = strings.ReplaceAll(m, " in type controller.", " in section ")
 		msgs[i] = m
 	}
 	return errors.New(strings.Join(msgs, "; "))

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/xds/controller"
 )
 
 // defaults is the configuration documented in default.yaml, spelled out so
@@ -123,8 +125,8 @@ func TestValidFile(t *testing.T) {
 		VirtualModels: []VirtualModel{{
 			Name:  "llama-3-70b",
 			Pools: []PoolRef{{Cluster: "pool-a", Priority: 0, Metrics: []string{"http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics"}}, {Cluster: "pool-b", Priority: 1}},
-			SLA:   SLA{TTFTP95: 300 * time.Millisecond, ITLP95: 50 * time.Millisecond, ErrorRate: 0.05, QueueDepth: 16},
-			Tuning: Tuning{Window: 20 * time.Second, MinSamples: 10, Interval: 2 * time.Second, Step: 20, Hysteresis: 0.3,
+			SLA:   controller.SLA{TTFTP95: 300 * time.Millisecond, ITLP95: 50 * time.Millisecond, ErrorRate: 0.05, QueueDepth: 16},
+			Tuning: controller.Tuning{Window: 20 * time.Second, MinSamples: 10, Interval: 2 * time.Second, Step: 20, Hysteresis: 0.3,
 				Cooldown: 10 * time.Second, ProbeWeight: 2, PrefillPerToken: time.Millisecond},
 			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}, AcrossPools: &yes},
 		}},

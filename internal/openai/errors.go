@@ -47,3 +47,8 @@ func NewError(status int, typ, code, param, msg string) *Error {
 func BadRequest(code, param, msg string) *Error {
 	return NewError(http.StatusBadRequest, TypeInvalidRequest, code, param, msg)
 }
+
+// UnknownURL is OpenAI's answer for a path it does not serve.
+func UnknownURL(method, path string) *Error {
+	return NewError(http.StatusNotFound, TypeInvalidRequest, "unknown_url", "", "Invalid URL ("+method+" "+path+")")
+}

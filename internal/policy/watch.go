@@ -29,7 +29,7 @@ type Watcher struct {
 	// The memo counts of the versions replaced, so the totals never fall.
 	pastHits, pastMisses atomic.Uint64
 
-	done chan struct{}
+	fingerprint string // of the version loaded last
 }
 
 // Option changes how a Watcher serves decisions.
@@ -39,17 +39,17 @@ type Option func(*Watcher)
 // on is true.
 func WithMemo(on bool) Option { return func(w *Watcher) { w.memo = on } }
 
-// Watch loads dir (an error if that fails) and reloads it, until ctx is
-// done, whenever the names, sizes or modification times of its policy and
-// data files change. The directory is checked every interval (default 1s).
-func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Logger, opts ...Option) (*Watcher, error) {
+// NewWatcher loads dir (an error if that fails); Run then reloads it
+// whenever the names, sizes or modification times of its policy and data
+// files change. The directory is checked every interval (default 1s).
+func NewWatcher(ctx context.Context, dir string, interval time.Duration, log *slog.Logger, opts ...Option) (*Watcher, error) {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Watcher{dir: dir, interval: interval, log: log, done: make(chan struct{})}
+	w := &Watcher{dir: dir, interval: interval, log: log}
 	for _, o := range opts {
 		o(w)
 	}
@@ -63,11 +63,13 @@ func Watch(ctx context.Context, dir string, interval time.Duration, log *slog.Lo
 	}
 	w.engine.Store(e)
 	log.Info("policy loaded", "dir", dir, "modules", e.modules, "tests", e.tests, "memoized", e.memo != nil)
-	go func() {
-		defer close(w.done)
-		filewatch.Poll(ctx, dir, isPolicyFile, fp, interval, func() error { return w.reload(ctx) }, w.failed)
-	}()
+	w.fingerprint = fp
 	return w, nil
+}
+
+// Run polls the directory and reloads it on change, until ctx is done.
+func (w *Watcher) Run(ctx context.Context) {
+	filewatch.Poll(ctx, w.dir, isPolicyFile, w.fingerprint, w.interval, func() error { return w.reload(ctx) }, w.failed)
 }
 
 // load loads one version of the directory.
@@ -107,8 +109,6 @@ func (w *Watcher) Health() error {
 // that failed.
 func (w *Watcher) Reloads() (ok, failed int64) { return w.ok.Load(), w.fail.Load() }
 
-// Done is closed when the watcher has stopped polling (ctx is done).
-func (w *Watcher) Done() <-chan struct{} { return w.done }
 
 // reload loads the directory again; on success the new version serves.
 func (w *Watcher) reload(ctx context.Context) error {

@@ -37,14 +37,16 @@ func watch(t *testing.T, dir string) (*Watcher, *syncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &syncBuffer{}
-	w, err := Watch(ctx, dir, 20*time.Millisecond, slog.New(slog.NewTextHandler(logs, nil)))
+	w, err := NewWatcher(ctx, dir, 20*time.Millisecond, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		cancel()
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		<-w.Done()
+		<-done
 	})
 	return w, logs
 }
@@ -179,10 +181,10 @@ func TestWatcherNewFile(t *testing.T) {
 
 func TestWatchFailsOnBrokenPolicy(t *testing.T) {
 	dir := policyDir(t, map[string]string{"authz.rego": "package infergate.authz\n\nallow if {\n"})
-	if _, err := Watch(context.Background(), dir, time.Second, nil); err == nil {
+	if _, err := NewWatcher(context.Background(), dir, time.Second, nil); err == nil {
 		t.Fatal("Watch loaded a broken policy")
 	}
-	if _, err := Watch(context.Background(), filepath.Join(dir, "missing"), time.Second, nil); err == nil {
+	if _, err := NewWatcher(context.Background(), filepath.Join(dir, "missing"), time.Second, nil); err == nil {
 		t.Fatal("Watch loaded a missing directory")
 	}
 }

@@ -10,14 +10,15 @@ import (
 	"strings"
 	"time"
 
-	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 //go:embed page.html.tmpl
 var pageSource string
 
 var page = template.Must(template.New("page").Funcs(template.FuncMap{
-	"ms":  func(d time.Duration) string { return strconv.FormatFloat(ms(d), 'f', 1, 64) },
+	"ms":  func(d time.Duration) string { return strconv.FormatFloat(stats.Ms(d), 'f', 1, 64) },
 	"f1":  func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 	"pct": func(v float64) string { return strconv.FormatFloat(v, 'f', 2, 64) + "%" },
 	"hms": func(t time.Time) string {
@@ -59,14 +60,14 @@ type handler struct {
 type listView struct {
 	Filter   Filter
 	SlowMs   string
-	Requests []extproc.Stamp
+	Requests []request.Stamp
 	Shown    int
 	Matched  int
 	TraceURL func(string) string
 }
 
 type detailView struct {
-	Stamp    extproc.Stamp
+	Stamp    request.Stamp
 	Phases   []Phase
 	Bins     []Bin
 	BinsTo   float64

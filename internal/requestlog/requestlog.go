@@ -25,22 +25,23 @@ import (
 	"sync"
 	"time"
 
-	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/stats"
 )
 
-// Ring is an extproc.Sink keeping the last N stamps.
+// Ring is an request.Sink keeping the last N stamps.
 type Ring struct {
 	mu   sync.Mutex
-	buf  []extproc.Stamp
+	buf  []request.Stamp
 	next int
 	full bool
 }
 
 // NewRing keeps up to n stamps.
-func NewRing(n int) *Ring { return &Ring{buf: make([]extproc.Stamp, n)} }
+func NewRing(n int) *Ring { return &Ring{buf: make([]request.Stamp, n)} }
 
-// Record implements extproc.Sink.
-func (r *Ring) Record(_ context.Context, s *extproc.Stamp) {
+// Record implements request.Sink.
+func (r *Ring) Record(_ context.Context, s *request.Stamp) {
 	r.mu.Lock()
 	r.buf[r.next] = *s
 	r.next = (r.next + 1) % len(r.buf)
@@ -49,14 +50,14 @@ func (r *Ring) Record(_ context.Context, s *extproc.Stamp) {
 }
 
 // Recent returns the kept stamps, newest first, that pass keep.
-func (r *Ring) Recent(keep func(*extproc.Stamp) bool) []extproc.Stamp {
+func (r *Ring) Recent(keep func(*request.Stamp) bool) []request.Stamp {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := r.next
 	if r.full {
 		n = len(r.buf)
 	}
-	out := make([]extproc.Stamp, 0, n)
+	out := make([]request.Stamp, 0, n)
 	for i := range n {
 		s := &r.buf[(r.next-1-i+len(r.buf))%len(r.buf)]
 		if keep == nil || keep(s) {
@@ -67,10 +68,10 @@ func (r *Ring) Recent(keep func(*extproc.Stamp) bool) []extproc.Stamp {
 }
 
 // Find returns the newest stamp with the request id (or trace id).
-func (r *Ring) Find(id string) (extproc.Stamp, bool) {
-	found := r.Recent(func(s *extproc.Stamp) bool { return s.RequestID == id || (s.TraceID != "" && s.TraceID == id) })
+func (r *Ring) Find(id string) (request.Stamp, bool) {
+	found := r.Recent(func(s *request.Stamp) bool { return s.RequestID == id || (s.TraceID != "" && s.TraceID == id) })
 	if len(found) == 0 {
-		return extproc.Stamp{}, false
+		return request.Stamp{}, false
 	}
 	return found[0], true
 }
@@ -85,7 +86,7 @@ type Filter struct {
 }
 
 // Match reports whether s passes f.
-func (f Filter) Match(s *extproc.Stamp) bool {
+func (f Filter) Match(s *request.Stamp) bool {
 	switch {
 	case f.Model != "" && s.Model != f.Model,
 		f.Pool != "" && s.Pool != f.Pool,
@@ -138,24 +139,22 @@ type Record struct {
 	GapsMs           []float64 `json:"gaps_ms,omitempty"` // detail only
 }
 
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
 // NewRecord converts a stamp; gaps are included when withGaps.
-func NewRecord(s *extproc.Stamp, withGaps bool) Record {
+func NewRecord(s *request.Stamp, withGaps bool) Record {
 	r := Record{
 		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, Pool: s.Pool,
 		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Tenant: s.Tenant,
 		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason,
 		Stream: s.Stream, Complete: s.Complete, PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,
-		TotalMs: ms(s.Total), GatewayMs: ms(s.Gateway.Total), GateMs: ms(s.Gateway.Gate),
-		AuthMs: ms(s.Gateway.Auth), PolicyMs: ms(s.Gateway.Policy), RateLimitMs: ms(s.Gateway.RateLimit),
-		ModerationMs: ms(s.Gateway.Checks), ModelMs: ms(s.E2E), TTFTMs: ms(s.TTFT),
-		ITLP50Ms: ms(s.ITLP50), ITLP95Ms: ms(s.ITLP95), ITLMaxMs: ms(s.ITLMax),
+		TotalMs: stats.Ms(s.Total), GatewayMs: stats.Ms(s.Gateway.Total), GateMs: stats.Ms(s.Gateway.Gate),
+		AuthMs: stats.Ms(s.Gateway.Auth), PolicyMs: stats.Ms(s.Gateway.Policy), RateLimitMs: stats.Ms(s.Gateway.RateLimit),
+		ModerationMs: stats.Ms(s.Gateway.Checks), ModelMs: stats.Ms(s.E2E), TTFTMs: stats.Ms(s.TTFT),
+		ITLP50Ms: stats.Ms(s.ITLP50), ITLP95Ms: stats.Ms(s.ITLP95), ITLMaxMs: stats.Ms(s.ITLMax),
 	}
 	if withGaps {
 		r.GapsMs = make([]float64, len(s.Gaps))
 		for i, g := range s.Gaps {
-			r.GapsMs[i] = ms(g)
+			r.GapsMs[i] = stats.Ms(g)
 		}
 	}
 	return r
@@ -178,8 +177,8 @@ type Phase struct {
 }
 
 // Phases lays out a request's waterfall.
-func Phases(s *extproc.Stamp) []Phase {
-	total := ms(s.Total)
+func Phases(s *request.Stamp) []Phase {
+	total := stats.Ms(s.Total)
 	var ps []Phase
 	add := func(name, kind string, depth int, from, dur float64) {
 		if dur <= 0 && depth > 0 {
@@ -187,7 +186,7 @@ func Phases(s *extproc.Stamp) []Phase {
 		}
 		ps = append(ps, Phase{Name: name, Kind: kind, Depth: depth, FromMs: from, DurMs: dur})
 	}
-	gw, gate := ms(s.Gateway.Total), ms(s.Gateway.Gate)
+	gw, gate := stats.Ms(s.Gateway.Total), stats.Ms(s.Gateway.Gate)
 	add("gateway", "gateway", 0, 0, gw)
 	// The gate's stages run back to back at the end of the gate's time,
 	// which ends where the request leaves (minus moderation).
@@ -197,16 +196,16 @@ func Phases(s *extproc.Stamp) []Phase {
 		name string
 		d    time.Duration
 	}{{"auth", s.Gateway.Auth}, {"policy", s.Gateway.Policy}, {"rate limit", s.Gateway.RateLimit}} {
-		add(st.name, "gateway", 2, at, ms(st.d))
-		at += ms(st.d)
+		add(st.name, "gateway", 2, at, stats.Ms(st.d))
+		at += stats.Ms(st.d)
 	}
-	add("moderation", "moderation", 0, gw, ms(s.Gateway.Checks))
+	add("moderation", "moderation", 0, gw, stats.Ms(s.Gateway.Checks))
 	if !s.Sent.IsZero() {
-		sent := gw + ms(s.Gateway.Checks)
-		add("model", "model", 0, sent, ms(s.E2E))
+		sent := gw + stats.Ms(s.Gateway.Checks)
+		add("model", "model", 0, sent, stats.Ms(s.E2E))
 		if s.TTFT > 0 {
-			add("first token (queue + prefill)", "model", 1, sent, ms(s.TTFT))
-			add("stream (decode)", "model", 1, sent+ms(s.TTFT), ms(s.E2E-s.TTFT))
+			add("first token (queue + prefill)", "model", 1, sent, stats.Ms(s.TTFT))
+			add("stream (decode)", "model", 1, sent+stats.Ms(s.TTFT), stats.Ms(s.E2E-s.TTFT))
 		}
 	}
 	if total <= 0 {
@@ -240,7 +239,7 @@ func Histogram(gaps []time.Duration, n int) []Bin {
 	if len(gaps) == 0 {
 		return nil
 	}
-	lo, hi := ms(slices.Min(gaps)), ms(slices.Max(gaps))
+	lo, hi := stats.Ms(slices.Min(gaps)), stats.Ms(slices.Max(gaps))
 	width := (hi - lo) / float64(n)
 	if width <= 0 {
 		return []Bin{{FromMs: lo, ToMs: hi, Count: len(gaps), HeightPct: 100}}
@@ -251,7 +250,7 @@ func Histogram(gaps []time.Duration, n int) []Bin {
 	}
 	most := 0
 	for _, g := range gaps {
-		i := min(int((ms(g)-lo)/width), n-1)
+		i := min(int((stats.Ms(g)-lo)/width), n-1)
 		bins[i].Count++
 		most = max(most, bins[i].Count)
 	}

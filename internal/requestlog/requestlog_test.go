@@ -11,17 +11,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/stats"
 )
 
-func stamp(i int) *extproc.Stamp {
+func stamp(i int) *request.Stamp {
 	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second)
-	s := &extproc.Stamp{
+	s := &request.Stamp{
 		RequestID: fmt.Sprintf("req-%d", i), TraceID: fmt.Sprintf("%032x", i+1), Model: "llama", Pool: "pool-a",
 		Tenant: "acme", Status: 200, Decision: "allow", Stream: true, Complete: true,
 		Start: start, Sent: start.Add(3 * time.Millisecond),
-		Gateway: extproc.GatewayTime{Total: 2 * time.Millisecond, Gate: time.Millisecond,
-			Timings: extproc.Timings{Auth: 100 * time.Microsecond, Policy: 300 * time.Microsecond, Checks: time.Millisecond}},
+		Gateway: request.GatewayTime{Total: 2 * time.Millisecond, Gate: time.Millisecond,
+			Timings: request.Timings{Auth: 100 * time.Microsecond, Policy: 300 * time.Microsecond, Checks: time.Millisecond}},
 		TTFT: 50 * time.Millisecond, E2E: 250 * time.Millisecond,
 		Gaps: []time.Duration{20 * time.Millisecond, 21 * time.Millisecond, 19 * time.Millisecond, 40 * time.Millisecond},
 	}
@@ -88,8 +89,8 @@ func TestPhasesTileTheRequest(t *testing.T) {
 		}
 		end = p.FromMs + p.DurMs
 	}
-	if end != ms(s.Total) {
-		t.Errorf("phases end at %v, total %v", end, ms(s.Total))
+	if end != stats.Ms(s.Total) {
+		t.Errorf("phases end at %v, total %v", end, stats.Ms(s.Total))
 	}
 	bins := Histogram(s.Gaps, 10)
 	n := 0

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 )
@@ -18,14 +17,16 @@ type Pool struct {
 }
 
 // SLA holds a virtual model's thresholds; a zero field disables the metric.
+// The yaml keys are those of a virtual model's sla section in infergate's
+// configuration file.
 type SLA struct {
-	TTFTP95   time.Duration `json:"ttft_p95_ns"` // p95 of excess TTFT (see the package comment)
-	ITLP95    time.Duration `json:"itl_p95_ns"`  // p95 of per-request ITL p95
-	ErrorRate float64       `json:"error_rate"`  // fraction of requests (and failed attempts) with status >= 500 or 429
+	TTFTP95   time.Duration `json:"ttft_p95_ns" yaml:"ttftP95"`  // p95 of excess TTFT (see the package comment)
+	ITLP95    time.Duration `json:"itl_p95_ns" yaml:"itlP95"`    // p95 of per-request ITL p95
+	ErrorRate float64       `json:"error_rate" yaml:"errorRate"` // fraction of requests (and failed attempts) with status >= 500 or 429
 	// QueueDepth bounds the requests waiting at the pool's model servers
 	// (vLLM's num_requests_waiting, summed over endpoints), when the pool's
 	// load is reported with ObserveLoad.
-	QueueDepth float64 `json:"queue_depth"`
+	QueueDepth float64 `json:"queue_depth" yaml:"queueDepth"`
 }
 
 // NoProbe, as Tuning.ProbeWeight, lets a breached pool be drained to 0
@@ -33,17 +34,19 @@ type SLA struct {
 const NoProbe uint32 = math.MaxUint32
 
 // Tuning controls the step. Zero fields take the defaults of WithDefaults;
-// to ask for a tiny value use the smallest positive one.
+// to ask for a tiny value use the smallest positive one. The yaml keys are
+// those of a virtual model's tuning section in infergate's configuration
+// file; BaselineWindow is not configurable there.
 type Tuning struct {
-	Window          time.Duration // observations considered (default 30s)
-	MinSamples      int           // per pool per Window before it is judged (default 20)
-	Interval        time.Duration // how often Tick is expected (default 5s); informational
-	Step            uint32        // max weight points moved per Tick (default 10)
-	Hysteresis      float64       // healthy only when every metric < (1-h)*threshold (default 0.2)
-	Cooldown        time.Duration // after a shift away from a pool, no shift toward it for this long (default 30s)
-	ProbeWeight     uint32        // a breached pool keeps at least this weight (default 5; NoProbe for 0)
-	PrefillPerToken time.Duration // TTFT slope prior, used until enough prompt spread is seen (default 0)
-	BaselineWindow  time.Duration // window for learning the slope (default 10*Window)
+	Window          time.Duration `yaml:"window"`          // observations considered (default 30s)
+	MinSamples      int           `yaml:"minSamples"`      // per pool per Window before it is judged (default 20; at most MaxMinSamples)
+	Interval        time.Duration `yaml:"interval"`        // how often Tick is expected (default 5s); informational
+	Step            uint32        `yaml:"step"`            // max weight points moved per Tick (default 10; at most MaxStep)
+	Hysteresis      float64       `yaml:"hysteresis"`      // healthy only when every metric < (1-h)*threshold (default 0.2)
+	Cooldown        time.Duration `yaml:"cooldown"`        // after a shift away from a pool, no shift toward it for this long (default 30s)
+	ProbeWeight     uint32        `yaml:"probeWeight"`     // a breached pool keeps at least this weight (default 5; at most MaxProbeWeight, or NoProbe for 0)
+	PrefillPerToken time.Duration `yaml:"prefillPerToken"` // TTFT slope prior, used until enough prompt spread is seen (default 0)
+	BaselineWindow  time.Duration `yaml:"-"`               // window for learning the slope (default 10*Window)
 }
 
 // Defaults of Tuning.
@@ -61,7 +64,6 @@ const (
 	ringCap     = 4096 // observations kept per pool
 	historyCap  = 50   // decisions kept per virtual model
 	minPromptCV = 0.2  // prompt-length spread needed to learn the slope
-	percentile  = 0.95
 )
 
 // WithDefaults returns t with its zero fields set to the defaults.
@@ -107,72 +109,6 @@ type VirtualModel struct {
 	Pools  []Pool
 	SLA    SLA
 	Tuning Tuning
-}
-
-// Validate checks the model with its Tuning defaulted. Error messages name
-// the offending field.
-func (vm VirtualModel) Validate() error {
-	var errs []error
-	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("virtual model %q: %s: %s", vm.Name, field, fmt.Sprintf(format, args...)))
-	}
-	if vm.Name == "" {
-		bad("Name", "must not be empty")
-	}
-	if len(vm.Pools) == 0 {
-		bad("Pools", "at least one pool is required")
-	}
-	seen := map[string]bool{}
-	for i, p := range vm.Pools {
-		switch {
-		case p.Name == "":
-			bad(fmt.Sprintf("Pools[%d].Name", i), "must not be empty")
-		case seen[p.Name]:
-			bad(fmt.Sprintf("Pools[%d].Name", i), "duplicate pool %q", p.Name)
-		}
-		seen[p.Name] = true
-		if p.Priority < 0 {
-			bad(fmt.Sprintf("Pools[%d].Priority", i), "must be >= 0, got %d", p.Priority)
-		}
-	}
-	if vm.SLA.TTFTP95 < 0 {
-		bad("SLA.TTFTP95", "must be >= 0, got %s", vm.SLA.TTFTP95)
-	}
-	if vm.SLA.ITLP95 < 0 {
-		bad("SLA.ITLP95", "must be >= 0, got %s", vm.SLA.ITLP95)
-	}
-	if !(vm.SLA.ErrorRate >= 0 && vm.SLA.ErrorRate <= 1) {
-		bad("SLA.ErrorRate", "must be in [0, 1], got %v", vm.SLA.ErrorRate)
-	}
-	t := vm.Tuning.WithDefaults()
-	if t.Window < 0 {
-		bad("Tuning.Window", "must be > 0, got %s", t.Window)
-	}
-	if t.MinSamples < 0 || t.MinSamples > ringCap/2 {
-		bad("Tuning.MinSamples", "must be in [1, %d], got %d", ringCap/2, t.MinSamples)
-	}
-	if t.Interval < 0 {
-		bad("Tuning.Interval", "must be > 0, got %s", t.Interval)
-	}
-	if t.Step > 100 {
-		bad("Tuning.Step", "must be in [1, 100], got %d", t.Step)
-	}
-	if !(t.Hysteresis > 0 && t.Hysteresis < 1) {
-		bad("Tuning.Hysteresis", "must be in (0, 1), got %v", t.Hysteresis)
-	}
-	if t.Cooldown < 0 {
-		bad("Tuning.Cooldown", "must be >= 0, got %s", t.Cooldown)
-	}
-	if t.ProbeWeight != NoProbe && t.ProbeWeight >= 100 {
-		bad("Tuning.ProbeWeight", "must be < 100 (or NoProbe), got %d", t.ProbeWeight)
-	}
-	if t.PrefillPerToken < 0 {
-		bad("Tuning.PrefillPerToken", "must be >= 0, got %s", t.PrefillPerToken)
-	}
-	if t.BaselineWindow < t.Window {
-		bad("Tuning.BaselineWindow", "must be >= Window %s, got %s", t.Window, t.BaselineWindow)
-	}
-	return errors.Join(errs...)
 }
 
 // Observation is one finished request as reported by the meter.
@@ -571,153 +507,6 @@ func (m *model) awayTarget(k int, now time.Time) int {
 		}
 	}
 	return -1
-}
-
-// judge computes a pool's statistics over the Window and its verdict.
-func (c *Controller) judge(p *poolState, sla SLA, t Tuning, now time.Time) PoolStats {
-	cut := max(now.Add(-t.Window).UnixNano(), p.judgeFrom.UnixNano())
-	bcut := now.Add(-t.BaselineWindow).UnixNano()
-
-	// Slope of TTFT on prompt tokens over the baseline, by least squares
-	// on centred values (two passes, for numerical stability).
-	var bn int
-	var sx, sy float64
-	for _, s := range p.buf {
-		if s.at >= bcut && !s.failed {
-			bn++
-			sx += float64(s.tokens)
-			sy += float64(s.ttft)
-		}
-	}
-	slope := float64(t.PrefillPerToken)
-	if bn >= 2*t.MinSamples && bn > 1 && sx > 0 {
-		mx, my := sx/float64(bn), sy/float64(bn)
-		var sxx, sxy float64
-		for _, s := range p.buf {
-			if s.at >= bcut && !s.failed {
-				dx := float64(s.tokens) - mx
-				sxx += dx * dx
-				sxy += dx * (float64(s.ttft) - my)
-			}
-		}
-		if sxx > 0 && math.Sqrt(sxx/float64(bn))/mx > minPromptCV {
-			slope = max(0, sxy/sxx)
-		}
-	}
-
-	excess, ttft, itl := c.excess[:0], c.ttft[:0], c.itl[:0]
-	samples, failed := 0, 0
-	for _, s := range p.buf {
-		if s.at < cut {
-			continue
-		}
-		samples++
-		if s.failed {
-			// A failure has no meaningful latency: it counts toward the
-			// error rate only.
-			failed++
-			continue
-		}
-		ttft = append(ttft, s.ttft)
-		excess = append(excess, max(0, s.ttft-int64(slope*float64(s.tokens))))
-		if s.itl > 0 {
-			itl = append(itl, s.itl)
-		}
-	}
-	c.excess, c.ttft, c.itl = excess, ttft, itl
-
-	st := PoolStats{
-		Samples:       samples,
-		ExcessTTFTP95: time.Duration(p95(excess)),
-		TTFTP95:       time.Duration(p95(ttft)),
-		ITLP95:        time.Duration(p95(itl)),
-		Slope:         time.Duration(math.Round(slope)),
-	}
-	if st.Samples > 0 {
-		st.ErrorRate = float64(failed) / float64(st.Samples)
-	}
-	st.QueueDepth, st.KVCacheUsage = -1, -1
-	if !p.load.At.IsZero() && p.load.At.UnixNano() >= cut {
-		st.QueueDepth, st.KVCacheUsage = p.load.Waiting, p.load.KVCacheUsage
-	}
-	if st.Samples < t.MinSamples {
-		st.Why = fmt.Sprintf("unknown: %d samples in %s < MinSamples %d", st.Samples, t.Window, t.MinSamples)
-		// A queueing pool finishes few requests: its queue speaks for it.
-		if sla.QueueDepth > 0 && st.QueueDepth > sla.QueueDepth {
-			st.Breached = true
-			st.Why = fmt.Sprintf("queue depth %.0f > SLA %.0f (%d samples)", st.QueueDepth, sla.QueueDepth, st.Samples)
-		}
-		return st
-	}
-
-	type metric struct {
-		name       string
-		val, limit float64
-		show       func(float64) string
-	}
-	dur := func(v float64) string { return fmtDur(time.Duration(v)) }
-	pct := func(v float64) string { return fmt.Sprintf("%.1f%%", 100*v) }
-	var ms []metric
-	if sla.TTFTP95 > 0 {
-		ms = append(ms, metric{"excess TTFT p95", float64(st.ExcessTTFTP95), float64(sla.TTFTP95), dur})
-	}
-	if sla.ITLP95 > 0 && len(itl) >= t.MinSamples {
-		// Too few streamed requests: ITL is not judged.
-		ms = append(ms, metric{"ITL p95", float64(st.ITLP95), float64(sla.ITLP95), dur})
-	}
-	if sla.ErrorRate > 0 {
-		ms = append(ms, metric{"error rate", st.ErrorRate, sla.ErrorRate, pct})
-	}
-	if sla.QueueDepth > 0 && st.QueueDepth >= 0 {
-		ms = append(ms, metric{"queue depth", st.QueueDepth, sla.QueueDepth, func(v float64) string { return fmt.Sprintf("%.0f", v) }})
-	}
-	var breached, band, fine []string
-	for _, m := range ms {
-		healthyBelow := (1 - t.Hysteresis) * m.limit
-		switch {
-		case m.val > m.limit:
-			breached = append(breached, fmt.Sprintf("%s %s > SLA %s", m.name, m.show(m.val), m.show(m.limit)))
-		case m.val >= healthyBelow:
-			band = append(band, fmt.Sprintf("%s %s >= %s (SLA %s less %.0f%% hysteresis)",
-				m.name, m.show(m.val), m.show(healthyBelow), m.show(m.limit), 100*t.Hysteresis))
-		default:
-			fine = append(fine, fmt.Sprintf("%s %s < %s", m.name, m.show(m.val), m.show(healthyBelow)))
-		}
-	}
-	switch {
-	case len(breached) > 0:
-		st.Breached = true
-		st.Why = strings.Join(breached, "; ")
-	case len(band) > 0:
-		st.Why = "not yet healthy: " + strings.Join(band, "; ")
-	default:
-		st.Healthy = true
-		st.Why = "healthy"
-		if len(fine) > 0 {
-			st.Why += ": " + strings.Join(fine, "; ")
-		}
-	}
-	return st
-}
-
-// p95 sorts v and returns its nearest-rank 95th percentile (0 if empty).
-func p95(v []int64) int64 {
-	if len(v) == 0 {
-		return 0
-	}
-	slices.Sort(v)
-	return v[int(math.Ceil(percentile*float64(len(v))))-1]
-}
-
-// fmtDur rounds a duration for display.
-func fmtDur(d time.Duration) string {
-	switch {
-	case d >= 10*time.Millisecond:
-		return d.Round(time.Millisecond).String()
-	case d >= 10*time.Microsecond:
-		return d.Round(10 * time.Microsecond).String()
-	}
-	return d.String()
 }
 
 // Restore resumes a virtual model at weights saved by an earlier run (a

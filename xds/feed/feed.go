@@ -51,33 +51,66 @@ func (p *Publisher) Publish(o controller.Observation) {
 // Dropped is how many observations were dropped because the queue was full.
 func (p *Publisher) Dropped() int64 { return p.dropped.Load() }
 
-// Run writes queued observations until ctx is done.
+// flushTimeout bounds writing what is still queued when Run is told to stop.
+const flushTimeout = 2 * time.Second
+
+// Run writes queued observations until ctx is done, then flushes what is
+// still queued (for at most flushTimeout) and returns. Publish after Run
+// returned only queues.
 func (p *Publisher) Run(ctx context.Context) {
 	batch := make([]controller.Observation, 0, 256)
 	for {
 		select {
 		case <-ctx.Done():
+			p.flush(batch)
 			return
 		case o := <-p.queue:
-			batch = append(batch[:0], o)
+			batch = p.take(append(batch[:0], o))
 		}
-	drain:
-		for len(batch) < cap(batch) {
-			select {
-			case o := <-p.queue:
-				batch = append(batch, o)
-			default:
-				break drain
-			}
+		p.write(ctx, batch)
+	}
+}
+
+// take appends queued observations to batch, up to its capacity, without
+// waiting.
+func (p *Publisher) take(batch []controller.Observation) []controller.Observation {
+	for len(batch) < cap(batch) {
+		select {
+		case o := <-p.queue:
+			batch = append(batch, o)
+		default:
+			return batch
 		}
-		pipe := p.rdb.Pipeline()
-		for _, o := range batch {
-			pipe.XAdd(ctx, &redis.XAddArgs{Stream: p.stream, MaxLen: maxLen, Approx: true, Values: encode(o)})
+	}
+	return batch
+}
+
+// flush writes what is queued, in batches, on a context of its own: the
+// caller's is already done.
+func (p *Publisher) flush(batch []controller.Observation) {
+	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+	defer cancel()
+	for ctx.Err() == nil {
+		if batch = p.take(batch[:0]); len(batch) == 0 {
+			return
 		}
-		if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
-			p.dropped.Add(int64(len(batch)))
-			p.log.Warn("publishing observations failed; dropped", "n", len(batch), "err", err)
-		}
+		p.write(ctx, batch)
+	}
+	if n := len(p.queue); n > 0 {
+		p.dropped.Add(int64(n))
+		p.log.Warn("observations still queued at shutdown; dropped", "n", n)
+	}
+}
+
+// write sends one batch in a pipeline; a failed batch is dropped and counted.
+func (p *Publisher) write(ctx context.Context, batch []controller.Observation) {
+	pipe := p.rdb.Pipeline()
+	for _, o := range batch {
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: p.stream, MaxLen: maxLen, Approx: true, Values: encode(o)})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+		p.dropped.Add(int64(len(batch)))
+		p.log.Warn("publishing observations failed; dropped", "n", len(batch), "err", err)
 	}
 }
 

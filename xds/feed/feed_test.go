@@ -85,3 +85,26 @@ func TestPublishNeverBlocks(t *testing.T) {
 		t.Error("a full queue must drop, and count it")
 	}
 }
+
+// Stopping the publisher flushes what is queued: observations made just
+// before a shutdown still reach the controllers.
+func TestRunFlushesQueueOnStop(t *testing.T) {
+	srv := redisserver.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	pub := NewPublisher(rdb, "obs", slog.New(slog.DiscardHandler))
+	o := controller.Observation{At: time.UnixMicro(1), VirtualModel: "llama", Pool: "pool-a", Status: 200}
+	for range 1000 {
+		pub.Publish(o)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // stopped before it ever ran: everything is still queued
+	pub.Run(ctx)
+	n, err := rdb.XLen(context.Background(), "obs").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 1000 || pub.Dropped() != 0 {
+		t.Fatalf("stream holds %d observations, %d dropped; want 1000, 0", n, pub.Dropped())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
 	previousprioritiesv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/priority/previous_priorities/v3"
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -29,21 +30,12 @@ import (
 //
 // The meter sees the aggregate's name as the cluster that served the
 // request, so each aggregate carries its pool order as metadata, under
-// MetadataNamespace/PoolsKey, and the meter derives the pool each attempt
+// request.MetadataNamespace/request.PoolsKey, and the meter derives the pool each attempt
 // went to from upstream.request_attempt_count.
-
-// MetadataNamespace is the cluster metadata namespace infergate writes.
-const MetadataNamespace = "infergate"
-
-// PoolsKey holds an aggregate's pools in the order attempts try them.
-const PoolsKey = "pools"
-
-// AggregatePrefix starts the name of every aggregate cluster infergate serves.
-const AggregatePrefix = "infergate-fallback/"
 
 // AggregateName is the aggregate cluster of virtualModel that tries pool first.
 func AggregateName(virtualModel, pool string) string {
-	return AggregatePrefix + virtualModel + "/" + pool
+	return request.AggregatePrefix + virtualModel + "/" + pool
 }
 
 // fallbackOrder is pool followed by the rest of order, which lists the
@@ -74,7 +66,7 @@ func aggregateClusters(r Route) []*clusterv3.Cluster {
 		for i, name := range order {
 			values[i] = name
 		}
-		md, err := structpb.NewStruct(map[string]any{PoolsKey: values})
+		md, err := structpb.NewStruct(map[string]any{request.PoolsKey: values})
 		if err != nil {
 			panic(err) // strings only: cannot fail
 		}
@@ -86,7 +78,7 @@ func aggregateClusters(r Route) []*clusterv3.Cluster {
 				Name:        "envoy.clusters.aggregate",
 				TypedConfig: cfg,
 			}},
-			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}},
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MetadataNamespace: md}},
 		})
 	}
 	return out

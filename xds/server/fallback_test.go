@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	aggregatev3 "github.com/envoyproxy/go-control-plane/envoy/extensions/clusters/aggregate/v3"
+	"github.com/infergate/infergate/internal/request"
 )
 
 // Each weighted entry of a fallback route is an aggregate that tries its
@@ -46,7 +47,7 @@ func TestFallbackAggregates(t *testing.T) {
 		t.Errorf("aggregate order %v, want %v", cfg.GetClusters(), want)
 	}
 	var meta []string
-	for _, v := range b.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()[PoolsKey].GetListValue().GetValues() {
+	for _, v := range b.GetMetadata().GetFilterMetadata()[request.MetadataNamespace].GetFields()[request.PoolsKey].GetListValue().GetValues() {
 		meta = append(meta, v.GetStringValue())
 	}
 	if !slices.Equal(meta, cfg.GetClusters()) {

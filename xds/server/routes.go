@@ -12,14 +12,11 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
-
-// ModelHeader is the request header the routes match on. infergate's gate
-// sets it from the request body's "model" before Envoy picks a route.
-const ModelHeader = "x-infergate-model"
 
 // DefaultRouteConfigName is the RDS resource name used when Options leaves
 // RouteConfigName empty.
@@ -179,7 +176,7 @@ func buildRoute(r Route) *routev3.Route {
 		Match: &routev3.RouteMatch{
 			PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"},
 			Headers: []*routev3.HeaderMatcher{{
-				Name: ModelHeader,
+				Name: request.ModelHeader,
 				HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
 					MatchPattern: &matcherv3.StringMatcher_Exact{Exact: r.VirtualModel},
 				}},
@@ -226,7 +223,7 @@ func buildRetry(r *Retry) *routev3.RetryPolicy {
 func unknownModelRoute() *routev3.Route {
 	body, err := structpb.NewStruct(map[string]any{
 		"error": map[string]any{
-			"message": "The model '%REQ(" + ModelHeader + ")%' does not exist or you do not have access to it.",
+			"message": "The model '%REQ(" + request.ModelHeader + ")%' does not exist or you do not have access to it.",
 			"type":    "invalid_request_error",
 			"param":   "model",
 			"code":    "model_not_found",

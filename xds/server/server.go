@@ -39,6 +39,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
@@ -235,7 +236,7 @@ func consistent(snap *cache.Snapshot, name string) error {
 	for _, vh := range rc.GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
 			for _, wc := range r.GetRoute().GetWeightedClusters().GetClusters() {
-				if !strings.HasPrefix(wc.GetName(), AggregatePrefix) {
+				if !strings.HasPrefix(wc.GetName(), request.AggregatePrefix) {
 					continue
 				}
 				if _, ok := clusters[wc.GetName()]; !ok {

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
@@ -114,7 +115,7 @@ func (e *envoyProc) do(t *testing.T, model string) (int, string, http.Header) {
 		t.Fatal(err)
 	}
 	req.Header.Set("content-type", "application/json")
-	req.Header.Set(ModelHeader, model)
+	req.Header.Set(request.ModelHeader, model)
 	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ package weightsink
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -28,11 +29,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/infergate/infergate/internal/request"
 	"gopkg.in/yaml.v3"
 )
-
-// ModelHeader is the header each virtual model's rule matches on.
-const ModelHeader = "x-infergate-model"
 
 // File is an HTTPRoute in a YAML file (possibly one of several documents).
 type File struct {
@@ -56,7 +55,8 @@ func (f *File) Resolve(pool string) string {
 }
 
 // Load reads the file and learns the route's backends, without writing.
-func (f *File) Load() error {
+// The file is local: ctx is not consulted.
+func (f *File) Load(context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	_, _, err := f.read()
@@ -66,7 +66,7 @@ func (f *File) Load() error {
 // Apply sets, for each virtual model, its rule's backendRef weights; pools
 // not mentioned keep theirs. The file is replaced atomically, and only when
 // something changed (every write makes Envoy Gateway re-translate).
-func (f *File) Apply(weights map[string]map[string]uint32) error {
+func (f *File) Apply(_ context.Context, weights map[string]map[string]uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	docs, route, err := f.read()
@@ -101,7 +101,7 @@ func setWeights(route *yaml.Node, name string, weights map[string]map[string]uin
 	for vm, ws := range weights {
 		rule := ruleFor(route, vm)
 		if rule == nil {
-			return false, fmt.Errorf("httproute %s: no rule matches %s: %s", name, ModelHeader, vm)
+			return false, fmt.Errorf("httproute %s: no rule matches %s: %s", name, request.ModelHeader, vm)
 		}
 		seen := 0
 		for _, ref := range seq(mapGet(rule, "backendRefs")) {
@@ -183,7 +183,7 @@ func ruleFor(route *yaml.Node, vm string) *yaml.Node {
 		for _, m := range seq(mapGet(rule, "matches")) {
 			for _, h := range seq(mapGet(m, "headers")) {
 				typ := scalar(mapGet(h, "type"))
-				if strings.EqualFold(scalar(mapGet(h, "name")), ModelHeader) && scalar(mapGet(h, "value")) == vm &&
+				if strings.EqualFold(scalar(mapGet(h, "name")), request.ModelHeader) && scalar(mapGet(h, "value")) == vm &&
 					(typ == "" || typ == "Exact") {
 					return rule
 				}

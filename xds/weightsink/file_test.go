@@ -37,7 +37,7 @@ func TestApplyAndResolve(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := &File{Path: path, Name: "llm"}
-	if err := f.Load(); err != nil {
+	if err := f.Load(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.Resolve("httproute/default/llm/rule/0/backend/1"); got != "pool-b" {
@@ -46,7 +46,7 @@ func TestApplyAndResolve(t *testing.T) {
 	if got := f.Resolve("pool-x"); got != "pool-x" {
 		t.Errorf("an unknown name changed: %q", got)
 	}
-	if err := f.Apply(map[string]map[string]uint32{"llama": {"pool-a": 20, "pool-b": 80}}); err != nil {
+	if err := f.Apply(t.Context(), map[string]map[string]uint32{"llama": {"pool-a": 20, "pool-b": 80}}); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(path)
@@ -61,7 +61,7 @@ func TestApplyAndResolve(t *testing.T) {
 	}
 	// Unchanged weights: no write (Envoy Gateway re-translates on any).
 	before, _ := os.Stat(path)
-	if err := f.Apply(map[string]map[string]uint32{"llama": {"pool-a": 20, "pool-b": 80}}); err != nil {
+	if err := f.Apply(t.Context(), map[string]map[string]uint32{"llama": {"pool-a": 20, "pool-b": 80}}); err != nil {
 		t.Fatal(err)
 	}
 	if after, _ := os.Stat(path); !after.ModTime().Equal(before.ModTime()) {
@@ -75,11 +75,11 @@ func TestApplyAndResolve(t *testing.T) {
 		{"mistral": {"pool-a": 100}},
 		{"llama": {"pool-a": 50, "pool-z": 50}},
 	} {
-		if err := f.Apply(bad); err == nil {
+		if err := f.Apply(t.Context(), bad); err == nil {
 			t.Errorf("Apply(%v) succeeded", bad)
 		}
 	}
-	if err := (&File{Path: path, Name: "other"}).Load(); err == nil {
+	if err := (&File{Path: path, Name: "other"}).Load(t.Context()); err == nil {
 		t.Error("a missing route loaded")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infergate/infergate/internal/request"
 	"gopkg.in/yaml.v3"
 )
 
@@ -159,8 +160,8 @@ func (a *HTTPRoute) path() string {
 }
 
 // Load reads the route and learns its backends.
-func (a *HTTPRoute) Load() error {
-	route, err := a.Kube.read(context.Background(), a.path())
+func (a *HTTPRoute) Load(ctx context.Context) error {
+	route, err := a.Kube.read(ctx, a.path())
 	if err != nil {
 		return err
 	}
@@ -181,9 +182,7 @@ func (a *HTTPRoute) Resolve(pool string) string {
 }
 
 // Apply sets each virtual model's rule's backendRef weights.
-func (a *HTTPRoute) Apply(weights map[string]map[string]uint32) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+func (a *HTTPRoute) Apply(ctx context.Context, weights map[string]map[string]uint32) error {
 	return a.Kube.update(ctx, a.path(), func(route *yaml.Node) (bool, error) {
 		a.mu.Lock()
 		a.backends = localities(route, a.Namespace, a.Name)
@@ -206,8 +205,8 @@ func (v *VirtualService) path() string {
 }
 
 // Load checks the VirtualService can be read.
-func (v *VirtualService) Load() error {
-	_, err := v.Kube.read(context.Background(), v.path())
+func (v *VirtualService) Load(ctx context.Context) error {
+	_, err := v.Kube.read(ctx, v.path())
 	return err
 }
 
@@ -215,15 +214,13 @@ func (v *VirtualService) Load() error {
 func (v *VirtualService) Resolve(pool string) string { return pool }
 
 // Apply sets each virtual model's destination weights.
-func (v *VirtualService) Apply(weights map[string]map[string]uint32) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+func (v *VirtualService) Apply(ctx context.Context, weights map[string]map[string]uint32) error {
 	return v.Kube.update(ctx, v.path(), func(vs *yaml.Node) (bool, error) {
 		changed := false
 		for vm, ws := range weights {
 			route := virtualServiceRoute(vs, vm)
 			if route == nil {
-				return false, fmt.Errorf("virtualservice %s: no http route matches %s: %s", v.Name, ModelHeader, vm)
+				return false, fmt.Errorf("virtualservice %s: no http route matches %s: %s", v.Name, request.ModelHeader, vm)
 			}
 			seen := 0
 			for _, dst := range seq(mapGet(route, "route")) {
@@ -250,7 +247,7 @@ func (v *VirtualService) Apply(weights map[string]map[string]uint32) error {
 func virtualServiceRoute(vs *yaml.Node, vm string) *yaml.Node {
 	for _, h := range seq(mapGet(mapGet(vs, "spec"), "http")) {
 		for _, m := range seq(mapGet(h, "match")) {
-			if scalar(mapGet(mapGet(mapGet(m, "headers"), ModelHeader), "exact")) == vm {
+			if scalar(mapGet(mapGet(mapGet(m, "headers"), request.ModelHeader), "exact")) == vm {
 				return h
 			}
 		}

@@ -93,28 +93,28 @@ const apiHTTPRoute = `{"apiVersion":"gateway.networking.k8s.io/v1","kind":"HTTPR
 func TestHTTPRouteThroughTheAPI(t *testing.T) {
 	api, kube := startAPI(t, "/apis/gateway.networking.k8s.io/v1/namespaces/ai/httproutes/llm", apiHTTPRoute)
 	r := &HTTPRoute{Kube: kube, Namespace: "ai", Name: "llm"}
-	if err := r.Load(); err != nil {
+	if err := r.Load(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.Resolve("httproute/ai/llm/rule/0/backend/1"); got != "pool-b" {
 		t.Errorf("resolve = %q", got)
 	}
 	api.conflictOnce = true // a concurrent edit: read again, then write
-	if err := r.Apply(map[string]map[string]uint32{"llama": {"pool-a": 30, "pool-b": 70}}); err != nil {
+	if err := r.Apply(t.Context(), map[string]map[string]uint32{"llama": {"pool-a": 30, "pool-b": 70}}); err != nil {
 		t.Fatal(err)
 	}
 	refs := api.obj["spec"].(map[string]any)["rules"].([]any)[0].(map[string]any)["backendRefs"].([]any)
 	if w := refs[1].(map[string]any)["weight"]; w != 70.0 || refs[0].(map[string]any)["weight"] != 30.0 || api.puts != 1 {
 		t.Errorf("weights %v, %d writes", refs, api.puts)
 	}
-	if err := r.Apply(map[string]map[string]uint32{"llama": {"pool-a": 30, "pool-b": 70}}); err != nil || api.puts != 1 {
+	if err := r.Apply(t.Context(), map[string]map[string]uint32{"llama": {"pool-a": 30, "pool-b": 70}}); err != nil || api.puts != 1 {
 		t.Errorf("an unchanged apply wrote (%v, %d writes)", err, api.puts)
 	}
-	if err := r.Apply(map[string]map[string]uint32{"mistral": {"pool-a": 100}}); err == nil {
+	if err := r.Apply(t.Context(), map[string]map[string]uint32{"mistral": {"pool-a": 100}}); err == nil {
 		t.Error("a model without a rule applied")
 	}
 	bad := &HTTPRoute{Kube: &Kube{Base: kube.Base, HTTP: kube.HTTP}, Namespace: "ai", Name: "llm"}
-	if err := bad.Load(); err == nil || !strings.Contains(err.Error(), "401") {
+	if err := bad.Load(t.Context()); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Errorf("no token: %v", err)
 	}
 }
@@ -130,10 +130,10 @@ const apiVirtualService = `{"apiVersion":"networking.istio.io/v1","kind":"Virtua
 func TestVirtualServiceThroughTheAPI(t *testing.T) {
 	api, kube := startAPI(t, "/apis/networking.istio.io/v1/namespaces/ai/virtualservices/llm", apiVirtualService)
 	vs := &VirtualService{Kube: kube, Namespace: "ai", Name: "llm"}
-	if err := vs.Load(); err != nil {
+	if err := vs.Load(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	err := vs.Apply(map[string]map[string]uint32{"llama": {"vllm-a.ai.svc.cluster.local": 20, "vllm-b.ai.svc.cluster.local": 80}})
+	err := vs.Apply(t.Context(), map[string]map[string]uint32{"llama": {"vllm-a.ai.svc.cluster.local": 20, "vllm-b.ai.svc.cluster.local": 80}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestVirtualServiceThroughTheAPI(t *testing.T) {
 	if route[0].(map[string]any)["weight"] != 20.0 || route[1].(map[string]any)["weight"] != 80.0 {
 		t.Errorf("route %v", route)
 	}
-	if err := vs.Apply(map[string]map[string]uint32{"llama": {"vllm-c": 100}}); err == nil {
+	if err := vs.Apply(t.Context(), map[string]map[string]uint32{"llama": {"vllm-c": 100}}); err == nil {
 		t.Error("an unknown destination applied")
 	}
 }

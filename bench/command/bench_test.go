@@ -1,6 +1,8 @@
-package cli
+package command
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -14,7 +16,16 @@ import (
 
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/flagset"
 )
+
+// runBench runs `infergate bench args...` in-process.
+func runBench(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := Bench(context.Background(), args, &stdout, &stderr, "test")
+	return stdout.String(), stderr.String(), err
+}
 
 func benchMock(t *testing.T, ttft time.Duration) (*mock.Server, string) {
 	t.Helper()
@@ -59,7 +70,7 @@ func get(v any, path ...any) any {
 func TestBenchBasicCall(t *testing.T) {
 	m, url := benchMock(t, 5*time.Millisecond)
 	path := filepath.Join(t.TempDir(), "bench.json")
-	stdout, stderr, err := run(t, "bench", "--target", url, "--concurrency", "2", "--requests", "6",
+	stdout, stderr, err := runBench(t, "--target", url, "--concurrency", "2", "--requests", "6",
 		"--output-tokens", "8", "--json", path)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
@@ -122,7 +133,7 @@ func TestBenchBasicCall(t *testing.T) {
 	}
 
 	// --max-tokens is an alias.
-	if _, stderr, err := run(t, "bench", "--target", url, "--requests", "2", "--max-tokens", "3", "--json", path); err != nil {
+	if _, stderr, err := runBench(t, "--target", url, "--requests", "2", "--max-tokens", "3", "--json", path); err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
 	if got := get(readJSON(t, path), "metrics", "output_tokens"); got != 6.0 {
@@ -136,11 +147,11 @@ func TestBenchBaseline(t *testing.T) {
 	_, url := benchMock(t, 5*time.Millisecond)
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.json")
-	args := []string{"bench", "--target", "direct=" + url, "--concurrency", "1", "--requests", "4", "--output-tokens", "4"}
-	if _, stderr, err := run(t, append(args, "--json", base)...); err != nil {
+	args := []string{"--target", "direct=" + url, "--concurrency", "1", "--requests", "4", "--output-tokens", "4"}
+	if _, stderr, err := runBench(t, append(args, "--json", base)...); err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
 	}
-	stdout, stderr, err := run(t, append(args, "--baseline", base, "--tolerance", "1000%")...)
+	stdout, stderr, err := runBench(t, append(args, "--baseline", base, "--tolerance", "1000%")...)
 	if err != nil || !strings.Contains(stdout, "baseline "+base+": passed") {
 		t.Fatalf("same target, huge tolerance: %v\n%s%s", err, stdout, stderr)
 	}
@@ -150,7 +161,7 @@ func TestBenchBaseline(t *testing.T) {
 	get(doc, "targets", 0, "metrics", "ttft_ms").(map[string]any)["p99"] = 0.001
 	b, _ := json.Marshal(doc)
 	os.WriteFile(base, b, 0o644)
-	stdout, _, err = run(t, append(args, "--baseline", base, "--tolerance", "1000%", "--tolerance", "ttft_ms.p99=5%")...)
+	stdout, _, err = runBench(t, append(args, "--baseline", base, "--tolerance", "1000%", "--tolerance", "ttft_ms.p99=5%")...)
 	if !errors.Is(err, errRegression) || !strings.Contains(err.Error(), "direct ttft_ms.p99") {
 		t.Fatalf("err = %v, want a regression naming ttft_ms.p99", err)
 	}
@@ -164,7 +175,7 @@ func TestBenchCompareSweepAndHTML(t *testing.T) {
 	_, urlB := benchMock(t, 8*time.Millisecond)
 	dir := t.TempDir()
 	path, html := filepath.Join(dir, "c.json"), filepath.Join(dir, "c.html")
-	stdout, stderr, err := run(t, "bench", "--target", "a="+urlA, "--target", "b="+urlB, "--compare-targets", "b,a",
+	stdout, stderr, err := runBench(t, "--target", "a="+urlA, "--target", "b="+urlB, "--compare-targets", "b,a",
 		"--requests", "8", "--output-tokens", "4", "--json", path, "--html", html)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
@@ -183,7 +194,7 @@ func TestBenchCompareSweepAndHTML(t *testing.T) {
 		t.Errorf("--html wrote nothing: %v", err)
 	}
 
-	stdout, stderr, err = run(t, "bench", "--target", urlA, "--sweep", "concurrency=1,2", "--requests", "4",
+	stdout, stderr, err = runBench(t, "--target", urlA, "--sweep", "concurrency=1,2", "--requests", "4",
 		"--output-tokens", "2", "--slo-ttft", "2s", "--json", path)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr)
@@ -199,7 +210,7 @@ func TestBenchCompareSweepAndHTML(t *testing.T) {
 func TestBenchFailures(t *testing.T) {
 	m, url := benchMock(t, time.Millisecond)
 	m.SetFaults(mock.Faults{ErrorRate: 1, ErrorStatus: 503})
-	stdout, _, err := run(t, "bench", "--target", "down="+url, "--requests", "3")
+	stdout, _, err := runBench(t, "--target", "down="+url, "--requests", "3")
 	if err == nil || !strings.Contains(err.Error(), `every request to "down" failed`) || !strings.Contains(err.Error(), "503") {
 		t.Errorf("err = %v", err)
 	}
@@ -221,7 +232,7 @@ func TestBenchFailures(t *testing.T) {
 		{"--target", url, "--rate", "5", "--arrival", "lumpy"},
 		{"--target", url, "--rate", "5", "--ramp-users", "2"},
 	} {
-		if _, _, err := run(t, append([]string{"bench"}, args...)...); !errors.Is(err, ErrUsage) {
+		if _, _, err := runBench(t, args...); !errors.Is(err, flagset.ErrUsage) {
 			t.Errorf("%v: err %v, want a usage error", args, err)
 		}
 	}

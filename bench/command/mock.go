@@ -1,4 +1,4 @@
-package cli
+package command
 
 import (
 	"context"
@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/flagset"
 )
 
-func runMock(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlagSet("mock", `Run a mock OpenAI-compatible upstream (/v1/chat/completions, /v1/completions,
+// Mock runs `infergate mock`.
+func Mock(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flagset.New("mock", `Run a mock OpenAI-compatible upstream (/v1/chat/completions, /v1/completions,
 /v1/models, /metrics, /mock/control). Output is deterministic per request;
 tokens stream on absolute deadlines t0 + ttft + prompt_tokens*ttft-per-prompt-token + k*itl.
 
@@ -65,7 +67,7 @@ zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
 	fs.DurationVar(&faults.Stall, "stall", time.Second, "length of the --stall-after stall")
 	fs.IntVar(&faults.ResetAfter, "reset-after", 0, "abort the connection after this many output tokens (0: off)")
 	fs.IntVar(&faults.MalformedAfter, "malformed-after", 0, "send one event with truncated JSON after this many output tokens (0: off)")
-	if err := parse(fs, args); err != nil {
+	if err := flagset.Parse(fs, args); err != nil {
 		return err
 	}
 	switch *profile {
@@ -86,7 +88,7 @@ zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
 		cfg.Board = &b
 	default:
 		fmt.Fprintf(stderr, "mock: unknown --profile %q (want board)\n", *profile)
-		return ErrUsage
+		return flagset.ErrUsage
 	}
 	logger := slog.New(slog.NewJSONHandler(stderr, nil))
 	lis, err := net.Listen("tcp", *listen)

@@ -1,4 +1,4 @@
-package cli
+package command
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"github.com/infergate/infergate/bench/loadgen"
 	"github.com/infergate/infergate/bench/report"
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/flagset"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 const benchSummary = `Send chat completions to one or more OpenAI-compatible targets and measure
@@ -100,7 +102,7 @@ type benchFlags struct {
 }
 
 func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
-	fs := newFlagSet("bench", benchSummary, stderr)
+	fs := flagset.New("bench", benchSummary, stderr)
 	f := &benchFlags{headers: map[string]string{}, tolerances: loadgen.Tolerances{Default: 0.10}}
 	fs.Func("target", "a target, as `NAME=URL` (URL is the base, without /v1/...); repeatable; a plain URL is named \"target\"", func(v string) error {
 		t, err := parseBenchTarget(v)
@@ -185,20 +187,18 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
 	fs.StringVar(&f.join, "join", "", "infergate's admin `URL`: send a traceparent per request, then join each request with the gateway's record of it (gateway, moderation, upstream first token, decode, outside)")
 	fs.StringVar(&f.baseline, "baseline", "", "compare with a previous --json `file`; exit non-zero on a regression")
 	fs.Func("tolerance", "allowed worsening vs --baseline, as `T`: 10% (the default) for the default metrics, or METRIC=5% (e.g. ttft_ms.p99=5%); repeatable", f.tolerances.ParseTolerance)
-	if err := parse(fs, args); err != nil {
+	if err := flagset.Parse(fs, args); err != nil {
 		return nil, err
 	}
 	f.setByUser = map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { f.setByUser[fl.Name] = true })
-	f.slo.TTFTMs, f.slo.ITLMs, f.slo.E2EMs = msOf(f.sloTTFT), msOf(f.sloITL), msOf(f.sloE2E)
+	f.slo.TTFTMs, f.slo.ITLMs, f.slo.E2EMs = stats.Ms(f.sloTTFT), stats.Ms(f.sloITL), stats.Ms(f.sloE2E)
 	if err := f.check(); err != nil {
 		fmt.Fprintf(stderr, "bench: %v\n", err)
-		return nil, ErrUsage
+		return nil, flagset.ErrUsage
 	}
 	return f, nil
 }
-
-func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // check validates the flags together and fills the defaults that depend on
 // other flags.
@@ -338,7 +338,8 @@ func (f *benchFlags) config() loadgen.Config {
 	}
 }
 
-func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+// Bench runs `infergate bench`; version goes into the report.
+func Bench(ctx context.Context, args []string, stdout, stderr io.Writer, version string) error {
 	f, err := parseBenchFlags(args, stderr)
 	if err != nil {
 		return err
@@ -354,7 +355,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rep := &result.Report{
 		SchemaVersion: result.SchemaVersion,
 		Tool:          "infergate bench",
-		Version:       Version,
+		Version:       version,
 		StartedAt:     time.Now().UTC(),
 	}
 	start := time.Now()

@@ -1,8 +1,7 @@
-package extproc
+package request
 
 import (
 	"context"
-	"net/http"
 	"time"
 
 	"github.com/infergate/infergate/internal/openai"
@@ -13,7 +12,7 @@ type Admission struct {
 	RequestID string
 	Method    string
 	Path      string
-	// Headers have lower-case keys; client x-infergate-* headers are removed.
+	// Headers have lower-case keys; client x-infergate-* headers (ReservedHeaderPrefix) are removed.
 	Headers map[string]string
 	// Completion is true for the completion endpoints (gate.paths): the body
 	// was parsed into Request. Other requests carry no parsed body.
@@ -82,16 +81,10 @@ type AllowAll struct{}
 // Decide implements Policy.
 func (AllowAll) Decide(_ context.Context, a *Admission) Verdict {
 	if !a.Completion {
-		return Verdict{Deny: UnknownURL(a.Method, a.Path), Reason: "unknown_url"}
+		return Verdict{Deny: openai.UnknownURL(a.Method, a.Path), Reason: "unknown_url"}
 	}
 	return Verdict{Reason: "allow_all"}
 }
 
 // Settle implements Policy.
 func (AllowAll) Settle(context.Context, *Settlement) {}
-
-// UnknownURL is OpenAI's answer for a path it does not serve.
-func UnknownURL(method, path string) *openai.Error {
-	return openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "unknown_url", "",
-		"Invalid URL ("+method+" "+path+")")
-}

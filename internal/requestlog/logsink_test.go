@@ -1,4 +1,4 @@
-package extproc
+package requestlog
 
 import (
 	"bytes"
@@ -8,22 +8,25 @@ import (
 	"regexp"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // slogSink is what LogSink replaced: the stamp through slog's JSON handler.
-func slogSink(l *slog.Logger, s *Stamp) {
+func slogSink(l *slog.Logger, s *request.Stamp) {
 	l.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("request_id", s.RequestID), slog.String("trace_id", s.TraceID), slog.String("principal", s.Principal),
 		slog.String("tenant", s.Tenant), slog.String("model", s.Model), slog.String("response_model", s.ResponseModel),
 		slog.String("pool", s.Pool), slog.String("upstream", s.Upstream), slog.Int("status", s.Status),
 		slog.Int("attempts", s.Attempts), slog.Any("pools_tried", s.PoolsTried), slog.Bool("stream", s.Stream),
 		slog.Int("prompt_tokens", s.PromptTokens), slog.Int("completion_tokens", s.CompletionTokens),
-		slog.String("token_source", s.TokenSource), slog.Float64("ttft_ms", ms(s.TTFT)),
-		slog.Float64("itl_p50_ms", ms(s.ITLP50)), slog.Float64("itl_p95_ms", ms(s.ITLP95)), slog.Float64("itl_max_ms", ms(s.ITLMax)),
-		slog.Int("content_events", s.ContentEvents), slog.Float64("e2e_ms", ms(s.E2E)), slog.Float64("total_ms", ms(s.Total)),
-		slog.Float64("gateway_ms", ms(s.Gateway.Total)), slog.Float64("gate_ms", ms(s.Gateway.Gate)),
-		slog.Float64("auth_ms", ms(s.Gateway.Auth)), slog.Float64("policy_ms", ms(s.Gateway.Policy)),
-		slog.Float64("ratelimit_ms", ms(s.Gateway.RateLimit)), slog.Float64("checks_ms", ms(s.Gateway.Checks)),
+		slog.String("token_source", s.TokenSource), slog.Float64("ttft_ms", stats.Ms(s.TTFT)),
+		slog.Float64("itl_p50_ms", stats.Ms(s.ITLP50)), slog.Float64("itl_p95_ms", stats.Ms(s.ITLP95)), slog.Float64("itl_max_ms", stats.Ms(s.ITLMax)),
+		slog.Int("content_events", s.ContentEvents), slog.Float64("e2e_ms", stats.Ms(s.E2E)), slog.Float64("total_ms", stats.Ms(s.Total)),
+		slog.Float64("gateway_ms", stats.Ms(s.Gateway.Total)), slog.Float64("gate_ms", stats.Ms(s.Gateway.Gate)),
+		slog.Float64("auth_ms", stats.Ms(s.Gateway.Auth)), slog.Float64("policy_ms", stats.Ms(s.Gateway.Policy)),
+		slog.Float64("ratelimit_ms", stats.Ms(s.Gateway.RateLimit)), slog.Float64("checks_ms", stats.Ms(s.Gateway.Checks)),
 		slog.String("decision", s.Decision), slog.String("reason", s.Reason), slog.Bool("complete", s.Complete))
 }
 
@@ -32,15 +35,15 @@ var timeField = regexp.MustCompile(`^\{"time":"[^"]+",`)
 // The stamp line is byte for byte what slog's JSON handler writes (but
 // for the time, taken at a different instant).
 func TestLogSinkMatchesSlog(t *testing.T) {
-	stamps := []*Stamp{
+	stamps := []*request.Stamp{
 		{},
 		{RequestID: "26230273-b5a1", TraceID: "4bf92f3577b34da6a3ce929d0e0e4736", Principal: "acme-prod", Tenant: "acme",
 			Model: "llama-3-70b", ResponseModel: "meta/llama", Pool: "pool-a", Upstream: "127.0.0.1:47421", Status: 200,
 			Attempts: 2, PoolsTried: []string{"pool-a", "pool-b"}, Stream: true, PromptTokens: 4, CompletionTokens: 8,
 			TokenSource: "usage", TTFT: 121778 * time.Microsecond, ITLP50: 15390 * time.Microsecond, ITLP95: 16827 * time.Microsecond,
 			ITLMax: 16827 * time.Microsecond, ContentEvents: 8, E2E: 228806 * time.Microsecond, Total: 234 * time.Millisecond,
-			Gateway: GatewayTime{Total: 5650 * time.Microsecond, Gate: 171 * time.Microsecond,
-				Timings: Timings{Auth: 4 * time.Microsecond, Policy: 61 * time.Microsecond, RateLimit: 32 * time.Microsecond}},
+			Gateway: request.GatewayTime{Total: 5650 * time.Microsecond, Gate: 171 * time.Microsecond,
+				Timings: request.Timings{Auth: 4 * time.Microsecond, Policy: 61 * time.Microsecond, RateLimit: 32 * time.Microsecond}},
 			Decision: "allow", Reason: "allowed on the premium tier", Complete: true},
 		{Model: "quote\" back\\slash\n\r\t\x01 <html>&amp; \u2028\u2029 é 日本 \xff\xfe", PoolsTried: []string{}, Reason: "\x7f",
 			TTFT: 1, E2E: 1 << 62, Total: -5 * time.Microsecond, Status: -1},
@@ -64,7 +67,7 @@ func TestLogSinkMatchesSlog(t *testing.T) {
 }
 
 func BenchmarkLogSink(b *testing.B) {
-	st := &Stamp{RequestID: "26230273-b5a1", Principal: "acme-prod", Tenant: "acme", Model: "llama-3-70b", Pool: "pool-a",
+	st := &request.Stamp{RequestID: "26230273-b5a1", Principal: "acme-prod", Tenant: "acme", Model: "llama-3-70b", Pool: "pool-a",
 		Upstream: "127.0.0.1:47421", Status: 200, Attempts: 1, PoolsTried: []string{"pool-a"}, Stream: true,
 		TTFT: 121778 * time.Microsecond, E2E: 228806 * time.Microsecond, Decision: "allow", Reason: "allowed", Complete: true}
 	l := NewLogSink(&bytes.Buffer{})
@@ -78,7 +81,7 @@ func BenchmarkLogSink(b *testing.B) {
 // BenchmarkLogSinkSlog is the stamp line as it was written before: through
 // slog's JSON handler (for comparison with BenchmarkLogSink).
 func BenchmarkLogSinkSlog(b *testing.B) {
-	st := &Stamp{RequestID: "26230273-b5a1", Principal: "acme-prod", Tenant: "acme", Model: "llama-3-70b", Pool: "pool-a",
+	st := &request.Stamp{RequestID: "26230273-b5a1", Principal: "acme-prod", Tenant: "acme", Model: "llama-3-70b", Pool: "pool-a",
 		Upstream: "127.0.0.1:47421", Status: 200, Attempts: 1, PoolsTried: []string{"pool-a"}, Stream: true,
 		TTFT: 121778 * time.Microsecond, E2E: 228806 * time.Microsecond, Decision: "allow", Reason: "allowed", Complete: true}
 	var buf bytes.Buffer

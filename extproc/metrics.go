@@ -1,0 +1,126 @@
+package extproc
+
+import (
+	"context"
+	"strconv"
+	"sync"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/infergate/infergate/internal/request"
+)
+
+func (s *Server) record(ctx context.Context, st *request.Stamp) {
+	for _, sink := range s.sinks {
+		sink.Record(ctx, st)
+	}
+}
+
+// meters records the per-request metrics. Its attribute-set caches belong
+// to one Server: two Servers in a process (tests, benchmarks) share none.
+type meters struct {
+	m         *instruments
+	stamps    attrCache[stampKey, stampAttrs]
+	decisions attrCache[decisionKey, metric.MeasurementOption]
+	pools     attrCache[poolKey, metric.MeasurementOption]
+}
+
+// Record implements request.Sink: the GenAI histograms of admitted requests.
+func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
+	if s.Decision == "deny" {
+		return // denials are counted by infergate.gate.decisions
+	}
+	errType := ""
+	if s.Status >= 400 || !s.Complete {
+		errType = strconv.Itoa(s.Status)
+		if !s.Complete {
+			errType = "incomplete"
+		}
+	}
+	sets := ms.stamps.get(stampKey{s.Model, s.Pool, errType}, func(k stampKey) stampAttrs {
+		attrs := []attribute.KeyValue{
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.request.model", k.model),
+			attribute.String("infergate.pool", k.pool),
+		}
+		if k.errType != "" {
+			attrs = append(attrs, attribute.String("error.type", k.errType))
+		}
+		return stampAttrs{
+			all:    metric.WithAttributeSet(attribute.NewSet(attrs...)),
+			input:  metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "input"))...)),
+			output: metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "output"))...)),
+		}
+	})
+	ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), sets.all)
+	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), sets.all)
+	if s.Gateway.Checks > 0 {
+		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), sets.all)
+	}
+	if s.Status >= 400 || s.ContentEvents == 0 {
+		return
+	}
+	ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), sets.all)
+	if s.CompletionTokens > 1 {
+		ms.m.TimePerToken.Record(ctx, (s.E2E-s.TTFT).Seconds()/float64(s.CompletionTokens-1), sets.all)
+	}
+	ms.m.TokenUsage.Record(ctx, int64(s.PromptTokens), sets.input)
+	ms.m.TokenUsage.Record(ctx, int64(s.CompletionTokens), sets.output)
+}
+
+// The attribute sets of the per-request metrics, by the labels that vary.
+type (
+	stampKey    struct{ model, pool, errType string }
+	stampAttrs  struct{ all, input, output metric.MeasurementOption }
+	decisionKey struct{ decision, code string }
+	poolKey     struct{ model, pool string }
+)
+
+// poolAttrs labels a measurement by model and pool.
+func (ms *meters) poolAttrs(model, pool string) metric.MeasurementOption {
+	return ms.pools.get(poolKey{model, pool}, func(k poolKey) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("gen_ai.request.model", k.model), attribute.String("infergate.pool", k.pool)))
+	})
+}
+
+// maxAttrSets bounds an attrCache: models are named by clients, so their
+// number is not; past the bound a set is built for each use, as without
+// the cache.
+const maxAttrSets = 1024
+
+// attrCache keeps built attribute sets: building one sorts and hashes its
+// attributes, which every request would otherwise do for every metric.
+type attrCache[K comparable, V any] struct {
+	mu sync.RWMutex
+	m  map[K]V
+}
+
+func (c *attrCache[K, V]) get(k K, build func(K) V) V {
+	c.mu.RLock()
+	v, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return v
+	}
+	v = build(k)
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[K]V{}
+	}
+	if len(c.m) < maxAttrSets {
+		c.m[k] = v
+	}
+	c.mu.Unlock()
+	return v
+}
+
+// decisionAttrs labels a decision by its OpenAI error code: a small, fixed
+// set. Reasons are free text (a policy may quote the request) and would
+// explode the metric's cardinality; they go to the stamp instead.
+func (ms *meters) decisionAttrs(decision, code string) metric.MeasurementOption {
+	return ms.decisions.get(decisionKey{decision, code}, func(k decisionKey) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(attribute.String("decision", k.decision), attribute.String("code", k.code)))
+	})
+}

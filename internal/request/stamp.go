@@ -1,0 +1,69 @@
+package request
+
+import (
+	"context"
+	"time"
+)
+
+// Stamp is the one record infergate keeps per request. Times are measured by
+// infergate from message arrivals on one ext_proc stream, so transport skew
+// between Envoy and infergate cancels; Gateway.Total compares Envoy's
+// request.time with infergate's clock and assumes they are in sync.
+type Stamp struct {
+	RequestID     string
+	TraceID       string // OpenTelemetry trace id, when traced
+	Principal     string // key id or JWT subject, never a credential
+	Tenant        string
+	Model         string // the model the client asked for
+	ResponseModel string // the model the upstream answered as
+	Pool          string // the pool (Envoy cluster) that served it
+	// PoolsTried are the pools the attempts went to, in order; the last
+	// is Pool. More than one when a retry fell back to the next pool.
+	PoolsTried       []string
+	Upstream         string // upstream host:port
+	Status           int
+	Attempts         int
+	Stream           bool
+	PromptTokens     int
+	CompletionTokens int
+	TokenSource      string // "usage" (from the model server) or "events" (counted)
+	// TTFT is from the request leaving the gateway to the first content
+	// token arriving back at Envoy: upstream queueing + prefill + network.
+	TTFT time.Duration
+	// ITL summarises the gaps between content-bearing chunks.
+	ITLP50, ITLP95, ITLMax time.Duration
+	ContentEvents          int
+	// Start is when Envoy received the request; Sent when it left the
+	// gateway for the upstream (zero for requests the gate denied).
+	Start, Sent time.Time
+	// Total is Envoy receiving the request to the response's last byte:
+	// Gateway.Total + Gateway.Checks + E2E.
+	Total time.Duration
+	// Model time: from the request leaving the gateway to the response's last byte.
+	E2E time.Duration
+	// Gaps are the inter-token gaps (up to meter.maxTrackedGaps), for the
+	// request pages; sinks must not keep a reference they modify.
+	Gaps     []time.Duration
+	Gateway  GatewayTime
+	Decision string
+	Reason   string
+	// Complete is false when the stream ended before the response did
+	// (client gone, upstream reset).
+	Complete bool
+}
+
+// GatewayTime is the time spent in the gateway before the upstream got the
+// request, split by stage.
+type GatewayTime struct {
+	// Total is Envoy receiving the request to the request leaving for the
+	// upstream, less external checks (Timings.Checks), which are neither
+	// gateway nor model time.
+	Total time.Duration
+	Gate  time.Duration // the gate's decision: auth, policy, rate limits, mutations (not checks)
+	Timings
+}
+
+// Sink receives every stamp. Implementations must not block.
+type Sink interface {
+	Record(ctx context.Context, s *Stamp)
+}
