@@ -109,7 +109,6 @@ func (w *Watcher) Health() error {
 // that failed.
 func (w *Watcher) Reloads() (ok, failed int64) { return w.ok.Load(), w.fail.Load() }
 
-
 // reload loads the directory again; on success the new version serves.
 func (w *Watcher) reload(ctx context.Context) error {
 	start := time.Now()
