@@ -21,10 +21,11 @@ deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Nod
 	@scripts/install-test-deps.sh >/dev/null
 
 .PHONY: test
-test: deps ## Run every test: Rego (opa test), unit, fuzz seed corpora, end-to-end against real Envoy and Redis
+test: deps ## Run every test: Rego (opa test), unit and layout (race detector on), fuzz seed corpora, end-to-end against real Envoy and Redis
 	$(GO) vet ./...
 	$(GO) tool opa test policies/
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	@# End to end last and alone: real processes share the two cores.
 	$(GO) test -count=1 ./test/e2e/
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...

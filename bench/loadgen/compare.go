@@ -6,6 +6,7 @@ import (
 	"slices"
 
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // Bootstrap settings for the mean's confidence interval. The seed is fixed
@@ -35,12 +36,12 @@ func (rec *Recording) Compare(a, b int) result.Compare {
 		if sb.Phase != Measure || !sb.OK() || !ok {
 			continue
 		}
-		dTTFT = append(dTTFT, ms(sb.TTFT-sa.TTFT))
-		dE2E = append(dE2E, ms(sb.E2E-sa.E2E))
+		dTTFT = append(dTTFT, stats.Ms(sb.TTFT-sa.TTFT))
+		dE2E = append(dE2E, stats.Ms(sb.E2E-sa.E2E))
 		ga, okA := sa.MeanGap()
 		gb, okB := sb.MeanGap()
 		if okA && okB {
-			dITL = append(dITL, ms(gb-ga))
+			dITL = append(dITL, stats.Ms(gb-ga))
 		}
 	}
 	return result.Compare{
@@ -68,8 +69,8 @@ func summarizeDelta(d []float64) result.Delta {
 		N:    n,
 		Mean: sum / float64(n),
 		P50:  median(d),
-		P90:  nearestRank(d, 90),
-		P99:  nearestRank(d, 99),
+		P90:  stats.Percentile(d, 0.90),
+		P99:  stats.Percentile(d, 0.99),
 		Min:  d[0],
 		Max:  d[n-1],
 	}
@@ -143,7 +144,7 @@ func medianCI(sorted []float64) [2]float64 {
 // histogram bins sorted over [p1, p99] in deltaBins equal bins; values
 // beyond fall in the end bins. It returns the lower edges and the counts.
 func histogram(sorted []float64) ([]float64, []int) {
-	lo, hi := nearestRank(sorted, 1), nearestRank(sorted, 99)
+	lo, hi := stats.Percentile(sorted, 0.01), stats.Percentile(sorted, 0.99)
 	if hi <= lo {
 		return []float64{lo}, []int{len(sorted)}
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // Joining the client's view with the gateway's.
@@ -105,9 +106,9 @@ func Join(source string, samples []Sample, recs []gatewayRecord) *result.Join {
 		outside.record(s.E2E - d(r.TotalMs))
 		if len(j.Samples) < maxJoinSamples {
 			j.Samples = append(j.Samples, result.JoinedRequest{
-				RequestID: s.RequestID, TraceID: s.TraceID, ClientMs: ms(s.E2E), ClientTTFTMs: ms(s.TTFT),
+				RequestID: s.RequestID, TraceID: s.TraceID, ClientMs: stats.Ms(s.E2E), ClientTTFTMs: stats.Ms(s.TTFT),
 				GatewayMs: r.GatewayMs, ModerationMs: r.ModerationMs, UpstreamFirstTokenMs: r.TTFTMs,
-				DecodeMs: r.ModelMs - r.TTFTMs, OutsideMs: ms(s.E2E) - r.TotalMs,
+				DecodeMs: r.ModelMs - r.TTFTMs, OutsideMs: stats.Ms(s.E2E) - r.TotalMs,
 			})
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // Histograms record microseconds with 3 significant digits, up to an hour
@@ -40,22 +41,25 @@ func (h *hist) record(d time.Duration) {
 	h.n++
 }
 
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
 // dist summarises h in milliseconds; percentiles come from the histogram.
 func (h *hist) dist() result.Dist {
 	if h.n == 0 {
 		return result.Dist{}
 	}
-	// A percentile is its bucket's highest equivalent value; never report
-	// one above the exact maximum.
-	at := func(p float64) float64 { return min(float64(h.h.ValueAtPercentile(p))/1000, ms(h.max)) }
+	// A percentile is the value at its nearest rank (stats.Rank, the
+	// definition the meter and the controller use), read as its bucket's
+	// highest equivalent value; never one above the exact maximum. Asking
+	// the histogram for exactly rank/n makes its own rounding land on rank.
+	at := func(p float64) float64 {
+		rank := stats.Rank(int(h.n), p/100)
+		return min(float64(h.h.ValueAtPercentile(100*float64(rank)/float64(h.n)))/1000, stats.Ms(h.max))
+	}
 	return result.Dist{
 		N:    h.n,
-		Mean: ms(h.sum) / float64(h.n),
+		Mean: stats.Ms(h.sum) / float64(h.n),
 		P50:  at(50), P90: at(90), P95: at(95), P99: at(99), P999: at(99.9),
-		Max: ms(h.max),
-		Min: ms(h.min),
+		Max: stats.Ms(h.max),
+		Min: stats.Ms(h.min),
 	}
 }
 
@@ -90,16 +94,16 @@ func (h *hist) cdf() [][2]float64 {
 		for j < len(pts)-1 && pts[j].q < q {
 			j++
 		}
-		p := [2]float64{min(pts[j].v, ms(h.max)), pts[j].q}
+		p := [2]float64{min(pts[j].v, stats.Ms(h.max)), pts[j].q}
 		if len(out) == 0 || out[len(out)-1] != p {
 			out = append(out, p)
 		}
 	}
 	// The exact maximum closes the curve.
 	if end := &out[len(out)-1]; end[1] == 1 {
-		end[0] = ms(h.max)
+		end[0] = stats.Ms(h.max)
 	} else {
-		out = append(out, [2]float64{ms(h.max), 1})
+		out = append(out, [2]float64{stats.Ms(h.max), 1})
 	}
 	return out
 }
@@ -189,13 +193,13 @@ func (rec *Recording) Result(i int, slo result.SLO) result.TargetResult {
 // SLO set is met). The ITL SLO applies to the request's TPOT, its mean time
 // per token after the first, as vLLM's and AIPerf's goodput do.
 func meetsSLO(s *Sample, slo result.SLO) bool {
-	if slo.TTFTMs > 0 && ms(s.TTFT) > slo.TTFTMs {
+	if slo.TTFTMs > 0 && stats.Ms(s.TTFT) > slo.TTFTMs {
 		return false
 	}
-	if slo.E2EMs > 0 && ms(s.E2E) > slo.E2EMs {
+	if slo.E2EMs > 0 && stats.Ms(s.E2E) > slo.E2EMs {
 		return false
 	}
-	if d, ok := s.TPOT(); ok && slo.ITLMs > 0 && ms(d) > slo.ITLMs {
+	if d, ok := s.TPOT(); ok && slo.ITLMs > 0 && stats.Ms(d) > slo.ITLMs {
 		return false
 	}
 	return true
@@ -269,7 +273,7 @@ func (rec *Recording) timeline(i int) []result.Bucket {
 			continue
 		}
 		buckets[at(end)].Completed++
-		ttfts[at(s.Start)] = append(ttfts[at(s.Start)], ms(s.TTFT))
+		ttfts[at(s.Start)] = append(ttfts[at(s.Start)], stats.Ms(s.TTFT))
 		spread(tokens, s.Start.Add(s.TTFT).Sub(rec.Start), end.Sub(rec.Start), float64(s.OutputTokens))
 	}
 	for b := range buckets {
@@ -282,7 +286,7 @@ func (rec *Recording) timeline(i int) []result.Bucket {
 		}
 		if v := ttfts[b]; len(v) > 0 {
 			slices.Sort(v)
-			buckets[b].TTFTP50Ms, buckets[b].TTFTP99Ms = nearestRank(v, 50), nearestRank(v, 99)
+			buckets[b].TTFTP50Ms, buckets[b].TTFTP99Ms = stats.Percentile(v, 0.50), stats.Percentile(v, 0.99)
 		}
 	}
 	// In flight at each bucket's end: started minus ended by then.
@@ -337,14 +341,4 @@ func (rec *Recording) phaseAt(t time.Duration) Phase {
 		return Measure
 	}
 	return Warmup
-}
-
-// nearestRank returns the smallest value at least p% of sorted are <=.
-func nearestRank(sorted []float64, p float64) float64 {
-	n := len(sorted)
-	if n == 0 {
-		return 0
-	}
-	r := int(math.Ceil(p/100*float64(n))) - 1
-	return sorted[min(max(r, 0), n-1)]
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // SweepSpec is a --sweep: the load variable and its levels, ascending.
@@ -156,7 +157,7 @@ func (rec *Recording) Judge(i int, slo result.SLO) (meets bool, why string) {
 				vals = append(vals, math.Inf(1))
 			default:
 				if d, ok := c.value(s); ok {
-					vals = append(vals, ms(d))
+					vals = append(vals, stats.Ms(d))
 				}
 			}
 		}
@@ -164,7 +165,7 @@ func (rec *Recording) Judge(i int, slo result.SLO) (meets bool, why string) {
 			continue
 		}
 		slices.Sort(vals)
-		if v := nearestRank(vals, p); v > c.limit {
+		if v := stats.Percentile(vals, p/100); v > c.limit {
 			return false, fmt.Sprintf("%s p%s %.1f > %g", c.name, label, v, c.limit)
 		}
 	}

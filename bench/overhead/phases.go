@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/infergate/infergate/bench/loadgen"
 	"github.com/infergate/infergate/bench/result"
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // phaseSpec is one measurement: a load shape against every path at once.
@@ -572,23 +572,18 @@ func (c *collector) check(failures []string, paths []path) (int, []string) {
 }
 
 // exactDist summarises durations without rounding, in milliseconds
-// (nearest-rank percentiles).
+// (nearest-rank percentiles, as everywhere: internal/stats).
 func exactDist(d []time.Duration) result.Dist {
 	if len(d) == 0 {
 		return result.Dist{}
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	at := func(p float64) float64 {
-		i := int(math.Ceil(p/100*float64(len(s)))) - 1
-		return ms(s[min(max(i, 0), len(s)-1)])
-	}
+	at := func(p float64) float64 { return stats.Ms(stats.Percentile(s, p/100)) }
 	var sum time.Duration
 	for _, v := range s {
 		sum += v
 	}
-	return result.Dist{N: int64(len(s)), Mean: ms(sum) / float64(len(s)), P50: at(50), P90: at(90), P95: at(95),
-		P99: at(99), P999: at(99.9), Max: ms(s[len(s)-1]), Min: ms(s[0])}
+	return result.Dist{N: int64(len(s)), Mean: stats.Ms(sum) / float64(len(s)), P50: at(50), P90: at(90), P95: at(95),
+		P99: at(99), P999: at(99.9), Max: stats.Ms(s[len(s)-1]), Min: stats.Ms(s[0])}
 }
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

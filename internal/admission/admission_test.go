@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,8 +174,9 @@ func TestReserveAndSettle(t *testing.T) {
 }
 
 func TestChecks(t *testing.T) {
-	var status int
+	var status atomic.Int64 // read by handlers a timed-out request left running
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		status := int(status.Load())
 		if status == 0 {
 			time.Sleep(200 * time.Millisecond)
 			return
@@ -193,7 +195,8 @@ func TestChecks(t *testing.T) {
 		status, want int
 		allowOnError bool
 	}{{200, 0, false}, {403, 400, false}, {500, 503, false}, {0, 503, false}, {500, 0, true}, {0, 0, true}} {
-		status, check.Allow = tc.status, tc.allowOnError
+		status.Store(int64(tc.status))
+		check.Allow = tc.allowOnError
 		v := c.Decide(ctx, chat(nil))
 		got := 0
 		if v.Deny != nil {

@@ -38,9 +38,15 @@ func copyPolicies(t testing.TB) string {
 	return dir
 }
 
+// writeFile replaces a file atomically, as a deployment (or a ConfigMap
+// update) does: a watcher polling meanwhile never reads half a file.
 func writeFile(t testing.TB, dir, name, content string) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/stats"
 )
 
 // A policy that admits everything, asks for moderation when the request
@@ -131,11 +133,11 @@ tracing: {endpoint: %q, insecure: true}
 	if sum := st.Gatewayms + st.Checksms + st.E2Ems; math.Abs(sum-st.Totalms) > 1 {
 		t.Errorf("gateway %.2f + moderation %.2f + model %.2f = %.2f != total %.2f", st.Gatewayms, st.Checksms, st.E2Ems, sum, st.Totalms)
 	}
-	if d := math.Abs(st.Totalms - ms(ingress.Duration())); d > 5 {
-		t.Errorf("stamp total %.2f ms vs Envoy's request span %.2f ms", st.Totalms, ms(ingress.Duration()))
+	if d := math.Abs(st.Totalms - stats.Ms(ingress.Duration())); d > 5 {
+		t.Errorf("stamp total %.2f ms vs Envoy's request span %.2f ms", st.Totalms, stats.Ms(ingress.Duration()))
 	}
 	t.Logf("breakdown: total %.1f = gateway %.2f + moderation %.2f + model %.1f ms; Envoy's span %.1f ms",
-		st.Totalms, st.Gatewayms, st.Checksms, st.E2Ems, ms(ingress.Duration()))
+		st.Totalms, st.Gatewayms, st.Checksms, st.E2Ems, stats.Ms(ingress.Duration()))
 
 	// 2. Slow moderation: its 150 ms are moderation, not gateway or model.
 	if mod.Checksms < 150 || mod.Gatewayms > 20 || mod.E2Ems > base.st.E2Ems+30 {
@@ -149,14 +151,12 @@ tracing: {endpoint: %q, insecure: true}
 	if slow.st.Policyms < 20 || slow.st.Gatewayms < slow.st.Policyms || slow.st.E2Ems > base.st.E2Ems+30 || slow.st.Checksms > 1 {
 		t.Errorf("slow policy: policy %.1f, gateway %.1f, model %.1f, moderation %.3f ms", slow.st.Policyms, slow.st.Gatewayms, slow.st.E2Ems, slow.st.Checksms)
 	}
-	if p := findSpan(t, slow.spans, "infergate", "infergate.policy"); ms(p.Duration()) < 20 {
+	if p := findSpan(t, slow.spans, "infergate", "infergate.policy"); stats.Ms(p.Duration()) < 20 {
 		t.Errorf("policy span %v", p.Duration())
 	}
 	t.Logf("slow moderation: moderation %.1f ms; slow pool: model %.1f ms; slow policy: gateway %.1f ms (policy %.1f)",
 		mod.Checksms, pool.E2Ems, slow.st.Gatewayms, slow.st.Policyms)
 }
-
-func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func hasSpan(spans []span, service, name string) bool {
 	for _, s := range spans {

@@ -51,12 +51,17 @@ func (p *Publisher) Publish(o controller.Observation) {
 // Dropped is how many observations were dropped because the queue was full.
 func (p *Publisher) Dropped() int64 { return p.dropped.Load() }
 
-// flushTimeout bounds writing what is still queued when Run is told to stop.
-const flushTimeout = 2 * time.Second
+// flushTimeout bounds writing what is still queued when Run is told to
+// stop; writeTimeout bounds one batch.
+const (
+	flushTimeout = 2 * time.Second
+	writeTimeout = 5 * time.Second
+)
 
 // Run writes queued observations until ctx is done, then flushes what is
-// still queued (for at most flushTimeout) and returns. Publish after Run
-// returned only queues.
+// still queued (for at most flushTimeout) and returns. A batch taken from
+// the queue is written whole even if ctx ends meanwhile: stopping never
+// loses an observation silently (a failed write is dropped and counted).
 func (p *Publisher) Run(ctx context.Context) {
 	batch := make([]controller.Observation, 0, 256)
 	for {
@@ -66,8 +71,10 @@ func (p *Publisher) Run(ctx context.Context) {
 			return
 		case o := <-p.queue:
 			batch = p.take(append(batch[:0], o))
+			wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), writeTimeout)
+			p.write(wctx, batch)
+			cancel()
 		}
-		p.write(ctx, batch)
 	}
 }
 
@@ -85,8 +92,7 @@ func (p *Publisher) take(batch []controller.Observation) []controller.Observatio
 	return batch
 }
 
-// flush writes what is queued, in batches, on a context of its own: the
-// caller's is already done.
+// flush writes what is queued, in batches, within flushTimeout.
 func (p *Publisher) flush(batch []controller.Observation) {
 	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
@@ -108,7 +114,7 @@ func (p *Publisher) write(ctx context.Context, batch []controller.Observation) {
 	for _, o := range batch {
 		pipe.XAdd(ctx, &redis.XAddArgs{Stream: p.stream, MaxLen: maxLen, Approx: true, Values: encode(o)})
 	}
-	if _, err := pipe.Exec(ctx); err != nil && ctx.Err() == nil {
+	if _, err := pipe.Exec(ctx); err != nil {
 		p.dropped.Add(int64(len(batch)))
 		p.log.Warn("publishing observations failed; dropped", "n", len(batch), "err", err)
 	}

@@ -1,0 +1,157 @@
+// Package layout keeps the import graph pointing one way: the contract at
+// the bottom, the Envoy adapter and the control plane on it, the command
+// line on top (docs/architecture.md draws it). A change that makes a
+// package import "upward" fails here, naming the import.
+package layout
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/infergate/infergate"
+
+// rule forbids the packages matching from to import the packages matching
+// to (patterns are module-relative; "x/..." is x and everything below it),
+// except imports by allowFrom or of allowTo.
+type rule struct {
+	why                string
+	from, to           []string
+	allowFrom, allowTo []string
+}
+
+var rules = []rule{
+	{why: "the contract is a leaf: it imports nothing of the project but internal/openai",
+		from: []string{"internal/request"}, to: []string{"..."}, allowTo: []string{"internal/openai"}},
+	{why: "internal/stats and internal/openai are leaves",
+		from: []string{"internal/stats", "internal/openai"}, to: []string{"..."}},
+	{why: "the controller is pure logic: no I/O, no configuration, no Envoy",
+		from: []string{"xds/controller"}, to: []string{"..."}, allowTo: []string{"internal/stats"}},
+	{why: "the Envoy adapter is imported only by the composition root",
+		from: []string{"..."}, to: []string{"extproc"}, allowFrom: []string{"internal/cli"}},
+	{why: "the Envoy adapter is configured through its own Options, not the configuration file's types",
+		from: []string{"extproc"}, to: []string{"internal/config", "internal/cli", "xds/..."}},
+	{why: "nothing imports the command line but main",
+		from: []string{"..."}, to: []string{"internal/cli"}, allowFrom: []string{"cmd/infergate"}},
+	{why: "the product does not depend on the benchmark tools (the command line only dispatches to them)",
+		from: []string{"extproc/...", "xds/...", "internal/..."}, to: []string{"bench/..."}, allowFrom: []string{"internal/cli"}},
+	{why: "the control plane does not reach into the request path's policy side",
+		from: []string{"xds/..."}, to: []string{"internal/admission", "internal/policy", "internal/ratelimit", "internal/identity", "internal/requestlog"}},
+	{why: "test helpers stay in tests",
+		from: []string{"extproc/...", "xds/...", "internal/...", "bench/...", "cmd/..."}, to: []string{"internal/testutil/..."},
+		allowFrom: []string{"internal/testutil/..."}},
+}
+
+func match(pkg string, patterns []string) bool {
+	for _, p := range patterns {
+		switch {
+		case p == "...":
+			return true
+		case strings.HasSuffix(p, "/..."):
+			base := strings.TrimSuffix(p, "/...")
+			if pkg == base || strings.HasPrefix(pkg, base+"/") {
+				return true
+			}
+		case pkg == p:
+			return true
+		}
+	}
+	return false
+}
+
+// violations lists the imports (of module-relative package names) that
+// break a rule.
+func violations(imports map[string][]string) []string {
+	var out []string
+	for from, deps := range imports {
+		for _, to := range deps {
+			for _, r := range rules {
+				if from == to || !match(from, r.from) || !match(to, r.to) || match(from, r.allowFrom) || match(to, r.allowTo) {
+					continue
+				}
+				out = append(out, from+" imports "+to+": "+r.why)
+			}
+		}
+	}
+	return out
+}
+
+// projectImports reads the non-test imports of every package of the module.
+func projectImports(t *testing.T) map[string][]string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, module+"/...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	rel := func(p string) (string, bool) {
+		if p == module {
+			return ".", true
+		}
+		r, ok := strings.CutPrefix(p, module+"/")
+		return r, ok
+	}
+	imports := map[string][]string{}
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		from, _ := rel(fields[0])
+		if strings.HasPrefix(from, "test/") {
+			continue // test suites may reach anything
+		}
+		imports[from] = []string{}
+		for _, imp := range fields[1:] {
+			if to, ok := rel(imp); ok {
+				imports[from] = append(imports[from], to)
+			}
+		}
+	}
+	return imports
+}
+
+func TestImportsPointOneWay(t *testing.T) {
+	imports := projectImports(t)
+	for _, must := range []string{"internal/request", "extproc", "xds/controller", "xds/routing", "internal/cli", "bench/command"} {
+		if _, ok := imports[must]; !ok {
+			t.Errorf("package %s not found: update the rules with the layout", must)
+		}
+	}
+	for _, v := range violations(imports) {
+		t.Error(v)
+	}
+}
+
+// The rules catch what they are for.
+func TestRulesCatchUpwardImports(t *testing.T) {
+	for _, bad := range [][2]string{
+		{"internal/request", "extproc"},
+		{"internal/request", "internal/config"},
+		{"xds/controller", "internal/config"},
+		{"internal/admission", "extproc"},
+		{"xds/routing", "internal/cli"},
+		{"xds/routing", "bench/loadgen"},
+		{"extproc", "internal/config"},
+		{"internal/requestlog", "internal/testutil"},
+	} {
+		if v := violations(map[string][]string{bad[0]: {bad[1]}}); len(v) == 0 {
+			t.Errorf("%s importing %s is not caught", bad[0], bad[1])
+		}
+	}
+	for _, ok := range [][2]string{
+		{"internal/request", "internal/openai"},
+		{"xds/controller", "internal/stats"},
+		{"internal/cli", "extproc"},
+		{"internal/cli", "bench/command"},
+		{"cmd/infergate", "internal/cli"},
+		{"xds/routing", "internal/request"},
+		{"internal/testutil/envoytest", "internal/testutil"},
+	} {
+		if v := violations(map[string][]string{ok[0]: {ok[1]}}); len(v) > 0 {
+			t.Errorf("%s importing %s is refused: %v", ok[0], ok[1], v)
+		}
+	}
+}
