@@ -7,11 +7,13 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // syncSink is a captureSink safe for the server's goroutines.
@@ -93,5 +95,71 @@ func TestMeterBlockingAnswersEveryPart(t *testing.T) {
 	}
 	if st := sink.stamps[0]; st.RequestID != "blocking" || st.ContentEvents != 2 || !st.Complete {
 		t.Fatalf("stamp %+v", st)
+	}
+}
+
+// settleRecorder is a Policy that records each settlement and whether its
+// context was still live.
+type settleRecorder struct {
+	request.AllowAll
+	settled chan settled
+}
+
+type settled struct {
+	s   request.Settlement
+	err error
+}
+
+func (p *settleRecorder) Settle(ctx context.Context, s *request.Settlement) {
+	p.settled <- settled{*s, ctx.Err()}
+}
+
+// A client that resets mid-stream cancels the meter's stream; the
+// reservation is settled anyway, on a context of its own.
+func TestMeterSettlesAfterClientReset(t *testing.T) {
+	s, _ := newTestServer(t, "")
+	rec := &settleRecorder{settled: make(chan settled, 1)}
+	s.policy = rec
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	go g.Serve(lis)
+	defer g.Stop()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, reset := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter"))
+	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdrs := headersMsg(false, "x-request-id", "reset", request.ModelHeader, "m")
+	hdrs.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+		request.MetadataNamespace: {Fields: map[string]*structpb.Value{
+			"reservation": structpb.NewStringValue("r-1"), "tenant": structpb.NewStringValue("acme")}},
+	}}
+	for _, msg := range []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(roleChunk, false), respBody(contentChunk, false)} {
+		msg.ObservabilityMode = true
+		if err := stream.Send(msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // let the server read them
+	reset()
+	select {
+	case got := <-rec.settled:
+		if got.err != nil {
+			t.Errorf("settled on a dead context: %v", got.err)
+		}
+		if got.s.Reservation != "r-1" || got.s.Complete || got.s.CompletionTokens != 1 {
+			t.Errorf("settlement %+v, want reservation r-1, incomplete, 1 completion token counted", got.s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reservation was never settled")
 	}
 }
