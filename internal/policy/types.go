@@ -1,6 +1,10 @@
 // Package policy evaluates infergate's Rego policies (package
-// infergate.authz and infergate.ratelimit under policies/) with OPA's Go
-// SDK: compiled and prepared once, re-prepared when the files change.
+// infergate.authz and infergate.ratelimit under policies/) with OPA's
+// evaluator: a directory is loaded and its own tests run (load.go), one
+// query is compiled (compile.go) and evaluated per decision, memoized on
+// the fields it reads (engine.go, memo.go), its answer read into a Decision
+// (answer.go); a Watcher reloads on change and never replaces a good
+// version by a broken one (watch.go).
 package policy
 
 import (
