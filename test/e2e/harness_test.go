@@ -55,6 +55,11 @@ type gateway struct {
 	stop        context.CancelFunc
 	done        chan error
 	conns       *connTracker
+	index       struct { // the request log parsed so far, by request id
+		sync.Mutex
+		parsed int
+		byID   map[string]Stamp
+	}
 }
 
 func startInfergate(t *testing.T, yamlConfig string) *gateway {
@@ -155,17 +160,32 @@ func (g *gateway) stamps() []Stamp {
 	return out
 }
 
-// stamp waits for the request log line of one request.
+// stamp waits for the request log line of one request. Lines are parsed
+// once, as they arrive: tests look up hundreds of requests.
 func (g *gateway) stamp(t *testing.T, requestID string) Stamp {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
-		sc := bufio.NewScanner(strings.NewReader(g.requests.String()))
-		for sc.Scan() {
-			var s Stamp
-			if json.Unmarshal(sc.Bytes(), &s) == nil && s.RequestID == requestID {
-				return s
+		g.index.Lock()
+		log := g.requests.String()
+		for {
+			end := strings.IndexByte(log[g.index.parsed:], '\n')
+			if end < 0 {
+				break
 			}
+			var s Stamp
+			if json.Unmarshal([]byte(log[g.index.parsed:g.index.parsed+end]), &s) == nil && s.RequestID != "" {
+				if g.index.byID == nil {
+					g.index.byID = map[string]Stamp{}
+				}
+				g.index.byID[s.RequestID] = s
+			}
+			g.index.parsed += end + 1
+		}
+		s, ok := g.index.byID[requestID]
+		g.index.Unlock()
+		if ok {
+			return s
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
