@@ -27,7 +27,7 @@ test: deps ## Run every test: Rego (opa test), unit and layout (race detector on
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	@# End to end last and alone: real processes share the two cores.
-	$(GO) test -count=1 ./test/e2e/
+	$(GO) test -race -count=1 ./test/e2e/
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: chart-test
