@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -82,19 +83,18 @@ func attrString(attrs map[string]*structpb.Value, key string) string {
 	return ""
 }
 
-func attrInt(attrs map[string]*structpb.Value, key string) int {
-	v, ok := attrs[key]
-	if !ok {
-		return 0
-	}
-	switch k := v.GetKind().(type) {
+// attrFloat reads a numeric attribute (a number, or a string holding one);
+// NaN when absent or not a number. Callers range-check it (clampInt).
+func attrFloat(attrs map[string]*structpb.Value, key string) float64 {
+	switch k := attrs[key].GetKind().(type) {
 	case *structpb.Value_NumberValue:
-		return int(k.NumberValue)
+		return k.NumberValue
 	case *structpb.Value_StringValue:
-		n, _ := strconv.Atoi(k.StringValue)
-		return n
+		if n, err := strconv.ParseFloat(k.StringValue, 64); err == nil {
+			return n
+		}
 	}
-	return 0
+	return math.NaN()
 }
 
 // attrTime reads a timestamp attribute (request.time, RFC 3339).

@@ -57,16 +57,33 @@ func (s *Server) gate(ctx context.Context, stream extprocv3.ExternalProcessor_Pr
 			pc.GetRequestBodyMode() == extprocv3modes.ProcessingMode_STREAMED,
 	}
 	for {
-		for _, resp := range s.gateStep(ctx, g, msg) {
+		answers, err := s.safeGateStep(ctx, g, msg)
+		for _, resp := range answers {
 			if err := stream.Send(resp); err != nil {
 				return err
 			}
 		}
-		var err error
+		if err != nil {
+			return nil // answered 503: this request is over, the process lives
+		}
 		if msg, err = stream.Recv(); err != nil {
 			return err
 		}
 	}
+}
+
+// safeGateStep is gateStep that survives a panic: the request is answered
+// 503 (the gate fails closed) and the panic counted and logged, instead of
+// the process dying with every request in flight.
+func (s *Server) safeGateStep(ctx context.Context, g *gateRequest, msg *extprocv3.ProcessingRequest) (out []*extprocv3.ProcessingResponse, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = s.recovered(ctx, "gate", r)
+			e := openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "gate_error", "", "internal gateway error")
+			out = []*extprocv3.ProcessingResponse{immediate(e)}
+		}
+	}()
+	return s.gateStep(ctx, g, msg), nil
 }
 
 // gateStep takes one message and returns the answers now due. After the
@@ -131,15 +148,29 @@ func bodyResponse(common *extprocv3.CommonResponse) *extprocv3.ProcessingRespons
 }
 
 // spoofed lists the client's x-infergate-* headers: only the gate sets those.
+// Underscore spellings (x_infergate_model) count too: a proxy in front of
+// Envoy may translate them.
 func (g *gateRequest) spoofed() []string {
 	var out []string
 	for k := range g.headers {
-		if strings.HasPrefix(k, request.ReservedHeaderPrefix) {
+		if strings.HasPrefix(k, request.ReservedHeaderPrefix) || strings.HasPrefix(k, reservedUnderscorePrefix) {
 			out = append(out, k)
 		}
 	}
 	return out
 }
+
+var reservedUnderscorePrefix = strings.ReplaceAll(request.ReservedHeaderPrefix, "-", "_")
+
+// credentialHeaders carry the client's gateway credential (identity reads
+// them); they are removed before the request leaves for a pool.
+var credentialHeaders = []string{"authorization", "x-api-key"}
+
+// MaxModelBytes bounds the model name a request may carry: it becomes a
+// routing header, a stamp field, a policy input and a cache key, so a
+// longer one is refused (400) before anything stores it. Model ids in use
+// (e.g. "meta-llama/Llama-3.1-70B-Instruct") are far shorter.
+const MaxModelBytes = 256
 
 // decide validates the request, asks the policy, and either admits it
 // (routing header, body and header mutations, metadata for the meter) or
@@ -162,6 +193,14 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		}
 	}
 	spoofed := g.spoofed()
+	// The client's gateway credential stops here: a pool (or a hosted
+	// API's access log) never receives it.
+	removed := spoofed
+	for _, k := range credentialHeaders {
+		if _, ok := g.headers[k]; ok {
+			removed = append(removed, k)
+		}
+	}
 	adm := &request.Admission{
 		RequestID:    h["x-request-id"],
 		Method:       method,
@@ -185,7 +224,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		return s.deny(ctx, g, req.Model, v)
 	}
 
-	mutation := &extprocv3.HeaderMutation{RemoveHeaders: spoofed}
+	mutation := &extprocv3.HeaderMutation{RemoveHeaders: removed}
 	if req.Model != "" {
 		mutation.SetHeaders = append(mutation.SetHeaders, setHeader(request.ModelHeader, req.Model))
 	}
@@ -326,6 +365,9 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 	req, err := openai.ParseRequest(body)
 	var fe *openai.FieldError
 	switch {
+	case err == nil && len(req.Model) > MaxModelBytes:
+		return openai.Request{}, openai.BadRequest("invalid_value", "model",
+			"model is "+strconv.Itoa(len(req.Model))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
 	case err == nil:
 		return req, nil
 	case errors.Is(err, openai.ErrMissingModel):

@@ -19,6 +19,7 @@ type instruments struct {
 	GateDecisions  metric.Int64Counter     // infergate.gate.decisions{decision,code}
 	MeterStreams   metric.Int64UpDownCounter
 	MeterErrors    metric.Int64Counter // infergate.meter.errors{reason}
+	Panics         metric.Int64Counter // infergate.extproc.panics{role}
 }
 
 // Bucket boundaries advised by the GenAI semantic conventions.
@@ -64,6 +65,9 @@ func newInstruments(meter metric.Meter) (*instruments, error) {
 	errs = append(errs, err)
 	m.MeterStreams, err = meter.Int64UpDownCounter("infergate.meter.active_streams",
 		metric.WithDescription("Responses the meter is currently observing."))
+	errs = append(errs, err)
+	m.Panics, err = meter.Int64Counter("infergate.extproc.panics",
+		metric.WithDescription("ext_proc streams that panicked and were recovered (gate: answered 503; meter: stream dropped), by role."))
 	errs = append(errs, err)
 	m.MeterErrors, err = meter.Int64Counter("infergate.meter.errors",
 		metric.WithDescription("Events or streams the meter could not fully account, by reason."))

@@ -56,7 +56,15 @@ type meterRequest struct {
 // Envoy holds every part until it is answered: the meter then lets each
 // one through unchanged, before reading it.
 func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer,
-	msg *extprocv3.ProcessingRequest, arrived time.Time) error {
+	msg *extprocv3.ProcessingRequest, arrived time.Time) (err error) {
+	// A panic drops this stream's record (counted), never the process: the
+	// meter only observes, so the response itself is untouched.
+	defer func() {
+		if r := recover(); r != nil {
+			_ = s.recovered(ctx, "meter", r)
+			err = nil
+		}
+	}()
 	m := &meterRequest{maxGaps: s.opts.MaxTrackedGaps, orders: &s.orders}
 	m.parser.MaxLine = s.opts.MaxEventBytes
 	m.emit = m.onEvent
@@ -76,7 +84,6 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 			s.finish(ctx, m, arrived, true)
 			return nil
 		}
-		var err error
 		if msg, err = stream.Recv(); err != nil {
 			s.finish(ctx, m, s.now(), false)
 			return err
@@ -103,12 +110,12 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 			h = headers{request.PoolHeader: p}
 		}
 		attrs := attributes(msg)
-		m.stamp.Status = attrInt(attrs, "response.code")
+		m.stamp.Status = clampInt(attrFloat(attrs, "response.code"), 100, 599)
 		if m.stamp.Status == 0 {
-			m.stamp.Status = atoi(header(hm, ":status"))
+			m.stamp.Status = clampInt(float64(atoi(header(hm, ":status"))), 100, 599)
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
-		m.stamp.Attempts = attrInt(attrs, "upstream.request_attempt_count")
+		m.stamp.Attempts = clampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, maxAttempts)
 		m.stamp.PoolsTried = m.orders.servingPools(clusterOf(attrs, h), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
 		if n := len(m.stamp.PoolsTried); n > 0 {
 			m.stamp.Pool = m.stamp.PoolsTried[n-1]
@@ -167,7 +174,9 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.stamp.Reason = f["reason"].GetStringValue()
 	m.stamp.Principal = f["principal"].GetStringValue()
 	m.stamp.Tenant = f["tenant"].GetStringValue()
-	us := func(k string) time.Duration { return time.Duration(f[k].GetNumberValue()) * time.Microsecond }
+	// What the gate wrote, range-checked all the same: a meter stream
+	// may come from anything that reaches the port.
+	us := func(k string) time.Duration { return clampMicros(f[k].GetNumberValue()) }
 	m.stamp.Gateway.Gate = us("gate_us")
 	m.stamp.Gateway.Auth = us("auth_us")
 	m.stamp.Gateway.Policy = us("policy_us")
@@ -175,7 +184,7 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.stamp.Gateway.Checks = us("checks_us")
 	m.reservation = f["reservation"].GetStringValue()
 	m.gateTraceparent = f[request.TraceparentKey].GetStringValue()
-	m.stamp.PromptTokens = int(f["prompt_tokens"].GetNumberValue())
+	m.stamp.PromptTokens = clampInt(f["prompt_tokens"].GetNumberValue(), 0, maxTokens)
 }
 
 // onEvent is the per-event hot path: decode the few fields needed, time
@@ -219,6 +228,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	st := &m.stamp
 	st.Complete = complete
+	boundStamp(st)
 	for i, p := range st.PoolsTried {
 		st.PoolsTried[i] = s.pool(p)
 	}
@@ -253,8 +263,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	switch {
 	case m.usage != nil:
 		st.TokenSource = "usage"
-		st.PromptTokens = m.usage.PromptTokens
-		st.CompletionTokens = m.usage.CompletionTokens
+		// The pool's own count, range-checked: it is charged to a budget.
+		st.PromptTokens = clampInt(float64(m.usage.PromptTokens), 0, maxTokens)
+		st.CompletionTokens = clampInt(float64(m.usage.CompletionTokens), 0, maxTokens)
 	case m.sse:
 		st.TokenSource = "events"
 		st.CompletionTokens = st.ContentEvents
@@ -265,7 +276,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		slices.Sort(sorted)
 		st.ITLP50 = stats.Percentile(sorted, 0.50)
 		st.ITLP95 = stats.Percentile(sorted, 0.95)
-		set := s.meters.poolAttrs(st.Model, st.Pool)
+		set := s.meters.poolAttrs(st)
 		for _, g := range m.gaps {
 			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
 		}

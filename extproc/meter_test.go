@@ -3,6 +3,8 @@ package extproc
 import (
 	"context"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -161,5 +163,64 @@ func TestMeterSettlesAfterClientReset(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the reservation was never settled")
+	}
+}
+
+type panicPolicy struct{ request.AllowAll }
+
+func (panicPolicy) Decide(context.Context, *request.Admission) request.Verdict { panic("policy bug") }
+
+// A panic while deciding answers that request 503 and leaves the process
+// (and the next request) alone.
+func TestGatePanicAnswers503(t *testing.T) {
+	s, _ := newTestServer(t, "")
+	s.policy = panicPolicy{}
+	g := &gateRequest{started: time.Now(), eager: true}
+	out, err := s.safeGateStep(context.Background(), g, headersMsg(false, chatHeaders...))
+	if err != nil || len(out) != 0 {
+		t.Fatalf("headers: %v, %v", out, err)
+	}
+	out, err = s.safeGateStep(context.Background(), g, bodyMsg(`{"model":"m1","messages":[{"role":"user","content":"hi"}]}`, true))
+	if err == nil || len(out) != 1 || out[0].GetImmediateResponse().GetStatus().GetCode() != 503 {
+		t.Fatalf("a panicking policy: answers %v, err %v; want one immediate 503 and the panic as an error", out, err)
+	}
+	s.policy = request.AllowAll{}
+	g = &gateRequest{started: time.Now(), eager: true}
+	s.safeGateStep(context.Background(), g, headersMsg(false, chatHeaders...))
+	if out, err := s.safeGateStep(context.Background(), g, bodyMsg(`{"model":"m1","messages":[]}`, true)); err != nil || len(out) != 2 {
+		t.Fatalf("the next request: %v, %v", out, err)
+	}
+}
+
+// The client's gateway credential never leaves for the upstream.
+func TestGateRemovesClientCredentials(t *testing.T) {
+	s, _ := newTestServer(t, "")
+	g := &gateRequest{started: time.Now(), eager: true}
+	s.gateStep(context.Background(), g, headersMsg(false, append(chatHeaders[:len(chatHeaders):len(chatHeaders)],
+		"authorization", "Bearer sk-secret", "x-api-key", "sk-other", "x_infergate_model", "spoofed")...))
+	out := s.gateStep(context.Background(), g, bodyMsg(`{"model":"m1","messages":[]}`, true))
+	removed := out[0].GetRequestHeaders().GetResponse().GetHeaderMutation().GetRemoveHeaders()
+	for _, want := range []string{"authorization", "x-api-key", "x_infergate_model", "x-infergate-model"} {
+		if !slices.Contains(removed, want) {
+			t.Errorf("%s not removed: %v", want, removed)
+		}
+	}
+}
+
+// A model name past MaxModelBytes is refused before anything keeps it.
+func TestGateRefusesHugeModelNames(t *testing.T) {
+	s, sink := newTestServer(t, "")
+	g := &gateRequest{started: time.Now(), eager: true}
+	s.gateStep(context.Background(), g, headersMsg(false, chatHeaders...))
+	model := strings.Repeat("m", 900<<10)
+	out := s.gateStep(context.Background(), g, bodyMsg(`{"model":"`+model+`","messages":[]}`, true))
+	if len(out) != 1 || out[0].GetImmediateResponse().GetStatus().GetCode() != 400 {
+		t.Fatalf("answers %v, want one 400", out)
+	}
+	if !strings.Contains(string(out[0].GetImmediateResponse().GetBody()), "the limit is 256") {
+		t.Errorf("body %s", out[0].GetImmediateResponse().GetBody())
+	}
+	if st := sink.stamps[0]; len(st.Model) > maxStampField {
+		t.Errorf("the stamp keeps a %d-byte model", len(st.Model))
 	}
 }

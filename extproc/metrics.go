@@ -12,6 +12,7 @@ import (
 )
 
 func (s *Server) record(ctx context.Context, st *request.Stamp) {
+	boundStamp(st)
 	for _, sink := range s.sinks {
 		sink.Record(ctx, st)
 	}
@@ -21,9 +22,11 @@ func (s *Server) record(ctx context.Context, st *request.Stamp) {
 // to one Server: two Servers in a process (tests, benchmarks) share none.
 type meters struct {
 	m         *instruments
+	models    *labelSet
+	pools     *labelSet
 	stamps    attrCache[stampKey, stampAttrs]
 	decisions attrCache[decisionKey, metric.MeasurementOption]
-	pools     attrCache[poolKey, metric.MeasurementOption]
+	poolSets  attrCache[poolKey, metric.MeasurementOption]
 }
 
 // Record implements request.Sink: the GenAI histograms of admitted requests.
@@ -38,7 +41,7 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 			errType = "incomplete"
 		}
 	}
-	sets := ms.stamps.get(stampKey{s.Model, s.Pool, errType}, func(k stampKey) stampAttrs {
+	sets := ms.stamps.get(stampKey{ms.models.label(s.Model, s), ms.pools.label(s.Pool, s), errType}, func(k stampKey) stampAttrs {
 		attrs := []attribute.KeyValue{
 			attribute.String("gen_ai.operation.name", "chat"),
 			attribute.String("gen_ai.request.model", k.model),
@@ -77,9 +80,9 @@ type (
 	poolKey     struct{ model, pool string }
 )
 
-// poolAttrs labels a measurement by model and pool.
-func (ms *meters) poolAttrs(model, pool string) metric.MeasurementOption {
-	return ms.pools.get(poolKey{model, pool}, func(k poolKey) metric.MeasurementOption {
+// poolAttrs labels a measurement by the stamp's model and pool.
+func (ms *meters) poolAttrs(s *request.Stamp) metric.MeasurementOption {
+	return ms.poolSets.get(poolKey{ms.models.label(s.Model, s), ms.pools.label(s.Pool, s)}, func(k poolKey) metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(
 			attribute.String("gen_ai.request.model", k.model), attribute.String("infergate.pool", k.pool)))
 	})

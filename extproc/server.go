@@ -15,11 +15,14 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
@@ -68,6 +71,11 @@ type Options struct {
 	// request for the stamp (default 16384).
 	MaxEventBytes  int
 	MaxTrackedGaps int
+	// Models and Pools are the names used as metric label values (e.g.
+	// the virtual models and the models the pools serve; the configured
+	// pools); other names are labelled "other". Without them, the first 64
+	// names of responses a pool answered successfully are used.
+	Models, Pools []string
 
 	Logger *slog.Logger
 	Meter  metric.Meter   // where the gate's and meter's instruments go; default: none
@@ -115,7 +123,7 @@ func New(opts Options) (*Server, error) {
 	if s.metrics, err = newInstruments(meter); err != nil {
 		return nil, err
 	}
-	s.meters = &meters{m: s.metrics}
+	s.meters = &meters{m: s.metrics, models: newLabelSet(opts.Models), pools: newLabelSet(opts.Pools)}
 	s.sinks = append([]request.Sink{s.meters}, s.sinks...)
 	return s, nil
 }
@@ -141,6 +149,16 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		err = s.gate(ctx, stream, first, arrived)
 	}
 	return normalClose(err)
+}
+
+// recovered counts and logs a panic a stream survived, and returns it as
+// an error.
+func (s *Server) recovered(ctx context.Context, role string, r any) error {
+	s.metrics.Panics.Add(ctx, 1, metric.WithAttributes(attribute.String("role", role)))
+	stack := debug.Stack()
+	s.log.Error("ext_proc stream panicked; the process carries on", "role", role, "panic", fmt.Sprint(r),
+		"stack", truncate(string(stack), 4096))
+	return fmt.Errorf("%s: panic: %v", role, r)
 }
 
 // normalClose maps the ways a stream ends normally (Envoy closing its side,

@@ -55,7 +55,9 @@ func (c mdCarrier) Keys() []string {
 }
 
 // traceParent returns ctx with the parent for this request's spans: the
-// ext_proc stream's (Envoy's span), else the first valid of fallbacks.
+// ext_proc stream's (Envoy's span), else the first valid of fallbacks (the
+// meter's: the gate's span). A client's own traceparent header is never a
+// parent: only Envoy's tracer decides which traces a client may join.
 func traceParent(ctx context.Context, fallbacks ...map[string]string) context.Context {
 	if c := telemetry.Propagator.Extract(ctx, mdCarrier{ctx}); trace.SpanContextFromContext(c).IsValid() {
 		return c
@@ -74,7 +76,7 @@ func traceParent(ctx context.Context, fallbacks ...map[string]string) context.Co
 // traceGate records the gate's span and, when the policy ran (policyAt set),
 // one child per stage. It returns the gate span's context, for the meter.
 func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end time.Time, st *request.Stamp) trace.SpanContext {
-	ctx, span := s.tracer.Start(traceParent(ctx, g.headers), "infergate.gate", trace.WithTimestamp(g.started))
+	ctx, span := s.tracer.Start(traceParent(ctx), "infergate.gate", trace.WithTimestamp(g.started))
 	if !span.IsRecording() {
 		span.End(trace.WithTimestamp(end))
 		return span.SpanContext()

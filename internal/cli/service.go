@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/infergate/infergate/extproc"
@@ -25,6 +26,7 @@ import (
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
 	"github.com/infergate/infergate/internal/telemetry"
+	"github.com/infergate/infergate/internal/tlsreload"
 	"github.com/infergate/infergate/xds/feed"
 	"github.com/infergate/infergate/xds/routing"
 )
@@ -50,6 +52,7 @@ type Service struct {
 	publisher *feed.Publisher  // observations to the shared Redis; nil without Redis
 	recent    *requestlog.Ring // nil when admin.recentRequests is 0
 	tracing   *telemetry.Tracing
+	certs     *tlsreload.Server // ext_proc's mTLS files; nil without extproc.tls
 }
 
 // NewService builds the service; stamps go to requests as JSON lines.
@@ -115,7 +118,12 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		adm.close()
 		return nil, err
 	}
+	if s.certs, err = extprocCerts(cfg, logger); err != nil {
+		adm.close()
+		return nil, err
+	}
 	s.grpc = grpc.NewServer(
+		extprocCreds(s.certs),
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
 		grpc.MaxRecvMsgSize(cfg.Gate.MaxBodyBytes+1<<20),
 		// Streams are served by long-lived goroutines: the stack a policy
@@ -131,6 +139,28 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, srv)
 	return s, nil
+}
+
+// extprocCerts loads extproc.tls, or returns nil without it. A unix:
+// socket takes no TLS (its file permissions are its boundary); the
+// configuration file cannot combine them, a --extproc-listen flag can.
+func extprocCerts(cfg *config.Config, logger *slog.Logger) (*tlsreload.Server, error) {
+	t := cfg.ExtProc.TLS
+	if !t.Enabled() {
+		return nil, nil
+	}
+	if strings.HasPrefix(cfg.ExtProc.Listen, config.UnixPrefix) {
+		return nil, fmt.Errorf("extproc.tls is not used on a unix: socket (%s)", cfg.ExtProc.Listen)
+	}
+	return tlsreload.New(tlsreload.Files{Cert: t.CertFile, Key: t.KeyFile, ClientCA: t.ClientCAFile}, logger)
+}
+
+// extprocCreds serves mTLS with certs' current files, or plaintext.
+func extprocCreds(certs *tlsreload.Server) grpc.ServerOption {
+	if certs == nil {
+		return grpc.EmptyServerOption{}
+	}
+	return grpc.Creds(credentials.NewTLS(certs.Config()))
 }
 
 // AdminHandler serves /metrics, /healthz and /readyz.
@@ -194,6 +224,9 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	defer stopWatching()
 
 	g.Go(func() error { return s.grpc.Serve(extprocLis) })
+	if s.certs != nil {
+		g.Go(func() error { s.certs.Run(watchCtx, s.cfg.Policy.ReloadInterval); return nil })
+	}
 	g.Go(func() error {
 		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("admin: %w", err)

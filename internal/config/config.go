@@ -194,6 +194,35 @@ type ExtProc struct {
 	// MaxConcurrentStreams bounds in-flight ext_proc streams per connection
 	// (two per HTTP request: gate and meter).
 	MaxConcurrentStreams uint32 `yaml:"maxConcurrentStreams"`
+	// TLS serves the port over TLS and admits only clients whose
+	// certificate the CA signed (mTLS): anything that can reach a plaintext
+	// port can forge a meter's stamps or a gate's verified JWT claims.
+	TLS TLS `yaml:"tls"`
+}
+
+// TLS is the ext_proc port's certificate, its key and the CA client
+// certificates must chain to: all three or none. The files are reloaded
+// when they change (checked every policy.reloadInterval); new handshakes
+// get the new ones. A unix: socket takes none: its file permissions, in a
+// pod or on a host, are its boundary.
+type TLS struct {
+	CertFile     string `yaml:"certFile"`
+	KeyFile      string `yaml:"keyFile"`
+	ClientCAFile string `yaml:"clientCAFile"`
+}
+
+// Enabled reports whether the port is served over TLS.
+func (t TLS) Enabled() bool { return t != TLS{} }
+
+// missing names the unset files of a partly set TLS section.
+func (t TLS) missing() []string {
+	var out []string
+	for _, f := range []struct{ name, v string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}, {"clientCAFile", t.ClientCAFile}} {
+		if strings.TrimSpace(f.v) == "" {
+			out = append(out, f.name)
+		}
+	}
+	return out
 }
 
 // Admin is the HTTP port for /metrics, /healthz, /readyz and the /debug pages.
@@ -396,6 +425,12 @@ func (c *Config) validate() error {
 		}
 	}
 	check(validAddr(c.ExtProc.Listen) || validUnix(c.ExtProc.Listen), "extproc.listen", "%q is not host:port or unix:PATH", c.ExtProc.Listen)
+	if tls := c.ExtProc.TLS; tls.Enabled() {
+		missing := tls.missing()
+		check(len(missing) == 0, "extproc.tls", "certFile, keyFile and clientCAFile go together (client certificates are required); missing %s",
+			strings.Join(missing, ", "))
+		check(!validUnix(c.ExtProc.Listen), "extproc.tls", "not used on a unix: socket (its file permissions are its boundary); listen on host:port or drop tls")
+	}
 	check(validAddr(c.Admin.Listen), "admin.listen", "%q is not host:port", c.Admin.Listen)
 	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",
 		"must be between 1 and 67108864, got %d", c.Gate.MaxBodyBytes)

@@ -104,7 +104,8 @@ func TestDefaultFileSetsEveryKey(t *testing.T) {
 func TestValidFile(t *testing.T) {
 	yes := true
 	want := &Config{
-		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512},
+		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, TLS: TLS{
+			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"}},
 		Admin:   Admin{Listen: "[::1]:9191", RecentRequests: 50, Pprof: true},
 		Gate: Gate{
 			MaxBodyBytes: 64 << 20,
@@ -205,6 +206,18 @@ func TestParsePartial(t *testing.T) {
 			name:   "ext_proc on a Unix domain socket",
 			doc:    "extproc:\n  listen: unix:/run/infergate/extproc.sock\n",
 			modify: func(c *Config) { c.ExtProc.Listen = "unix:/run/infergate/extproc.sock" },
+		},
+		{
+			name: "mTLS on the ext_proc port",
+			doc:  "extproc:\n  tls: {certFile: /tls/tls.crt, keyFile: /tls/tls.key, clientCAFile: /tls/ca.crt}\n",
+			modify: func(c *Config) {
+				c.ExtProc.TLS = TLS{CertFile: "/tls/tls.crt", KeyFile: "/tls/tls.key", ClientCAFile: "/tls/ca.crt"}
+			},
+		},
+		{
+			name:   "an empty tls section is plaintext",
+			doc:    "extproc:\n  tls: {}\n",
+			modify: func(c *Config) {},
 		},
 		{
 			name:   "profiler on the admin port",
@@ -339,6 +352,9 @@ func checkBounds(t *testing.T, c *Config) {
 	}
 	if c.ExtProc.MaxConcurrentStreams == 0 {
 		t.Errorf("extproc.maxConcurrentStreams = 0")
+	}
+	if tls := c.ExtProc.TLS; tls.Enabled() && (len(tls.missing()) > 0 || validUnix(c.ExtProc.Listen)) {
+		t.Errorf("extproc.tls = %+v on %q: partial, or on a Unix socket", tls, c.ExtProc.Listen)
 	}
 	if c.Gate.MaxBodyBytes < 1 || c.Gate.MaxBodyBytes > 64<<20 {
 		t.Errorf("gate.maxBodyBytes = %d out of [1, 64 MiB]", c.Gate.MaxBodyBytes)

@@ -34,8 +34,13 @@ var contentFields = [...]string{"content", "reasoning_content", "reasoning", "re
 
 // ParseChunk reads one event's data. It runs once per streamed token, so it
 // scans the JSON in place (gjson over an unsafe string view of data, valid
-// only during the call) and allocates only for a usage chunk.
+// only during the call) and allocates only for a usage chunk. Data nesting
+// deeper than MaxDepth is a bad chunk (ErrBadChunk and ErrTooDeep), refused
+// before it is validated.
 func ParseChunk(data []byte) (Chunk, error) {
+	if !depthOK(data) {
+		return Chunk{}, errChunkTooDeep
+	}
 	if len(data) == 0 || !gjson.ValidBytes(data) {
 		return Chunk{}, ErrBadChunk
 	}
@@ -166,7 +171,13 @@ func readUsage(v gjson.Result) (*Usage, bool) {
 }
 
 // ChunkModel returns the "model" an event or response names ("" if none).
-// The meter calls it until it has learned the model, not on every event.
+// The meter calls it until it has learned the model, not on every event,
+// and only on data ParseChunk accepted. Data nesting deeper than MaxDepth
+// names no model: gjson's lookup of a top-level key does not recurse, but
+// a chunk that deep is a bad event, whoever calls.
 func ChunkModel(data []byte) string {
+	if !depthOK(data) {
+		return ""
+	}
 	return strings.Clone(gjson.GetBytes(data, "model").Str)
 }

@@ -51,7 +51,13 @@ func (e *FieldError) Unwrap() error { return ErrInvalidField }
 // Keys match exactly, and a key the gate reads may appear only once: JSON
 // decoders disagree on which duplicate wins (the gate must decide on the
 // same model the upstream serves), so {"model":"a","model":"b"} is refused.
+//
+// A body nesting deeper than MaxDepth is refused (ErrTooDeep) before it is
+// validated.
 func ParseRequest(body []byte) (Request, error) {
+	if !depthOK(body) {
+		return Request{}, errBodyTooDeep
+	}
 	if !gjson.ValidBytes(body) {
 		return Request{}, ErrInvalidJSON
 	}
@@ -201,7 +207,11 @@ func EstimateTokens(chars int) int {
 // WithUsage returns body with stream_options.include_usage set to true, so
 // the meter sees real token counts. It is only called when the client did
 // not set include_usage itself; a client's explicit false is honoured.
+// Like ParseRequest, it refuses a body nesting deeper than MaxDepth.
 func WithUsage(body []byte) ([]byte, error) {
+	if !depthOK(body) {
+		return nil, errBodyTooDeep
+	}
 	if !gjson.ValidBytes(body) {
 		return nil, ErrInvalidJSON
 	}

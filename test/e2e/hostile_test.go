@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/internal/request"
+)
+
+// heapInUse is the live heap after a collection: infergate runs in this
+// process, so what it retains shows here.
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+// Clients who send enormous model names, with or without a key (and with a
+// key of a tier that admits any model), cost infergate almost nothing: each
+// gets its 400/401, nothing they sent is kept whole, and normal traffic in
+// between is served. HOSTILE_REQUESTS sets how many (default 1,000; the
+// closing measurement used 10,000).
+func TestHostileModelNamesCostNothing(t *testing.T) {
+	n := 1000
+	if v, err := strconv.Atoi(os.Getenv("HOSTILE_REQUESTS")); err == nil && v > 0 {
+		n = v
+	}
+	s := startStackWith(t, policyConfig(writeKeys(t), copyPolicies(t), "gate: {maxBodyBytes: 2097152}"), 1)
+	url := s.Envoy.URL + "/v1/chat/completions"
+	normal := chatCall("sk-acme-0001", "pool-a", 8)
+	normal.body = chatBody("pool-a", 4, true, "")
+	want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+		chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil)
+
+	heapBefore, logBefore := heapInUse(), s.Gateway.requests.Len()
+	huge := strings.Repeat("m", 1<<20)
+	bodies := []struct {
+		key, body string
+		status    int
+	}{
+		{"", `{"model":"` + huge + `","messages":[{"role":"user","content":"hi"}]}`, 400},
+		{"sk-acme-0001", `{"model":"` + huge + `","messages":[{"role":"user","content":"hi"}]}`, 400},
+		{"", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, 401},
+	}
+	var sent, wrong atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range 4 {
+		wg.Go(func() {
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+			for i := w; i < n; i += 4 {
+				b := bodies[i%len(bodies)]
+				req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(b.body))
+				req.Header.Set("content-type", "application/json")
+				if b.key != "" {
+					req.Header.Set("authorization", "Bearer "+b.key)
+				}
+				resp, err := client.Do(req)
+				if err != nil {
+					wrong.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				sent.Add(1)
+				if resp.StatusCode != b.status && wrong.Add(1) <= 3 {
+					t.Errorf("request %d: status %d, want %d", i, resp.StatusCode, b.status)
+				}
+			}
+		})
+	}
+	// Normal traffic keeps flowing meanwhile, byte for byte.
+	served := 0
+	for sent.Load() < int64(n) && time.Since(start) < 10*time.Minute {
+		resp, _ := normal.do(t, s.Envoy.URL)
+		if resp.StatusCode != 200 {
+			t.Fatalf("a normal request during the attack: status %d", resp.StatusCode)
+		}
+		served++
+		if got := stream(t, url, normal.body, map[string]string{"authorization": "Bearer sk-acme-0001"}); !bytes.Equal(got.Body, want.Body) {
+			t.Fatalf("a normal stream during the attack arrived altered")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	heapAfter, logAfter := heapInUse(), s.Gateway.requests.Len()
+	growth := int64(heapAfter) - int64(heapBefore)
+	t.Logf("%d hostile requests (a third each: 1 MiB model names without a key, the same with a premium key, no key) in %s: %d wrong answers; "+
+		"%d normal requests served meanwhile; live heap %+.1f MiB, request log +%.1f MB (%.0f bytes per request)",
+		n, elapsed.Round(time.Millisecond), wrong.Load(), served, float64(growth)/(1<<20),
+		float64(logAfter-logBefore)/1e6, float64(logAfter-logBefore)/float64(n))
+	if wrong.Load() > 0 {
+		t.Errorf("%d requests got the wrong answer", wrong.Load())
+	}
+	if growth > 50<<20 {
+		t.Errorf("live heap grew by %.1f MiB; want at most 50", float64(growth)/(1<<20))
+	}
+	if perRequest := float64(logAfter-logBefore) / float64(n); perRequest > 1000 {
+		t.Errorf("the request log grew by %.0f bytes per request; want at most 1000 (10 MB per 10,000)", perRequest)
+	}
+}
+
+// Anything that reaches the ext_proc port may send nonsense: attempt counts
+// of 1e18, NaN status codes, negative durations, forged metadata, phases
+// out of order. infergate answers or drops those streams, keeps running,
+// and keeps serving Envoy.
+func TestOutOfRangeExtProcMessagesCrashNothing(t *testing.T) {
+	s := startStack(t)
+	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := extprocv3.NewExternalProcessorClient(conn)
+	attrs := func(kv map[string]*structpb.Value) map[string]*structpb.Struct {
+		return map[string]*structpb.Struct{"envoy.filters.http.ext_proc": {Fields: kv}}
+	}
+	hdrs := func(kv ...string) *corev3.HeaderMap {
+		hm := &corev3.HeaderMap{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			hm.Headers = append(hm.Headers, &corev3.HeaderValue{Key: kv[i], RawValue: []byte(kv[i+1])})
+		}
+		return hm
+	}
+	forged := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MetadataNamespace: {Fields: map[string]*structpb.Value{
+		"prompt_tokens": structpb.NewNumberValue(1e300), "gate_us": structpb.NewNumberValue(-1e18),
+		"checks_us": structpb.NewNumberValue(math.Inf(1)), "model": structpb.NewStringValue(strings.Repeat("m", 1<<20)),
+	}}}}
+	sequences := [][]*extprocv3.ProcessingRequest{
+		{ // a meter stream with absurd attributes
+			{ObservabilityMode: true, MetadataContext: forged, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+				RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs("x-request-id", "hostile-1", request.ModelHeader, "pool-a")}}},
+			{ObservabilityMode: true, Attributes: attrs(map[string]*structpb.Value{
+				"upstream.request_attempt_count": structpb.NewNumberValue(1e18),
+				"response.code":                  structpb.NewNumberValue(math.NaN()),
+				"xds.cluster_metadata":           structpb.NewStringValue(strings.Repeat("{", 1<<16)),
+				"upstream.locality":              structpb.NewStringValue("region: \"" + strings.Repeat("r", 1<<16)),
+				"request.time":                   structpb.NewStringValue("not a time"),
+			}), Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+				Headers: hdrs(":status", "99999999999999999999", "content-type", "text/event-stream", request.PoolHeader, strings.Repeat("p", 1<<16))}}},
+			{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{
+				Body: []byte("data: {\"usage\":{\"prompt_tokens\":-5,\"completion_tokens\":1e300}}\n\n" + strings.Repeat("x", 1<<20))}}},
+		},
+		{ // a gate stream: body before headers, then headers twice, then trailers
+			{Request: &extprocv3.ProcessingRequest_RequestBody{RequestBody: &extprocv3.HttpBody{Body: []byte(`{"model":`), EndOfStream: true}}},
+			{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: hdrs(":method", "POST", ":path", "/v1/chat/completions"), EndOfStream: true}}},
+			{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+				Headers: hdrs(":method", "POST", ":path", "/v1/chat/completions"), EndOfStream: true}}},
+			{Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}},
+		},
+	}
+	for i, seq := range sequences {
+		role := "meter"
+		if i == 1 {
+			role = "gate"
+		}
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, role), 5*time.Second)
+		stream, err := client.Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, msg := range seq {
+			if err := stream.Send(msg); err != nil {
+				break
+			}
+		}
+		stream.CloseSend()
+		for {
+			if _, err := stream.Recv(); err != nil {
+				break
+			}
+		}
+		cancel()
+	}
+
+	// Still alive, still serving Envoy, no panic recovered along the way.
+	want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions", chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil)
+	if got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 4, true, ""), nil); got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("after the hostile streams: status %d, body %q", got.Status, got.Body)
+	}
+	metrics := get(t, s.Gateway.AdminURL+"/metrics")
+	if strings.Contains(metrics, "infergate_extproc_panics_total") {
+		t.Errorf("a stream panicked:\n%s", grepLines(metrics, "panics"))
+	}
+	for _, st := range s.Gateway.stamps() {
+		if st.RequestID == "hostile-1" {
+			if len(st.Model) > 256 || st.Attempts > 64 || st.PromptTokens < 0 || len(st.Pool) > 256 {
+				t.Errorf("hostile stamp kept out-of-range values: model %d bytes, attempts %d, prompt tokens %d, pool %d bytes",
+					len(st.Model), st.Attempts, st.PromptTokens, len(st.Pool))
+			}
+		}
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for line := range strings.Lines(s) {
+		if strings.Contains(line, sub) {
+			out = append(out, strings.TrimSpace(line))
+		}
+	}
+	return fmt.Sprint(out)
+}
