@@ -29,6 +29,7 @@ type admissionParts struct {
 	controller *admission.Controller
 	policy     *policy.Watcher
 	keysErr    atomic.Pointer[error]
+	keysFailed atomic.Int64 // refused reloads of the key file
 	redis      *redis.Client
 	// watchKeys polls the API key file until its context is done (nil
 	// without one).
@@ -73,6 +74,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 			}, func(err error) {
 				err = fmt.Errorf("auth.keys reload kept the previous keys: %w", err)
 				p.keysErr.Store(&err)
+				p.keysFailed.Add(1)
 				log.Error("API keys reload failed", "err", err)
 			})
 		}
@@ -112,12 +114,28 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
 	}
+	if _, err := m.Meter().Int64ObservableCounter("infergate.reload.errors",
+		metric.WithDescription("Reloads refused (the last good version keeps serving), by source: policy or keys."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			if p.policy != nil {
+				_, failed := p.policy.Reloads()
+				o.Observe(failed, reloadPolicy)
+			}
+			if p.watchKeys != nil {
+				o.Observe(p.keysFailed.Load(), reloadKeys)
+			}
+			return nil
+		})); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
 var (
-	memoHit  = metric.WithAttributes(attribute.String("source", "memo"))
-	memoMiss = metric.WithAttributes(attribute.String("source", "evaluated"))
+	reloadPolicy = metric.WithAttributes(attribute.String("source", "policy"))
+	reloadKeys   = metric.WithAttributes(attribute.String("source", "keys"))
+	memoHit      = metric.WithAttributes(attribute.String("source", "memo"))
+	memoMiss     = metric.WithAttributes(attribute.String("source", "evaluated"))
 )
 
 // redisClient connects to the shared Redis (rate limits and observations).

@@ -180,16 +180,20 @@ func (s *Service) AdminHandler() http.Handler {
 		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	// Health and readiness mean "can decide": a refused reload of keys or
+	// policies keeps the last good version serving, so the pod stays ready
+	// (a bad shared ConfigMap must not take every replica out of rotation
+	// at once); the refusal shows in /healthz, the log and
+	// infergate_reload_errors_total.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+		if err := s.adm.health(); err != nil {
+			io.WriteString(w, "serving the last good version: "+err.Error()+"\n")
+		}
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !s.ready.Load() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		// Still serving (the last good policy and keys), but say why a
-		// reload was refused so a rollout notices.
-		if err := s.adm.health(); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ready\n")

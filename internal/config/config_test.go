@@ -106,7 +106,7 @@ func TestValidFile(t *testing.T) {
 	want := &Config{
 		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, TLS: TLS{
 			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"}},
-		Admin:   Admin{Listen: "[::1]:9191", RecentRequests: 50, Pprof: true},
+		Admin: Admin{Listen: "[::1]:9191", RecentRequests: 50, Pprof: true},
 		Gate: Gate{
 			MaxBodyBytes: 64 << 20,
 			InjectUsage:  ptr(false),

@@ -253,11 +253,13 @@ func TestRedisOutage(t *testing.T) {
 	}
 }
 
-// A policy that does not compile never replaces the working one; a fixed
-// one takes over within 2 s.
+// A policy that does not compile never replaces the working one, on any
+// replica: two replicas sharing one policy directory both stay ready and
+// keep deciding with the last good version, the refusal in /healthz, the
+// metric and the log; a fixed one takes over within 2 s.
 func TestPolicyReload(t *testing.T) {
 	dir := loadPolicies(t, 1_000_000)
-	s := startStackWith(t, policyConfig(writeKeys(t), dir, ""), 1)
+	s := startStackWith(t, policyConfig(writeKeys(t), dir, ""), 2)
 	c := chatCall("sk-load-0001", "pool-a", 4)
 	if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
 		t.Fatalf("before: %d", resp.StatusCode)
@@ -265,17 +267,21 @@ func TestPolicyReload(t *testing.T) {
 	authz := filepath.Join(dir, "authz.rego")
 	orig := mustRead(t, authz)
 	os.WriteFile(authz, append(slices.Clone(orig), []byte("\nthis is not rego {\n")...), 0o644)
-	// The broken version is refused: /readyz says so, decisions continue.
-	waitFor(t, 3*time.Second, func() bool {
-		resp, err := http.Get(s.Gateway.AdminURL + "/readyz")
-		if err != nil {
-			return false
+	for i, g := range s.Replicas {
+		waitFor(t, 3*time.Second, func() bool {
+			return metricSum(t, g.AdminURL, "infergate_reload_errors_total", `source="policy"`) >= 1
+		}, fmt.Sprintf("replica %d to count the refused reload", i))
+		if resp, err := http.Get(g.AdminURL + "/readyz"); err != nil || resp.StatusCode != 200 {
+			t.Errorf("replica %d not ready with a refused reload: %v %v", i, resp.StatusCode, err)
 		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusServiceUnavailable
-	}, "/readyz to report the broken policy")
-	if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
-		t.Fatalf("a broken policy replaced the working one: %d", resp.StatusCode)
+		if health := get(t, g.AdminURL+"/healthz"); !strings.Contains(health, "serving the last good version") || !strings.Contains(health, "authz.rego") {
+			t.Errorf("replica %d /healthz does not say why: %q", i, health)
+		}
+	}
+	for range 10 { // spread over both replicas by Envoy's round robin
+		if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
+			t.Fatalf("a broken policy replaced the working one: %d", resp.StatusCode)
+		}
 	}
 	// Fixed, and the load tier narrowed to one model: the new version wins.
 	os.WriteFile(authz, orig, 0o644)
@@ -283,12 +289,18 @@ func TestPolicyReload(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "loadtest.yaml"), []byte(narrowed), 0o644)
 	start := time.Now()
 	waitFor(t, 2*time.Second, func() bool {
-		resp, _ := c.do(t, s.Envoy.URL)
-		return resp.StatusCode == http.StatusForbidden
+		for range 4 {
+			if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != http.StatusForbidden {
+				return false
+			}
+		}
+		return true
 	}, "the fixed policy to take over")
 	t.Logf("new policy in force after %v", time.Since(start))
-	if resp, err := http.Get(s.Gateway.AdminURL + "/readyz"); err != nil || resp.StatusCode != 200 {
-		t.Errorf("/readyz after the fix: %v %v", resp.StatusCode, err)
+	for i, g := range s.Replicas {
+		if health := get(t, g.AdminURL+"/healthz"); health != "ok\n" {
+			t.Errorf("replica %d /healthz after the fix: %q", i, health)
+		}
 	}
 }
 
