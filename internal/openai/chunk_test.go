@@ -1,7 +1,9 @@
 package openai
 
 import (
+	"errors"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -186,8 +188,19 @@ func FuzzParseChunk(f *testing.F) {
 	f.Add([]byte(`{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{}"}}]}}]}`))
 	f.Add([]byte(`{"choices":[{"text":"x"}]}`))
 	f.Add([]byte(`[DONE]`))
+	f.Add([]byte(`{"model":"m","choices":[{"delta":{"content":"x","x":` + nested(MaxDepth-4, "") + `}}]}`))
+	f.Add([]byte(`{"model":"m","choices":[{"delta":{"content":"x","x":` + nested(MaxDepth-3, "") + `}}]}`))
+	f.Add([]byte(`{"model":"m","choices":[{"delta":{"content":"\\\"` + strings.Repeat("[", 100) + `"}}]}`))
+	f.Add([]byte(strings.Repeat(`{"usage":`, 10000)))
+	f.Add([]byte(strings.Repeat("[", 10000)))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := ParseChunk(data)
+		if errors.Is(err, ErrTooDeep) != (nesting(data) > MaxDepth) {
+			t.Fatalf("ParseChunk(%q) = %v, but it nests %d levels", data, err, nesting(data))
+		}
+		if errors.Is(err, ErrTooDeep) && (!errors.Is(err, ErrBadChunk) || ChunkModel(data) != "") {
+			t.Fatalf("ParseChunk(%q): too deep, but not a bad chunk without a model", data)
+		}
 		if err != nil && !reflect.DeepEqual(c, Chunk{}) {
 			t.Fatalf("error %v with a non-zero chunk %+v", err, c)
 		}

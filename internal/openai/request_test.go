@@ -467,6 +467,14 @@ var requestSeeds = []string{
 	`[1,2]`,
 	`null`,
 	``,
+	// Nesting around MaxDepth, and brackets the depth check must not count.
+	deepRequest(MaxDepth),
+	deepRequest(MaxDepth + 1),
+	`{"model":"m","stream_options":` + strings.Repeat(`{"a":`, MaxDepth-2) + "{}" + strings.Repeat("}", MaxDepth-1) + `}`,
+	`{"model":"m","prompt":"\\\"` + strings.Repeat("[", 100) + `\""}`, // an escaped quote: still in the string
+	`{"model":"m","prompt":"\\","x":` + nested(MaxDepth, "") + `}`,    // an escaped backslash: the string ends
+	strings.Repeat(`{"a":`, 10000),
+	strings.Repeat("[", 10000),
 }
 
 func FuzzParseRequest(f *testing.F) {
@@ -475,8 +483,13 @@ func FuzzParseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := ParseRequest(body)
+		// Refused for depth exactly when the reference finds it too deep:
+		// so never a valid body nesting MaxDepth or less.
+		if errors.Is(err, ErrTooDeep) != (nesting(body) > MaxDepth) {
+			t.Fatalf("ParseRequest(%q) = %v, but it nests %d levels", body, err, nesting(body))
+		}
 		if err != nil {
-			if !errors.Is(err, ErrInvalidJSON) && !errors.Is(err, ErrMissingModel) && !errors.Is(err, ErrInvalidField) {
+			if !errors.Is(err, ErrInvalidJSON) && !errors.Is(err, ErrMissingModel) && !errors.Is(err, ErrInvalidField) && !errors.Is(err, ErrTooDeep) {
 				t.Fatalf("ParseRequest(%q): unexpected error kind %T %v", body, err, err)
 			}
 			if !reflect.DeepEqual(r, Request{}) {
@@ -502,6 +515,11 @@ func FuzzWithUsage(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if _, err := ParseRequest(body); err != nil {
+			if errors.Is(err, ErrTooDeep) {
+				if _, err := WithUsage(body); !errors.Is(err, ErrTooDeep) {
+					t.Fatalf("WithUsage(%q) = %v on a body too deep for ParseRequest", body, err)
+				}
+			}
 			return
 		}
 		out, err := WithUsage(body)

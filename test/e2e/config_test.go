@@ -109,3 +109,24 @@ func readYAML(t *testing.T, rel string, v any) {
 		t.Fatalf("%s: %v", rel, err)
 	}
 }
+
+// Every shipped Envoy config drops headers with underscores: only the gate
+// sets x-infergate-*, under any spelling.
+func TestShippedConfigsDropUnderscoreHeaders(t *testing.T) {
+	for _, f := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/overhead.yaml", "envoy/overhead-plain.yaml", "envoy/xds-test.yaml"} {
+		b, err := os.ReadFile(filepath.Join(repoRoot, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), "headers_with_underscores_action: DROP_HEADER") {
+			t.Errorf("%s does not drop headers with underscores", f)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy/gateway/standalone.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "withUnderscoresAction: DropHeader") {
+		t.Error("envoy/gateway/standalone.yaml's ClientTrafficPolicy does not drop headers with underscores")
+	}
+}

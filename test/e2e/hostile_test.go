@@ -224,3 +224,26 @@ func grepLines(s, sub string) string {
 	}
 	return fmt.Sprint(out)
 }
+
+// The client's gateway key stops at the gateway, and so do headers that
+// try to spell the gate's own: the pool sees neither.
+func TestUpstreamNeverSeesClientCredentials(t *testing.T) {
+	s := startStackWith(t, policyConfig(writeKeys(t), copyPolicies(t), ""), 1)
+	c := chatCall("sk-acme-0001", "pool-a", 8)
+	c.hdr = map[string]string{"x-api-key": "sk-acme-0001", "x_infergate_model": "pool-b", "x-infergate-tenant": "globex"}
+	if resp, e := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("status %d: %+v", resp.StatusCode, e)
+	}
+	h, _ := s.PoolA.LastRequest()
+	if h == nil {
+		t.Fatal("pool-a received nothing")
+	}
+	for _, k := range []string{"Authorization", "X-Api-Key", "X_infergate_model", "X-Infergate-Tenant"} {
+		if v := h.Values(k); len(v) > 0 {
+			t.Errorf("the pool received %s: %q", k, v)
+		}
+	}
+	if got := h.Get("X-Infergate-Model"); got != "pool-a" {
+		t.Errorf("x-infergate-model at the pool = %q, want the gate's pool-a", got)
+	}
+}
