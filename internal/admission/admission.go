@@ -13,6 +13,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/infergate/infergate/internal/config"
@@ -45,6 +46,10 @@ type Controller struct {
 	Log     *slog.Logger
 	Metrics *Metrics
 	Now     func() time.Time
+	// ReservationKey seals the reservations the gate hands to the meter
+	// (every replica that may settle another's must hold the same key);
+	// nil: a random key of this process.
+	ReservationKey []byte
 }
 
 // Decide implements request.Policy.
@@ -257,7 +262,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return true
 	}
-	v.Reservation = encodeReservation(res.Reservation)
+	v.Reservation = sealReservation(c.reservationKey(), v.Tenant, encodeReservation(res.Reservation))
 	c.Metrics.reserved(ctx, cost)
 	v.Metadata = make(map[string]any, len(headers))
 	for k, val := range headers {
@@ -295,11 +300,17 @@ func rateLimitHeaders(states []ratelimit.State) map[string]string {
 // Settle implements request.Policy: the reservation is replaced by what the
 // response really used.
 func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
-	c.Metrics.track(s.Tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
 	if c.Limiter == nil || s.Reservation == "" {
+		return // nothing reserved, nothing verified to charge
+	}
+	tenant, payload, err := openReservation(c.reservationKey(), s.Reservation)
+	if err != nil {
+		c.Log.Error("settlement refused: its reservation was not written by infergate", "request_id", s.RequestID)
+		c.Metrics.forged(ctx)
 		return
 	}
-	r, err := decodeReservation(s.Reservation)
+	c.Metrics.track(tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
+	r, err := decodeReservation(payload)
 	if err != nil {
 		c.Log.Error("unreadable reservation; left to expire", "request_id", s.RequestID, "err", err)
 		c.Metrics.settleError(ctx)
@@ -321,6 +332,15 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		return
 	}
 	c.Metrics.settled(ctx, actual)
+}
+
+var processKey = sync.OnceValue(NewReservationKey)
+
+func (c *Controller) reservationKey() []byte {
+	if c.ReservationKey != nil {
+		return c.ReservationKey
+	}
+	return processKey()
 }
 
 func (c *Controller) now() time.Time {

@@ -234,3 +234,42 @@ func TestLostStreamKeepsReservation(t *testing.T) {
 		t.Errorf("remaining %v, want 60: the lost stream's 120 must stay charged", got)
 	}
 }
+
+// Only reservations infergate sealed are settled: a forged one (anything
+// that reaches the ext_proc port could send one), a re-sealed one under
+// another key, or a genuine one with its tenant or counters changed moves
+// no counter.
+func TestForgedReservationsMoveNoCounter(t *testing.T) {
+	c := newController(t)
+	now := time.Unix(1_700_000_000, 0)
+	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
+	c.ReservationKey = []byte("0123456789abcdef0123456789abcdef")
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
+		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute},
+	}}}
+	ctx := context.Background()
+	hdr := map[string]string{"x-api-key": secretKey}
+	v := c.Decide(ctx, chat(hdr)) // reserves 120 of 300
+	if v.Deny != nil {
+		t.Fatal(v.Deny)
+	}
+	_, payload, err := openReservation(c.ReservationKey, v.Reservation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A refund of everything the entry holds, if any of these were believed.
+	for name, forged := range map[string]string{
+		"bare JSON":       payload,
+		"another key":     sealReservation([]byte("not infergate's key, 32 bytes.."), "acme", payload),
+		"another tenant":  strings.Replace(v.Reservation, ".", ".Z2xvYmV4", 1),
+		"changed counter": strings.Replace(v.Reservation, `"r":120`, `"r":100000`, 1),
+		"garbage":         "...",
+	} {
+		c.Settle(ctx, &request.Settlement{Reservation: forged, PromptTokens: 0, CompletionTokens: 0, UsageReported: true, Complete: true})
+		if v2 := c.Decide(ctx, chat(hdr)); v2.Deny != nil || v2.Metadata["x-ratelimit-remaining-tokens"] != "60" {
+			t.Fatalf("after a forged settlement (%s): remaining %v, denial %v; want 60 (120 + 120 reserved)", name, v2.Metadata["x-ratelimit-remaining-tokens"], v2.Deny)
+		} else {
+			c.Settle(ctx, &request.Settlement{Reservation: v2.Reservation, UsageReported: true, Complete: true}) // back to 120
+		}
+	}
+}

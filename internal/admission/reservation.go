@@ -1,9 +1,14 @@
 package admission
 
 import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -81,4 +86,56 @@ func decodeReservation(s string) (ratelimit.Reservation, error) {
 		return true
 	})
 	return r, err
+}
+
+// A reservation is sealed before it leaves the gate: an HMAC-SHA256 under
+// a key only infergate holds, over the tenant and the reservation. The
+// meter hands it back for settling, and anything that reaches the ext_proc
+// port could forge one (its counter keys are Redis keys): a seal that does
+// not verify is refused, so counters move only as infergate decided, and
+// the tenant charged is the one the gate identified.
+//
+// Sealed form: base64url(mac) "." base64url(tenant) "." reservation JSON.
+
+// NewReservationKey returns a fresh random key.
+func NewReservationKey() []byte {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return k
+}
+
+func reservationMAC(key []byte, tenant, payload string) []byte {
+	m := hmac.New(sha256.New, key)
+	m.Write([]byte(tenant))
+	m.Write([]byte{0})
+	m.Write([]byte(payload))
+	return m.Sum(nil)
+}
+
+var b64 = base64.RawURLEncoding
+
+// sealReservation binds payload (encodeReservation's) to tenant under key.
+func sealReservation(key []byte, tenant, payload string) string {
+	return b64.EncodeToString(reservationMAC(key, tenant, payload)) + "." + b64.EncodeToString([]byte(tenant)) + "." + payload
+}
+
+// errForged marks a reservation whose seal does not verify.
+var errForged = errors.New("reservation seal does not verify")
+
+// openReservation verifies a sealed reservation and returns its tenant and
+// payload.
+func openReservation(key []byte, sealed string) (tenant, payload string, err error) {
+	mac64, rest, ok1 := strings.Cut(sealed, ".")
+	tenant64, payload, ok2 := strings.Cut(rest, ".")
+	mac, err1 := b64.DecodeString(mac64)
+	t, err2 := b64.DecodeString(tenant64)
+	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+		return "", "", errForged
+	}
+	if !hmac.Equal(mac, reservationMAC(key, string(t), payload)) {
+		return "", "", errForged
+	}
+	return string(t), payload, nil
 }

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -113,6 +114,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		}
 		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
+		c.ReservationKey = sharedReservationKey(ctx, p.redis, log)
 	}
 	if _, err := m.Meter().Int64ObservableCounter("infergate.reload.errors",
 		metric.WithDescription("Reloads refused (the last good version keeps serving), by source: policy or keys."),
@@ -150,6 +152,31 @@ func redisClient(r config.Redis) (*redis.Client, error) {
 		opts.Password = strings.TrimSpace(string(b))
 	}
 	return redis.NewClient(opts), nil
+}
+
+// reservationKeyName holds the key every replica seals reservations with:
+// a request's gate and meter streams may land on different replicas.
+const reservationKeyName = "ig:reservation-key"
+
+// sharedReservationKey reads the replicas' shared key from Redis, creating
+// it on first use. Whoever can read Redis can move its counters anyway, so
+// it adds no exposure. Redis unreachable at start: a key of this process
+// (a settlement another replica sealed is then refused, and its
+// reservation stays charged until its window ends: over-, never
+// under-charged).
+func sharedReservationKey(ctx context.Context, rdb *redis.Client, log *slog.Logger) []byte {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	fresh := base64.StdEncoding.EncodeToString(admission.NewReservationKey())
+	if err := rdb.SetNX(ctx, reservationKeyName, fresh, 0).Err(); err == nil {
+		if v, err := rdb.Get(ctx, reservationKeyName).Result(); err == nil {
+			if k, err := base64.StdEncoding.DecodeString(v); err == nil && len(k) >= 32 {
+				return k
+			}
+		}
+	}
+	log.Warn("could not read the shared reservation key from Redis; using this replica's own")
+	return admission.NewReservationKey()
 }
 
 // health is nil, or why the last reload of keys or policies was refused.

@@ -2,30 +2,41 @@
 // arrive, without re-scanning what it has already seen.
 //
 // It is on the per-chunk path of every streamed response the meter observes,
-// so it keeps one carry-over buffer for a partial line and never allocates
-// per byte: callbacks receive slices into the chunk (or the carry-over) that
+// so it keeps two buffers, the carry-over of a partial line and the data of
+// the event being assembled, each bounded by MaxLine, and never allocates
+// per byte: callbacks receive slices into the chunk (or those buffers) that
 // are only valid during the call.
 package sse
 
 import "bytes"
 
-// DefaultMaxLine bounds the carry-over buffer: a line longer than this is
-// dropped (and counted) rather than growing memory without limit.
+// DefaultMaxLine bounds each of the parser's buffers: a line, or the data of
+// an event, longer than this is dropped (and counted) rather than growing
+// memory without limit.
 const DefaultMaxLine = 1 << 20
 
 // Parser turns chunks of an SSE stream into data payloads. The zero value is
 // ready to use with DefaultMaxLine.
 type Parser struct {
-	// MaxLine is the longest line kept (across chunks or not); longer lines
-	// are dropped and counted in Dropped. 0 means DefaultMaxLine.
+	// MaxLine is the longest line kept (across chunks or not), and the
+	// most data one event may gather from its data lines (joined by '\n').
+	// A longer line is dropped and counted in Dropped; an event whose data
+	// would grow longer is dropped whole and counted in Overflowed. 0 means
+	// DefaultMaxLine. The parser holds at most 2*MaxLine bytes.
 	MaxLine int
 
 	carry     []byte // the incomplete trailing line of the previous chunk
 	skipping  bool   // inside an overlong line being discarded
 	data      []byte // data lines of the event being assembled (multi-line data)
 	dataLines int
-	// Dropped counts overlong lines that were discarded.
+	overflow  bool // the event being assembled was dropped: ignore it up to the blank line
+	// Dropped counts overlong lines that were discarded; the other lines of
+	// their event are still delivered.
 	Dropped int
+	// Overflowed counts events discarded because their data lines together
+	// exceeded MaxLine (a pool that never sends the blank line ending an
+	// event). The parser resynchronises at the next blank line.
+	Overflowed int
 }
 
 // Event is one dispatched SSE event's data. Done reports the OpenAI
@@ -62,7 +73,7 @@ func (p *Parser) Feed(chunk []byte, emit func(Event)) {
 			continue
 		}
 		if len(p.carry) > 0 {
-			p.carry = append(p.carry, line...)
+			p.carry = appendBounded(p.carry, line, p.maxLine())
 			line = p.carry
 		}
 		p.line(line, emit)
@@ -91,7 +102,7 @@ func (p *Parser) keep(partial []byte) {
 		p.Dropped++
 		return
 	}
-	p.carry = append(p.carry, partial...)
+	p.carry = appendBounded(p.carry, partial, p.maxLine())
 }
 
 func (p *Parser) maxLine() int {
@@ -123,14 +134,50 @@ func (p *Parser) line(line []byte, emit func(Event)) {
 	if string(field) != "data" { // event, id, retry: not needed by the meter
 		return
 	}
-	if p.dataLines > 0 {
-		p.data = append(p.data, '\n')
+	if p.overflow {
+		return
 	}
-	p.data = append(p.data, value...)
+	limit := p.maxLine()
+	n := len(p.data) + len(value)
+	if p.dataLines > 0 {
+		n++ // the '\n' joining data lines
+	}
+	if false && n > limit {
+		// Checked before appending: the whole event is dropped, never
+		// delivered cut short.
+		p.data = p.data[:0]
+		p.dataLines = 0
+		p.overflow = true
+		p.Overflowed++
+		return
+	}
+	if p.dataLines > 0 {
+		p.data = appendBounded(p.data, newline, limit)
+	}
+	p.data = appendBounded(p.data, value, limit)
 	p.dataLines++
 }
 
+var newline = []byte{'\n'}
+
+// appendBounded appends src to dst without letting dst's capacity grow past
+// limit when the result fits in it (the callers check that it does): what
+// the parser retains is bounded by MaxLine itself, not by append's growth
+// policy.
+func appendBounded(dst, src []byte, limit int) []byte {
+	if n := len(dst) + len(src); n > cap(dst) {
+		grown := make([]byte, len(dst), max(min(2*cap(dst), limit), n))
+		copy(grown, dst)
+		dst = grown
+	}
+	return append(dst, src...)
+}
+
 func (p *Parser) dispatch(emit func(Event)) {
+	if p.overflow {
+		p.overflow = false // resynchronised: the next event starts clean
+		return
+	}
 	if p.dataLines == 0 {
 		return
 	}

@@ -332,10 +332,174 @@ func TestParserOverlongLine(t *testing.T) {
 	}
 }
 
-// FuzzParser checks that the events, and the count of dropped overlong
-// lines, do not depend on how the stream is cut into chunks, and that no
-// input panics. maxLine 0 means DefaultMaxLine; small values exercise the
-// overlong-line path.
+func TestParserEventOverflow(t *testing.T) {
+	y := func(n int) string { return strings.Repeat("y", n) }
+	tests := []struct {
+		name           string
+		chunks         []string
+		want           []event
+		wantOverflowed int
+		wantDropped    int
+	}{
+		{
+			name:   "multi-line data within MaxLine",
+			chunks: []string{"data: " + y(10) + "\ndata: " + y(10) + "\n\n"},
+			want:   []event{{y(10) + "\n" + y(10), false}},
+		},
+		{
+			name:   "data exactly MaxLine long, newlines included, is kept",
+			chunks: []string{"data: " + y(10) + "\ndata: " + y(10) + "\ndata: " + y(10) + "\n\n"},
+			want:   []event{{y(10) + "\n" + y(10) + "\n" + y(10), false}},
+		},
+		{
+			name:           "one byte over drops the whole event, the next is kept",
+			chunks:         []string{"data: " + y(10) + "\ndata: " + y(10) + "\ndata: " + y(11) + "\n\ndata: ok\n\n"},
+			want:           []event{{"ok", false}},
+			wantOverflowed: 1,
+		},
+		{
+			name:           "the joining newline counts",
+			chunks:         []string{"data: " + y(16) + "\ndata: " + y(16) + "\n\ndata: ok\n\n"},
+			want:           []event{{"ok", false}},
+			wantOverflowed: 1,
+		},
+		{
+			name:           "data lines after the overflow are ignored up to the blank line",
+			chunks:         []string{"data: " + y(20) + "\ndata: " + y(20) + "\ndata: a\ndata: b\n: ping\nid: 1\n\ndata: ok\n\n"},
+			want:           []event{{"ok", false}},
+			wantOverflowed: 1,
+		},
+		{
+			name:           "a CRLF blank line resynchronises too",
+			chunks:         []string{"data: " + y(20) + "\r\ndata: " + y(20) + "\r\ndata: a\r\n\r\ndata: ok\r\n\r\n"},
+			want:           []event{{"ok", false}},
+			wantOverflowed: 1,
+		},
+		{
+			name:           "split across chunks",
+			chunks:         []string{"data: " + y(20) + "\ndata: ", y(10), y(10) + "\ndata: a\n", "\n", "data: ok\n\n"},
+			want:           []event{{"ok", false}},
+			wantOverflowed: 1,
+		},
+		{
+			name:           "two overflowing events counted separately",
+			chunks:         []string{"data: " + y(20) + "\ndata: " + y(20) + "\n\ndata: " + y(20) + "\ndata: " + y(20) + "\n\ndata: [DONE]\n\n"},
+			want:           []event{{"[DONE]", true}},
+			wantOverflowed: 2,
+		},
+		{
+			name:           "an overlong line in an overflowed event is still an overlong line",
+			chunks:         []string{"data: " + y(20) + "\ndata: " + y(20) + "\ndata: " + y(40) + "\n\ndata: ok\n\n"},
+			want:           []event{{"ok", false}},
+			wantOverflowed: 1,
+			wantDropped:    1,
+		},
+		{
+			name:           "an overflowed event pending at flush is not dispatched",
+			chunks:         []string{"data: a\n\ndata: " + y(20) + "\ndata: " + y(20) + "\ndata: b"},
+			want:           []event{{"a", false}},
+			wantOverflowed: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Parser{MaxLine: 32}
+			got := feedAll(&p, tt.chunks...)
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("events:\n got %v\nwant %v", got, tt.want)
+			}
+			if p.Overflowed != tt.wantOverflowed || p.Dropped != tt.wantDropped {
+				t.Errorf("Overflowed, Dropped = %d, %d; want %d, %d", p.Overflowed, p.Dropped, tt.wantOverflowed, tt.wantDropped)
+			}
+			// Flush ends the stream: the parser starts the next one clean.
+			if got := feedAll(&p, "data: next\n\n"); !reflect.DeepEqual(got, []event{{"next", false}}) {
+				t.Errorf("after Flush: got %v", got)
+			}
+		})
+	}
+}
+
+// checkBounded fails if a buffer the parser holds could exceed its limit.
+func checkBounded(t testing.TB, p *Parser) {
+	t.Helper()
+	limit := p.maxLine()
+	if cap(p.carry) > limit || cap(p.data) > limit {
+		t.Fatalf("MaxLine %d: parser holds carry %d (cap %d), data %d (cap %d)",
+			p.MaxLine, len(p.carry), cap(p.carry), len(p.data), cap(p.data))
+	}
+}
+
+// TestParserBoundedMemory: a pool that never ends a line, or never ends an
+// event, cannot make the parser hold more than MaxLine per buffer, and a
+// normal event after it is still delivered.
+func TestParserBoundedMemory(t *testing.T) {
+	noNewline := strings.Repeat("x", 10<<20)
+	dataLines := func(n int) string { return strings.Repeat("data: x\n", n) }
+	tests := []struct {
+		name           string
+		maxLine        int
+		stream         string
+		chunk          int // bytes per Feed
+		wantDropped    int
+		wantOverflowed int
+	}{
+		{"10 MiB without a newline, one chunk", 0, noNewline, len(noNewline), 1, 0},
+		{"10 MiB without a newline, 16 KiB chunks", 0, noNewline, 16 << 10, 1, 0},
+		{"10 MiB data line without a newline, 1000-byte chunks", 0, "data: " + noNewline, 1000, 1, 0},
+		{"10 MiB without a newline, small MaxLine", 4096, noNewline, 16 << 10, 1, 0},
+		{"100k data lines without a blank line", 0, dataLines(100_000), 16 << 10, 0, 0}, // 200 KB: under the cap
+		{"100k data lines without a blank line, small MaxLine", 4096, dataLines(100_000), 16 << 10, 0, 1},
+		{"600k data lines without a blank line", 0, dataLines(600_000), 64 << 10, 0, 1}, // 1.2 MB: over it
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := Parser{MaxLine: tt.maxLine}
+			var got []event
+			emit := collect(&got)
+			for s := tt.stream; len(s) > 0; {
+				n := min(tt.chunk, len(s))
+				p.Feed([]byte(s[:n]), emit)
+				s = s[n:]
+				checkBounded(t, &p)
+			}
+			p.Feed([]byte("\n\ndata: ok\n\n"), emit)
+			checkBounded(t, &p)
+			want := []event{{"ok", false}}
+			if tt.wantDropped+tt.wantOverflowed == 0 { // the 100k lines were one event
+				want = []event{{strings.TrimSuffix(strings.Repeat("x\n", 100_000), "\n"), false}, {"ok", false}}
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("got %d events, want %d (the last %v)", len(got), len(want), want[len(want)-1])
+			}
+			if p.Dropped != tt.wantDropped || p.Overflowed != tt.wantOverflowed {
+				t.Errorf("Dropped, Overflowed = %d, %d; want %d, %d", p.Dropped, p.Overflowed, tt.wantDropped, tt.wantOverflowed)
+			}
+		})
+	}
+}
+
+// TestParserFloodAllocs: once it is discarding, the parser allocates
+// nothing however much more the pool sends.
+func TestParserFloodAllocs(t *testing.T) {
+	flood := []byte(strings.Repeat("data: x\n", 8192))
+	noNewline := []byte(strings.Repeat("x", 64<<10))
+	p := Parser{MaxLine: 4096}
+	p.Feed(flood, func(Event) { t.Fatal("event from an unfinished one") })
+	if n := testing.AllocsPerRun(100, func() { p.Feed(flood, func(Event) {}) }); n != 0 {
+		t.Errorf("Feed of data lines in an overflowed event: %.0f allocs", n)
+	}
+	p.Feed([]byte("\n\n"), func(Event) {})
+	if n := testing.AllocsPerRun(100, func() { p.Feed(noNewline, func(Event) {}) }); n != 0 {
+		t.Errorf("Feed of an overlong line: %.0f allocs", n)
+	}
+	checkBounded(t, &p)
+}
+
+// FuzzParser checks that the events, and the counts of dropped overlong
+// lines and overflowed events, do not depend on how the stream is cut into
+// chunks, that no buffer outgrows MaxLine and that no input panics. maxLine
+// 0 means DefaultMaxLine; small values exercise the overlong-line and
+// overflow paths.
 func FuzzParser(f *testing.F) {
 	f.Add([]byte(openAIStream("\n")), 100, uint16(0))
 	f.Add([]byte(openAIStream("\r\n")), 7, uint16(0))
@@ -348,26 +512,42 @@ func FuzzParser(f *testing.F) {
 	f.Add([]byte("\r\r\n\n\x00data\xff:\n:::\n\ndata"), 4, uint16(3))
 	f.Add([]byte("garbage without newlines"), 10, uint16(5))
 	f.Add([]byte{}, 0, uint16(0))
+	// Events that never end, and what follows them.
+	f.Add([]byte(strings.Repeat("data: x\n", 64)+"\ndata: ok\n\n"), 100, uint16(32))
+	f.Add([]byte(strings.Repeat("data: x\r\n", 64)+": ping\r\n\r\ndata: [DONE]\r\n\r\n"), 7, uint16(50))
+	f.Add([]byte("data: "+strings.Repeat("y", 40)+"\ndata: "+strings.Repeat("y", 40)+"\ndata: a\n\ndata: b\n\n"), 45, uint16(64))
+	f.Add([]byte(strings.Repeat("data: x\n", 300)), 1000, uint16(0))
+	f.Add([]byte(strings.Repeat("x", 5000)+"\n\ndata: ok\n\n"), 2500, uint16(1024))
 	f.Fuzz(func(t *testing.T, in []byte, split int, maxLine uint16) {
 		split = int(uint(split) % uint(len(in)+1))
 
 		whole := Parser{MaxLine: int(maxLine)}
 		want := feedAll(&whole, string(in))
 		p := Parser{MaxLine: int(maxLine)}
-		got := feedAll(&p, string(in[:split]), string(in[split:]))
+		var got []event
+		emit := collect(&got)
+		p.Feed(in[:split], emit)
+		checkBounded(t, &p)
+		p.Feed(in[split:], emit)
+		checkBounded(t, &p)
+		p.Flush(emit)
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("MaxLine %d, split at %d of %q:\n got %v\nwant %v", maxLine, split, in, got, want)
 		}
-		if p.Dropped != whole.Dropped {
-			t.Fatalf("MaxLine %d, split at %d of %q: Dropped = %d, whole = %d", maxLine, split, in, p.Dropped, whole.Dropped)
+		if p.Dropped != whole.Dropped || p.Overflowed != whole.Overflowed {
+			t.Fatalf("MaxLine %d, split at %d of %q: Dropped, Overflowed = %d, %d; whole = %d, %d",
+				maxLine, split, in, p.Dropped, p.Overflowed, whole.Dropped, whole.Overflowed)
 		}
 		for _, e := range want {
 			if e.Done != (e.Data == "[DONE]") {
 				t.Fatalf("event %q has Done=%v", e.Data, e.Done)
 			}
+			if len(e.Data) > p.maxLine() {
+				t.Fatalf("MaxLine %d: event of %d bytes delivered", maxLine, len(e.Data))
+			}
 		}
-		if maxLine == 0 && len(in) <= DefaultMaxLine && whole.Dropped != 0 {
-			t.Fatalf("Dropped = %d for input shorter than DefaultMaxLine", whole.Dropped)
+		if maxLine == 0 && len(in) <= DefaultMaxLine && whole.Dropped+whole.Overflowed != 0 {
+			t.Fatalf("Dropped, Overflowed = %d, %d for input shorter than DefaultMaxLine", whole.Dropped, whole.Overflowed)
 		}
 	})
 }

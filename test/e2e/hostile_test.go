@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"os"
@@ -18,12 +19,14 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
 // heapInUse is the live heap after a collection: infergate runs in this
@@ -245,5 +248,78 @@ func TestUpstreamNeverSeesClientCredentials(t *testing.T) {
 	}
 	if got := h.Get("X-Infergate-Model"); got != "pool-a" {
 		t.Errorf("x-infergate-model at the pool = %q, want the gate's pool-a", got)
+	}
+}
+
+// A meter stream anyone could open with a forged reservation (counter keys
+// are Redis keys) moves no counter: only reservations infergate sealed are
+// settled. The test reads Redis itself.
+func TestForgedReservationMovesNoCounter(t *testing.T) {
+	srv := redisserver.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	s := startStackWith(t, policyConfig(writeKeys(t), copyPolicies(t),
+		"ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}"), 1)
+	if resp, e := chatCall("sk-acme-0001", "pool-a", 8).do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("a real request: %d %+v", resp.StatusCode, e)
+	}
+	snapshot := func() map[string]string {
+		out := map[string]string{}
+		keys, err := rdb.Keys(context.Background(), "*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if v, err := rdb.Get(context.Background(), k).Result(); err == nil {
+				out[k] = v
+			}
+		}
+		return out
+	}
+	var before map[string]string
+	waitFor(t, 3*time.Second, func() bool { before = snapshot(); return len(before) > 1 }, "the real request's counters")
+	var counters []string
+	for k := range before {
+		if k != "ig:reservation-key" {
+			counters = append(counters, k)
+		}
+	}
+	var entries []string
+	for _, k := range counters {
+		entries = append(entries, fmt.Sprintf(`{"k":%q,"u":"total_tokens","r":1000000,"x":%d}`, k, time.Now().Add(time.Hour).UnixMilli()))
+	}
+	payload := `{"e":[` + strings.Join(entries, ",") + `]}`
+
+	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, forged := range []string{payload, "AAAA.YWNtZQ." + payload} {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter")
+		stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MetadataNamespace: {Fields: map[string]*structpb.Value{
+			"reservation": structpb.NewStringValue(forged), "tenant": structpb.NewStringValue("acme")}}}}
+		for _, msg := range []*extprocv3.ProcessingRequest{
+			{ObservabilityMode: true, MetadataContext: md, Request: &extprocv3.ProcessingRequest_RequestHeaders{
+				RequestHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: "x-request-id", RawValue: []byte("forged")}}}}}},
+			{ObservabilityMode: true, Request: &extprocv3.ProcessingRequest_ResponseHeaders{
+				ResponseHeaders: &extprocv3.HttpHeaders{EndOfStream: true, Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("200")}}}}}},
+		} {
+			if err := stream.Send(msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stream.CloseSend()
+		stream.Recv()
+	}
+	waitFor(t, 3*time.Second, func() bool {
+		return metricSum(t, s.Gateway.AdminURL, "infergate_admission_errors_total", `op="forged_reservation"`) >= 2
+	}, "both forged settlements to be refused and counted")
+	if after := snapshot(); !maps.Equal(before, after) {
+		t.Errorf("a forged reservation moved Redis:\nbefore %v\nafter  %v", before, after)
 	}
 }
