@@ -387,7 +387,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
 		slog.String("request_id", g.headers["x-request-id"]), slog.Int("status", v.Deny.Status),
-		slog.String("code", v.Deny.Code), slog.String("message", v.Deny.Message))
+		slog.String("code", v.Deny.Code), slog.String("message", truncate(v.Deny.Message, maxStampReason)))
 	st := &request.Stamp{
 		RequestID: g.headers["x-request-id"],
 		Model:     model,

@@ -70,8 +70,8 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		sinks = append(sinks, requestlog.NewLogSink(requests))
 	}
 	var recent *requestlog.Ring
-	if cfg.Admin.RecentRequests > 0 {
-		recent = requestlog.NewRing(cfg.Admin.RecentRequests)
+	if *cfg.Admin.RecentRequests > 0 {
+		recent = requestlog.NewRing(*cfg.Admin.RecentRequests)
 		sinks = append(sinks, recent)
 	}
 	tracing, err := telemetry.NewTracing(ctx, cfg.Tracing, Version, metrics)

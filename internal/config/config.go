@@ -228,8 +228,9 @@ func (t TLS) missing() []string {
 // Admin is the HTTP port for /metrics, /healthz, /readyz and the /debug pages.
 type Admin struct {
 	Listen string `yaml:"listen"`
-	// RecentRequests is how many requests /debug/requests keeps (0: the page is off).
-	RecentRequests int `yaml:"recentRequests"`
+	// RecentRequests is how many requests /debug/requests keeps (default
+	// 1000; 0: none are kept and the page is off).
+	RecentRequests *int `yaml:"recentRequests"`
 	// Pprof mounts Go's profiler (net/http/pprof) under /debug/pprof/: for
 	// profiling a running gateway. Off by default: the admin port should
 	// not hand out profiles unless asked to.
@@ -349,8 +350,8 @@ func (c *Config) fillDefaults() {
 		c.ExtProc.MaxConcurrentStreams = 10000
 	}
 	setDefault(&c.Admin.Listen, ":9090")
-	if c.Admin.RecentRequests == 0 {
-		c.Admin.RecentRequests = 1000
+	if c.Admin.RecentRequests == nil {
+		c.Admin.RecentRequests = ptr(1000)
 	}
 	setDefault(&c.WeightSink.Type, "xds")
 	setDefault(&c.Tracing.Protocol, "grpc")
@@ -452,7 +453,7 @@ func (c *Config) validate() error {
 		check(oneOf(ch.OnError, "deny", "allow"), "checks", "%s: onError must be deny or allow; got %q", name, ch.OnError)
 	}
 	check(validAddr(c.XDS.Listen), "xds.listen", "%q is not host:port", c.XDS.Listen)
-	check(c.Admin.RecentRequests >= 0, "admin.recentRequests", "must not be negative")
+	check(*c.Admin.RecentRequests >= 0 && *c.Admin.RecentRequests <= 100_000, "admin.recentRequests", "must be 0 to 100000, got %d", *c.Admin.RecentRequests)
 	check(oneOf(c.WeightSink.Type, "xds", "httpRouteFile", "httpRoute", "virtualService"), "weightSink.type",
 		"must be xds, httpRouteFile, httpRoute or virtualService; got %q", c.WeightSink.Type)
 	switch ws := c.WeightSink; ws.Type {

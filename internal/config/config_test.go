@@ -21,7 +21,7 @@ import (
 func defaults() *Config {
 	return &Config{
 		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000},
-		Admin:   Admin{Listen: ":9090", RecentRequests: 1000},
+		Admin:   Admin{Listen: ":9090", RecentRequests: ptr(1000)},
 		Gate: Gate{
 			MaxBodyBytes: 1 << 20,
 			InjectUsage:  ptr(true),
@@ -106,7 +106,7 @@ func TestValidFile(t *testing.T) {
 	want := &Config{
 		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, TLS: TLS{
 			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"}},
-		Admin: Admin{Listen: "[::1]:9191", RecentRequests: 50, Pprof: true},
+		Admin: Admin{Listen: "[::1]:9191", RecentRequests: ptr(50), Pprof: true},
 		Gate: Gate{
 			MaxBodyBytes: 64 << 20,
 			InjectUsage:  ptr(false),
@@ -381,5 +381,16 @@ func checkBounds(t *testing.T, c *Config) {
 	}
 	if !oneOf(c.Log.Format, "json", "text") {
 		t.Errorf("log.format = %q", c.Log.Format)
+	}
+}
+
+// recentRequests: 0 turns the ring off; absent keeps 1000.
+func TestRecentRequestsZeroDisables(t *testing.T) {
+	c, err := Parse([]byte("admin: {recentRequests: 0}\n"))
+	if err != nil || *c.Admin.RecentRequests != 0 {
+		t.Fatalf("recentRequests: 0 gave %v, %v", c.Admin.RecentRequests, err)
+	}
+	if c, _ := Parse(nil); *c.Admin.RecentRequests != 1000 {
+		t.Fatalf("default %d, want 1000", *c.Admin.RecentRequests)
 	}
 }

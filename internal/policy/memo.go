@@ -29,8 +29,16 @@ import (
 // or rewrites the input with `with` is never memoized.
 
 // memoSize bounds the decisions kept per policy version (two generations
-// of memoSize/2: the older is dropped when the newer fills up).
-const memoSize = 4096
+// of memoSize/2: the older is dropped when the newer fills up), and
+// maxMemoKey the size of one key: the fields a policy reads may include
+// headers a client controls, so an input with a longer key is evaluated
+// every time instead of kept. Keys and decisions together stay within a
+// few MiB whatever clients send (a decision's reason is bounded by the
+// stamp, its strings by what the policy writes).
+const (
+	memoSize   = 4096
+	maxMemoKey = 1024
+)
 
 // memo holds one policy version's decisions.
 type memo struct {
@@ -75,7 +83,14 @@ func (m *memo) get(in *Input) (Decision, bool) {
 
 // put memoizes a decision evaluated for in.
 func (m *memo) put(in *Input, d Decision, r *reserveSpec) {
-	key := string(appendKey(nil, in, m.paths))
+	b := appendKey(nil, in, m.paths)
+	if len(b) > maxMemoKey {
+		return
+	}
+	if len(d.Reason) > maxMemoKey {
+		return // a reason quoting a client's input: not kept either
+	}
+	key := string(b)
 	m.mu.Lock()
 	m.insert(key, &memoEntry{d: d, reserve: r})
 	m.mu.Unlock()

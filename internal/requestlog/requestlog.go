@@ -40,13 +40,33 @@ type Ring struct {
 // NewRing keeps up to n stamps.
 func NewRing(n int) *Ring { return &Ring{buf: make([]request.Stamp, n)} }
 
+// maxKeptGaps bounds the inter-token gaps the ring keeps per request (a
+// 16k-token answer has 16k of them): enough for the page's histogram, so
+// the ring stays a few MiB at its default size, whatever pools stream.
+const maxKeptGaps = 512
+
 // Record implements request.Sink.
 func (r *Ring) Record(_ context.Context, s *request.Stamp) {
+	st := *s
+	st.Gaps = sampleGaps(s.Gaps, maxKeptGaps)
 	r.mu.Lock()
-	r.buf[r.next] = *s
+	r.buf[r.next] = st
 	r.next = (r.next + 1) % len(r.buf)
 	r.full = r.full || r.next == 0
 	r.mu.Unlock()
+}
+
+// sampleGaps returns gaps itself when it has at most n, else n of them
+// evenly spread (the distribution's shape, in order), in a copy.
+func sampleGaps(gaps []time.Duration, n int) []time.Duration {
+	if len(gaps) <= n {
+		return gaps
+	}
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = gaps[i*len(gaps)/n]
+	}
+	return out
 }
 
 // Recent returns the kept stamps, newest first, that pass keep.

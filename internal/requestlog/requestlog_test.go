@@ -144,3 +144,18 @@ func TestHandler(t *testing.T) {
 		t.Errorf("bad slow_ms: %d", code)
 	}
 }
+
+// The ring keeps a bounded sample of each request's gaps: a long answer
+// does not make the page's memory grow with it.
+func TestRingBoundsGaps(t *testing.T) {
+	r := NewRing(2)
+	gaps := make([]time.Duration, 16384)
+	for i := range gaps {
+		gaps[i] = time.Duration(i)
+	}
+	r.Record(context.Background(), &request.Stamp{RequestID: "long", Gaps: gaps})
+	got, _ := r.Find("long")
+	if len(got.Gaps) != maxKeptGaps || got.Gaps[0] != 0 || got.Gaps[maxKeptGaps-1] != time.Duration((maxKeptGaps-1)*16384/maxKeptGaps) {
+		t.Fatalf("kept %d gaps (first %v, last %v), want %d spread evenly", len(got.Gaps), got.Gaps[0], got.Gaps[len(got.Gaps)-1], maxKeptGaps)
+	}
+}
