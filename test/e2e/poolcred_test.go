@@ -1,0 +1,278 @@
+package e2e
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/internal/testutil/envoytest"
+)
+
+// A pool's own upstream credential (envoy/pool-credential.yaml): the gate
+// removes the client's key, and Envoy sets pool-b's key on pool-b's cluster
+// (an upstream credential_injector filter reading a generic secret through
+// file-based SDS), whatever route picked the cluster. The key is read from
+// a file laid out like a mounted Kubernetes Secret and rotated the way the
+// kubelet does it.
+
+const poolCredBootstrap = "envoy/pool-credential.yaml"
+
+// secretVolume is a directory laid out like a Kubernetes Secret volume:
+// api-key -> ..data/api-key, ..data -> ..<version>/.
+type secretVolume struct {
+	dir     string
+	version int
+}
+
+func newSecretVolume(t *testing.T, key string) *secretVolume {
+	t.Helper()
+	v := &secretVolume{dir: filepath.Join(t.TempDir(), "pool-b-secret")}
+	if err := os.Mkdir(v.dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	v.write(t, key)
+	if err := os.Symlink(filepath.Join("..data", "api-key"), v.path()); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+func (v *secretVolume) path() string { return filepath.Join(v.dir, "api-key") }
+
+// write puts key in a new version directory and swaps ..data to it with a
+// rename, atomically, as the kubelet's atomic writer does.
+func (v *secretVolume) write(t *testing.T, key string) {
+	t.Helper()
+	v.version++
+	ver := fmt.Sprintf("..v%d", v.version)
+	if err := os.Mkdir(filepath.Join(v.dir, ver), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// With a trailing newline, as `kubectl create secret --from-file` of a
+	// file written by echo would have it: Envoy trims it.
+	if err := os.WriteFile(filepath.Join(v.dir, ver, "api-key"), []byte(key+"\n"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(v.dir, "..data_tmp")
+	if err := os.Symlink(ver, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(v.dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeCredentialSDS writes the SDS file naming the key file (what a
+// ConfigMap would hold: no secret in it) and returns its path.
+func writeCredentialSDS(t *testing.T, keyFile string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "pool-b-credential.yaml")
+	sds := `resources:
+- "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret
+  name: pool-b-credential
+  generic_secret: {secret: {filename: ` + keyFile + `}}
+`
+	if err := os.WriteFile(path, []byte(sds), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// startPoolCredStack is startStack on envoy/pool-credential.yaml: the
+// harness's placeholders plus POOL_B_CREDENTIAL_SDS, rendered here so the
+// shared harness stays as it is.
+func startPoolCredStack(t *testing.T, key string) (*stack, *secretVolume) {
+	t.Helper()
+	vol := newSecretVolume(t, key)
+	sds := writeCredentialSDS(t, vol.path())
+	s := startStackFor(t, "", func(*stack) string { return testConfig }, 1)
+	rendered := renderEnvoy(t, poolCredBootstrap, map[string]string{
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
+		"EXTPROC_PORT": port(t, s.Gateway.ExtProcAddr), "POOL_A_PORT": port(t, s.PoolA.Addr), "POOL_B_PORT": port(t, s.PoolB.Addr),
+		"JWKS_FILE": testIssuer(t).jwksPath, "XDS_PORT": port(t, s.Gateway.XDSAddr), "OTLP_PORT": otlpPort(t),
+		"POOL_B_CREDENTIAL_SDS": sds,
+	})
+	s.Envoy = envoytest.Start(t, rendered)
+	return s, vol
+}
+
+// authAt sends one chat completion for model with the client's own
+// credentials and returns the Authorization and x-api-key values the pool
+// that served it received, and which pool that was.
+func authAt(t *testing.T, s *stack, model string, stream bool) (servedBy string, auth, apiKey []string) {
+	t.Helper()
+	a, b := s.PoolA.Served(), s.PoolB.Served()
+	c := call{method: "POST", path: "/v1/chat/completions", key: "sk-client", body: chatBody(model, 4, stream, ""),
+		hdr: map[string]string{"x-api-key": "sk-client"}}
+	if resp, e := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("%s: status %d: %+v", model, resp.StatusCode, e)
+	}
+	p := s.PoolA
+	servedBy = "pool-a"
+	switch {
+	case s.PoolB.Served() > b && s.PoolA.Served() == a:
+		p, servedBy = s.PoolB, "pool-b"
+	case s.PoolA.Served() > a && s.PoolB.Served() == b:
+	default:
+		t.Fatalf("%s: served by neither or both pools", model)
+	}
+	h, _ := p.LastRequest()
+	return servedBy, h.Values("Authorization"), h.Values("X-Api-Key")
+}
+
+func TestPoolCredentialInjectedPerCluster(t *testing.T) {
+	const key1, key2 = "sk-pool-b-first-3f9a1c", "sk-pool-b-second-7be042"
+	s, vol := startPoolCredStack(t, key1)
+
+	// pool-b: exactly its own key, one value; the client's key is gone.
+	_, auth, apiKey := authAt(t, s, "pool-b", false)
+	if want := []string{"Bearer " + key1}; !reflect.DeepEqual(auth, want) {
+		t.Errorf("pool-b received Authorization %q, want %q", auth, want)
+	}
+	if len(apiKey) > 0 {
+		t.Errorf("pool-b received x-api-key %q", apiKey)
+	}
+	// pool-a: no credential at all (testConfig has no API keys: the gate
+	// removes the client's credential headers regardless).
+	_, auth, apiKey = authAt(t, s, "pool-a", false)
+	if len(auth) > 0 || len(apiKey) > 0 {
+		t.Errorf("pool-a received Authorization %q, x-api-key %q; want none", auth, apiKey)
+	}
+	// A virtual model split 80/20 over both pools: the key follows the
+	// cluster Envoy picked, not the route.
+	seen := map[string]bool{}
+	for i := 0; i < 60 && !(seen["pool-a"] && seen["pool-b"]); i++ {
+		pool, auth, _ := authAt(t, s, "some-virtual-model", false)
+		seen[pool] = true
+		want := []string(nil)
+		if pool == "pool-b" {
+			want = []string{"Bearer " + key1}
+		}
+		if !reflect.DeepEqual(auth, want) {
+			t.Fatalf("virtual model via %s: Authorization %q, want %q", pool, auth, want)
+		}
+	}
+	if !seen["pool-a"] || !seen["pool-b"] {
+		t.Fatalf("the weighted route picked only %v in 60 requests", seen)
+	}
+
+	// Rotation: a Secret update (..data swap) reaches Envoy without a restart.
+	vol.write(t, key2)
+	rotatedAt := time.Now()
+	waitFor(t, 5*time.Second, func() bool {
+		_, auth, _ := authAt(t, s, "pool-b", false)
+		return reflect.DeepEqual(auth, []string{"Bearer " + key2})
+	}, "pool-b to receive the rotated key")
+	t.Logf("rotated key in use after %v", time.Since(rotatedAt).Round(time.Millisecond))
+
+	// Streaming through the injecting cluster: byte-exact, new key.
+	hdr := map[string]string{"x-mock-ttft-ms": "50", "x-mock-itl-ms": "10", "authorization": "Bearer sk-client"}
+	got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", 12, true, ""), hdr)
+	if got.Status != 200 {
+		t.Fatalf("stream: status %d: %s", got.Status, got.Body)
+	}
+	h, _ := s.PoolB.LastRequest()
+	if want := []string{"Bearer " + key2}; !reflect.DeepEqual(h.Values("Authorization"), want) {
+		t.Errorf("stream: pool-b received Authorization %q, want %q", h.Values("Authorization"), want)
+	}
+	want := stream(t, "http://"+s.PoolB.Addr+"/v1/chat/completions",
+		chatBody("pool-b", 12, true, `,"stream_options":{"include_usage":true}`), hdr)
+	if !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)
+	}
+	if len(contentEvents(got.Events)) != 12 || len(got.Reads) < 12 {
+		t.Errorf("stream: %d content events in %d reads, want 12 arriving one by one", len(contentEvents(got.Events)), len(got.Reads))
+	}
+	if st := s.Gateway.stamp(t, got.RequestID); st.Pool != "pool-b" || !st.Complete || st.Status != 200 {
+		t.Errorf("stream stamp = %+v", st)
+	}
+
+	// Never in plain text: not in Envoy's config dump (which does hold the
+	// secret resource, redacted), not in infergate's request log or pages.
+	dump := get(t, s.Envoy.AdminURL+"/config_dump?include_eds")
+	if !strings.Contains(dump, `"pool-b-credential"`) || !strings.Contains(dump, "dynamic_active_secrets") {
+		t.Fatalf("the config dump has no pool-b-credential secret: the check below would prove nothing")
+	}
+	recent := get(t, s.Gateway.AdminURL+"/debug/requests?format=json")
+	if !strings.Contains(recent, got.RequestID) {
+		t.Errorf("/debug/requests does not list the stream %s", got.RequestID)
+	}
+	for name, text := range map[string]string{
+		"envoy /config_dump":           dump,
+		"infergate request log":        s.Gateway.requests.String(),
+		"infergate /debug/requests":    recent,
+		"the client's response header": fmt.Sprint(got.Header),
+	} {
+		for _, key := range []string{key1, key2} {
+			if strings.Contains(text, key) {
+				t.Errorf("%s contains pool-b's key %q", name, key)
+			}
+		}
+	}
+	if strings.Contains(dump, vol.dir) {
+		t.Errorf("envoy /config_dump shows the key file's path %s (Envoy 1.40 redacts it)", vol.dir)
+	}
+}
+
+// envoy/pool-credential.yaml is envoy/demo.yaml plus the node and pool-b's
+// upstream filters: the same infergate filters, routes and clusters.
+func TestPoolCredentialBootstrapMatchesDemo(t *testing.T) {
+	vars := map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2", "EXTPROC_PORT": "3", "POOL_A_PORT": "4",
+		"POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7", "POOL_B_CREDENTIAL_SDS": "/sds.yaml"}
+	parse := func(rel string) map[string]any {
+		var doc map[string]any
+		if err := yaml.Unmarshal([]byte(renderEnvoy(t, rel, vars)), &doc); err != nil {
+			t.Fatalf("%s: %v", rel, err)
+		}
+		return doc
+	}
+	demo, cred := parse("envoy/demo.yaml"), parse(poolCredBootstrap)
+	if node, ok := cred["node"].(map[string]any); !ok || node["id"] == nil || node["cluster"] == nil {
+		t.Errorf("%s: file-based SDS needs node.id and node.cluster, got %v", poolCredBootstrap, cred["node"])
+	}
+	delete(cred, "node")
+	var injector any
+	for _, c := range cred["static_resources"].(map[string]any)["clusters"].([]any) {
+		c := c.(map[string]any)
+		if c["name"] == "pool-b" {
+			injector = c["typed_extension_protocol_options"]
+			delete(c, "typed_extension_protocol_options")
+		}
+	}
+	if injector == nil {
+		t.Fatalf("%s: pool-b has no typed_extension_protocol_options", poolCredBootstrap)
+	}
+	if !reflect.DeepEqual(demo, cred) {
+		a, _ := yaml.Marshal(demo)
+		b, _ := yaml.Marshal(cred)
+		t.Errorf("%s differs from envoy/demo.yaml beyond node and pool-b's upstream filters:\n%s", poolCredBootstrap, lineDiff(string(a), string(b)))
+	}
+}
+
+// lineDiff lists the lines only one side has (enough to spot the drift).
+func lineDiff(a, b string) string {
+	count := map[string]int{}
+	for _, l := range strings.Split(a, "\n") {
+		count[l]++
+	}
+	for _, l := range strings.Split(b, "\n") {
+		count[l]--
+	}
+	var out []string
+	for l, n := range count {
+		switch {
+		case n > 0:
+			out = append(out, "- demo.yaml: "+l)
+		case n < 0:
+			out = append(out, "+ pool-credential.yaml: "+l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
