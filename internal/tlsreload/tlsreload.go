@@ -33,6 +33,8 @@ type Server struct {
 	log     *slog.Logger
 	current atomic.Pointer[tls.Config]
 	last    string // fingerprint of the files current was loaded from
+	refused atomic.Int64
+	lastErr atomic.Pointer[error] // of the newest version, nil once one loads
 }
 
 // New loads the files; it fails if they do not make a usable pair and CA,
@@ -81,10 +83,25 @@ func (s *Server) Run(ctx context.Context, interval time.Duration) {
 			err = s.reload()
 		}
 		if err != nil {
+			s.refused.Add(1)
+			s.lastErr.Store(&err)
 			s.log.Error("extproc TLS files not reloaded; serving the previous certificate", "err", err)
 		}
 	}
 }
+
+// Health is why the newest version of the files was refused (the previous
+// one still serves), or nil: for /healthz.
+func (s *Server) Health() error {
+	if err := s.lastErr.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
+
+// Refused counts the versions refused so far: for
+// infergate_reload_errors_total.
+func (s *Server) Refused() int64 { return s.refused.Load() }
 
 // fingerprint summarises the three files (sizes and modification times,
 // following links, as Kubernetes Secret volumes need).
@@ -105,6 +122,7 @@ func (s *Server) reload() error {
 		return err
 	}
 	s.current.Store(cfg)
+	s.lastErr.Store(nil)
 	s.log.Info("extproc TLS certificate loaded", "subject", leaf.Subject.String(), "dns_names", leaf.DNSNames,
 		"not_after", leaf.NotAfter.UTC().Format(time.RFC3339), "client_ca", s.files.ClientCA)
 	return nil

@@ -146,10 +146,21 @@ func TestReload(t *testing.T) {
 	waitServing(t, addr, f.ca, &client, second)
 
 	// A certificate without its key: refused, the second pair stays.
+	refused := s.Refused() // a poll between the two writes above may already count one
 	testpki.WriteFile(t, f.files.Cert, f.ca.Server(t, "infergate").CertPEM)
-	waitLog(t, logs, "not reloaded")
+	for deadline := time.Now().Add(5 * time.Second); s.Refused() == refused; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("a certificate without its key was not refused")
+		}
+	}
+	if !strings.Contains(logs.String(), "not reloaded") {
+		t.Errorf("log lacks the refusal:\n%s", logs.String())
+	}
 	if got, err := dial(addr, f.ca, &client, tls.VersionTLS13); err != nil || got.Cmp(second) != 0 {
 		t.Fatalf("after a mismatched pair: serial %v, %v; want the last good %v", got, err, second)
+	}
+	if err := s.Health(); err == nil || !strings.Contains(err.Error(), "certFile/keyFile") {
+		t.Errorf("Health after a mismatched pair: %v", err)
 	}
 	if first.Cmp(second) == 0 {
 		t.Fatal("serials do not differ")
@@ -160,6 +171,9 @@ func TestReload(t *testing.T) {
 	third := f.serverCert(t)
 	testpki.WriteFile(t, f.files.ClientCA, next.PEM)
 	waitServing(t, addr, f.ca, ptr(next.Client(t, "envoy").TLS(t)), third)
+	if err := s.Health(); err != nil {
+		t.Errorf("Health after a good version: %v", err)
+	}
 	if _, err := dial(addr, f.ca, &client, tls.VersionTLS13); err == nil {
 		t.Error("a client of the replaced CA is still admitted")
 	}
@@ -188,16 +202,6 @@ func waitServing(t *testing.T, addr string, roots *testpki.CA, client *tls.Certi
 		}
 	}
 	t.Fatalf("server certificate %v (%v), want %v", got, err, want)
-}
-
-func waitLog(t *testing.T, logs *testutil.Buffer, want string) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if strings.Contains(logs.String(), want) {
-			return
-		}
-	}
-	t.Fatalf("log lacks %q:\n%s", want, logs.String())
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -3,6 +3,7 @@ package charts
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -11,9 +12,11 @@ import (
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"google.golang.org/protobuf/encoding/protojson"
 	istionet "istio.io/api/networking/v1alpha3"
+	istiosecurity "istio.io/api/security/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,8 +49,72 @@ var typed = map[string]func() any{
 		return &egv1a1.EnvoyExtensionPolicy{}
 	},
 	"gateway.envoyproxy.io/v1alpha1/ClientTrafficPolicy": func() any { return &egv1a1.ClientTrafficPolicy{} },
-	// EnvoyFilter: see decodeEnvoyFilter.
+	"gateway.networking.k8s.io/v1/BackendTLSPolicy":      func() any { return &gwapiv1.BackendTLSPolicy{} },
+	"networking.k8s.io/v1/NetworkPolicy":                 func() any { return &networkingv1.NetworkPolicy{} },
+	"cert-manager.io/v1/Certificate":                     func() any { return &certificate{} },
+	// Istio's kinds: their spec is a protobuf message; see decodeIstio.
 	"networking.istio.io/v1alpha3/EnvoyFilter": nil,
+	"security.istio.io/v1/PeerAuthentication":  nil,
+}
+
+// certificate is cert-manager.io/v1 Certificate, the fields the chart may
+// set, with cert-manager's enumerations checked by check. The cert-manager
+// module is not a dependency of this module (its Kubernetes and controller
+// dependencies would come with it), so this mirror of its API
+// (https://cert-manager.io/docs/reference/api-docs/#cert-manager.io/v1.CertificateSpec)
+// stands in for the typed API: a misspelt or unknown field still fails.
+type certificate struct {
+	metav1.TypeMeta `json:",inline"`
+	Metadata        metav1.ObjectMeta `json:"metadata"`
+	Spec            struct {
+		SecretName string `json:"secretName"`
+		IssuerRef  struct {
+			Name  string `json:"name"`
+			Kind  string `json:"kind,omitempty"`
+			Group string `json:"group,omitempty"`
+		} `json:"issuerRef"`
+		Duration    *metav1.Duration `json:"duration,omitempty"`
+		RenewBefore *metav1.Duration `json:"renewBefore,omitempty"`
+		CommonName  string           `json:"commonName,omitempty"`
+		DNSNames    []string         `json:"dnsNames,omitempty"`
+		Usages      []string         `json:"usages,omitempty"`
+		PrivateKey  *struct {
+			Algorithm      string `json:"algorithm,omitempty"`
+			Size           int    `json:"size,omitempty"`
+			RotationPolicy string `json:"rotationPolicy,omitempty"`
+		} `json:"privateKey,omitempty"`
+	} `json:"spec"`
+}
+
+// check applies the API's own rules to what the mirror decoded.
+func (c *certificate) check() error {
+	s := c.Spec
+	if s.SecretName == "" || s.IssuerRef.Name == "" {
+		return fmt.Errorf("secretName and issuerRef.name are required")
+	}
+	if s.CommonName == "" && len(s.DNSNames) == 0 {
+		return fmt.Errorf("a commonName or dnsNames is required")
+	}
+	if s.Duration != nil && s.RenewBefore != nil && s.RenewBefore.Duration >= s.Duration.Duration {
+		return fmt.Errorf("renewBefore %v is not shorter than duration %v", s.RenewBefore, s.Duration)
+	}
+	known := map[string]bool{"signing": true, "digital signature": true, "content commitment": true, "key encipherment": true,
+		"key agreement": true, "data encipherment": true, "cert sign": true, "crl sign": true, "encipher only": true,
+		"decipher only": true, "any": true, "server auth": true, "client auth": true, "code signing": true,
+		"email protection": true, "s/mime": true, "ipsec end system": true, "ipsec tunnel": true, "ipsec user": true,
+		"timestamping": true, "ocsp signing": true, "microsoft sgc": true, "netscape sgc": true}
+	for _, u := range s.Usages {
+		if !known[u] {
+			return fmt.Errorf("usage %q is not one of cert-manager's", u)
+		}
+	}
+	if pk := s.PrivateKey; pk != nil {
+		if !map[string]bool{"": true, "RSA": true, "ECDSA": true, "Ed25519": true}[pk.Algorithm] ||
+			!map[string]bool{"": true, "Never": true, "Always": true}[pk.RotationPolicy] {
+			return fmt.Errorf("privateKey %+v", *pk)
+		}
+	}
+	return nil
 }
 
 // strictDecode decodes a YAML document into obj as the API server's strict
@@ -68,10 +135,10 @@ func strictDecode(doc []byte, obj any) error {
 	return nil
 }
 
-// envoyFilter is an EnvoyFilter object around its spec. The spec is a
-// protobuf message: istio.io/api's own JSON decoding allows unknown fields,
-// so it is decoded here with protojson, which does not.
-type envoyFilter struct {
+// istioObject is an Istio object around its spec. The spec is a protobuf
+// message: istio.io/api's own JSON decoding allows unknown fields, so it is
+// decoded here with protojson, which does not.
+type istioObject struct {
 	metav1.TypeMeta `json:",inline"`
 	Metadata        metav1.ObjectMeta `json:"metadata"`
 	Spec            json.RawMessage   `json:"spec"`
@@ -81,7 +148,7 @@ type envoyFilter struct {
 // config of each patch: the HTTP filter and its ExternalProcessor, which
 // are also checked against Envoy's proto validation rules.
 func decodeEnvoyFilter(doc []byte) (*istionet.EnvoyFilter, []*extprocv3.ExternalProcessor, []string, error) {
-	var ef envoyFilter
+	var ef istioObject
 	if err := strictDecode(doc, &ef); err != nil {
 		return nil, nil, nil, err
 	}
@@ -104,6 +171,28 @@ func decodeEnvoyFilter(doc []byte) (*istionet.EnvoyFilter, []*extprocv3.External
 		names = append(names, name)
 	}
 	return spec, procs, names, nil
+}
+
+// decodePeerAuthentication decodes a PeerAuthentication strictly.
+func decodePeerAuthentication(doc []byte) (*istiosecurity.PeerAuthentication, error) {
+	var pa istioObject
+	if err := strictDecode(doc, &pa); err != nil {
+		return nil, err
+	}
+	spec := &istiosecurity.PeerAuthentication{}
+	if err := protojson.Unmarshal(pa.Spec, spec); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	return spec, nil
+}
+
+// decodeIstio decodes an Istio object of kind gvk.
+func decodeIstio(gvk string, doc []byte) (any, error) {
+	if strings.HasSuffix(gvk, "/PeerAuthentication") {
+		return decodePeerAuthentication(doc)
+	}
+	spec, _, _, err := decodeEnvoyFilter(doc)
+	return spec, err
 }
 
 // decodeHTTPFilter decodes an Envoy HttpFilter holding an ext_proc filter,
@@ -143,7 +232,7 @@ func decodeAll(t *testing.T, r *rendered) map[string][]any {
 			t.Errorf("%s %s: no metadata.namespace (the chart sets it on every object)", gvk, h.Metadata.Name)
 		}
 		if newObj == nil {
-			spec, _, _, err := decodeEnvoyFilter([]byte(doc))
+			spec, err := decodeIstio(gvk, []byte(doc))
 			if err != nil {
 				t.Errorf("%s %s: %v", gvk, h.Metadata.Name, err)
 			}
@@ -154,6 +243,11 @@ func decodeAll(t *testing.T, r *rendered) map[string][]any {
 		if err := strictDecode([]byte(doc), obj); err != nil {
 			t.Errorf("%s %s: %v\n%s", gvk, h.Metadata.Name, err, doc)
 			continue
+		}
+		if c, ok := obj.(*certificate); ok {
+			if err := c.check(); err != nil {
+				t.Errorf("%s %s: %v", gvk, h.Metadata.Name, err)
+			}
 		}
 		out[gvk] = append(out[gvk], obj)
 	}
@@ -178,37 +272,58 @@ func TestStrictDecode(t *testing.T) {
 
 // TestStrictDecodeEverything renders with every optional part switched on
 // (some are in no ci variant, such as the Envoy Gateway Backend) and decodes
-// it all.
+// it all. Two renders: mutual TLS on the ext_proc port and Istio exclude
+// each other.
 func TestStrictDecodeEverything(t *testing.T) {
-	vals := readValues(t, chartDir+"/ci/scaled-values.yaml")
-	eg := readValues(t, chartDir+"/ci/envoygateway-values.yaml")["envoyGateway"].(map[string]any)
-	eg["backend"] = map[string]any{"enabled": true}
-	vals["envoyGateway"] = eg
-	vals["istio"] = readValues(t, chartDir+"/ci/istio-values.yaml")["istio"]
-	vals["serviceMonitor"] = map[string]any{"enabled": true}
-	vals["dashboards"] = map[string]any{"enabled": true, "namespace": "monitoring"}
-	vals["apiKeys"] = readValues(t, chartDir+"/ci/envoygateway-values.yaml")["apiKeys"]
-	r, err := render(t, vals)
-	if err != nil {
-		t.Fatal(err)
+	eg := func() map[string]any {
+		eg := readValues(t, chartDir+"/ci/envoygateway-values.yaml")["envoyGateway"].(map[string]any)
+		eg["backend"] = map[string]any{"enabled": true}
+		return eg
 	}
-	objs := decodeAll(t, r)
-	var got []string
-	for gvk := range typed {
-		if len(objs[gvk]) == 0 {
-			got = append(got, gvk)
+	withIstio := readValues(t, chartDir+"/ci/scaled-values.yaml")
+	withIstio["envoyGateway"] = eg()
+	withIstio["istio"] = readValues(t, chartDir+"/ci/istio-values.yaml")["istio"]
+	withIstio["serviceMonitor"] = map[string]any{"enabled": true}
+	withIstio["dashboards"] = map[string]any{"enabled": true, "namespace": "monitoring"}
+	withIstio["apiKeys"] = readValues(t, chartDir+"/ci/envoygateway-values.yaml")["apiKeys"]
+	withIstio["networkPolicy"] = map[string]any{"enabled": true}
+	withTLS := readValues(t, chartDir+"/ci/scaled-values.yaml")
+	withTLS["envoyGateway"] = eg()
+	withTLS["envoyGateway"].(map[string]any)["clientCertificateNamespace"] = "envoy-gateway-system"
+	withTLS["extproc"].(map[string]any)["tls"] = readValues(t, chartDir+"/ci/mtls-values.yaml")["extproc"].(map[string]any)["tls"]
+
+	seen := map[string]bool{}
+	for _, vals := range []map[string]any{withIstio, withTLS} {
+		r, err := render(t, vals)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if len(got) > 0 {
-		t.Errorf("kinds never rendered (so never decoded): %v", got)
-	}
-	for _, o := range objs["gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy"] {
-		for i, ep := range o.(*egv1a1.EnvoyExtensionPolicy).Spec.ExtProc {
-			ref := ep.BackendRefs[0]
-			if ref.Kind == nil || *ref.Kind != "Backend" {
-				t.Errorf("extProc[%d] refers to %v, want the Backend", i, ref.Kind)
+		objs := decodeAll(t, r)
+		for gvk, list := range objs {
+			seen[gvk] = seen[gvk] || len(list) > 0
+		}
+		for _, o := range objs["gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy"] {
+			for i, ep := range o.(*egv1a1.EnvoyExtensionPolicy).Spec.ExtProc {
+				ref := ep.BackendRefs[0]
+				if ref.Kind == nil || *ref.Kind != "Backend" {
+					t.Errorf("extProc[%d] refers to %v, want the Backend", i, ref.Kind)
+				}
 			}
 		}
+		for _, o := range objs["gateway.networking.k8s.io/v1/BackendTLSPolicy"] {
+			if ref := o.(*gwapiv1.BackendTLSPolicy).Spec.TargetRefs[0]; ref.Kind != "Backend" || ref.Name != releaseName+"-extproc" {
+				t.Errorf("BackendTLSPolicy targets %+v, want the Backend", ref)
+			}
+		}
+	}
+	var missing []string
+	for gvk := range typed {
+		if !seen[gvk] {
+			missing = append(missing, gvk)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("kinds never rendered (so never decoded): %v", missing)
 	}
 }
 
@@ -224,6 +339,9 @@ func TestStrictDecodeRejectsUnknownFields(t *testing.T) {
 		"EnvoyExtensionPolicy": {"apiVersion: gateway.envoyproxy.io/v1alpha1\nkind: EnvoyExtensionPolicy\nmetadata: {name: x}\nspec: {extProc: [{observabilityMode: true}]}\n", &egv1a1.EnvoyExtensionPolicy{}},
 		"HTTPRoute":            {"apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: x}\nspec: {rules: [{timeout: 1s}]}\n", &gwapiv1.HTTPRoute{}},
 		"duplicate key":        {"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\ndata: {a: b, a: c}\n", &corev1.ConfigMap{}},
+		"NetworkPolicy":        {"apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: x}\nspec: {ingress: [{from: [{podSelectors: {}}]}]}\n", &networkingv1.NetworkPolicy{}},
+		"BackendTLSPolicy":     {"apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {name: x}\nspec: {validation: {caCertificateRef: []}}\n", &gwapiv1.BackendTLSPolicy{}},
+		"Certificate":          {"apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: x}\nspec: {secretName: s, issuerRef: {name: i}, dnsName: [a]}\n", &certificate{}},
 	}
 	for name, c := range cases {
 		if err := strictDecode([]byte(c.doc), c.obj); err == nil {
@@ -247,6 +365,14 @@ spec:
 `
 	if _, _, _, err := decodeEnvoyFilter([]byte(ef)); err == nil || !strings.Contains(err.Error(), "STREAMING") {
 		t.Errorf("EnvoyFilter with a bad Envoy enum value: err = %v", err)
+	}
+	pa := "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: x}\nspec: {mtls: {mode: STRICT}, portLevelMTLS: {}}\n"
+	if _, err := decodePeerAuthentication([]byte(pa)); err == nil {
+		t.Error("PeerAuthentication with an unknown spec field decoded without error")
+	}
+	c := &certificate{}
+	if err := strictDecode([]byte("apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: x}\nspec: {secretName: s, issuerRef: {name: i}, dnsNames: [a], usages: [server-auth]}\n"), c); err != nil || c.check() == nil {
+		t.Errorf("Certificate with an unknown usage: decode %v, check %v", err, c.check())
 	}
 	ef = strings.Replace(ef, "  configPatches:", "  configPatchez:", 1)
 	if _, _, _, err := decodeEnvoyFilter([]byte(ef)); err == nil {
@@ -352,6 +478,82 @@ func TestStrictDecodeCombinations(t *testing.T) {
 				t.Errorf("config names a policy or keys directory that is not mounted:\n%s", cfg)
 			}
 		}},
+		{"mutual TLS from an existing Secret, scaled, Envoy Gateway", map[string]any{
+			"mode":  "scaled",
+			"redis": map[string]any{"address": "redis:6379"},
+			"config": map[string]any{"virtualModels": []any{map[string]any{"name": "m",
+				"pools": []any{map[string]any{"cluster": "a"}}}}},
+			"extproc":      map[string]any{"tls": map[string]any{"enabled": true, "secretName": "extproc-certs"}},
+			"envoyGateway": readValues(t, chartDir+"/ci/envoygateway-values.yaml")["envoyGateway"],
+		}, func(t *testing.T, objs map[string][]any) {
+			if n := len(objs["cert-manager.io/v1/Certificate"]); n != 0 {
+				t.Errorf("%d Certificates rendered without certManager.issuerRef", n)
+			}
+			checkTLSMount(t, objs, "extproc-certs")
+			p := objs["gateway.networking.k8s.io/v1/BackendTLSPolicy"][0].(*gwapiv1.BackendTLSPolicy)
+			ref, v := p.Spec.TargetRefs[0], p.Spec.Validation
+			if ref.Kind != "Service" || ref.Name != releaseName || ref.SectionName == nil || *ref.SectionName != "grpc-extproc" ||
+				v.Hostname != releaseName+"."+namespace+".svc.cluster.local" || len(v.CACertificateRefs) != 1 ||
+				v.CACertificateRefs[0].Kind != "Secret" || v.CACertificateRefs[0].Name != "extproc-certs" {
+				t.Errorf("BackendTLSPolicy %+v", p.Spec)
+			}
+		}},
+		{"mutual TLS from cert-manager, with Envoy's client certificate", map[string]any{
+			"extproc": readValues(t, chartDir+"/ci/mtls-values.yaml")["extproc"],
+			"envoyGateway": func() any {
+				eg := readValues(t, chartDir+"/ci/envoygateway-values.yaml")["envoyGateway"].(map[string]any)
+				eg["clientCertificateNamespace"] = "envoy-gateway-system"
+				return eg
+			}(),
+		}, func(t *testing.T, objs map[string][]any) {
+			secret := releaseName + "-extproc-tls"
+			checkTLSMount(t, objs, secret)
+			certs := objs["cert-manager.io/v1/Certificate"]
+			if len(certs) != 2 {
+				t.Fatalf("%d Certificates, want infergate's and Envoy's", len(certs))
+			}
+			server, client := certs[0].(*certificate), certs[1].(*certificate)
+			fqdn := releaseName + "." + namespace + ".svc.cluster.local"
+			if server.Spec.SecretName != secret || !slices.Contains(server.Spec.DNSNames, fqdn) ||
+				!slices.Contains(server.Spec.DNSNames, releaseName+"-headless."+namespace+".svc.cluster.local") ||
+				!slices.Contains(server.Spec.Usages, "server auth") || server.Spec.IssuerRef.Kind != "ClusterIssuer" {
+				t.Errorf("infergate's Certificate %+v", server.Spec)
+			}
+			if client.Metadata.Namespace != "envoy-gateway-system" || client.Spec.SecretName != releaseName+"-envoy-client" ||
+				!slices.Contains(client.Spec.Usages, "client auth") || client.Spec.IssuerRef != server.Spec.IssuerRef {
+				t.Errorf("Envoy's Certificate %s/%s %+v", client.Metadata.Namespace, client.Metadata.Name, client.Spec)
+			}
+		}},
+		{"NetworkPolicy peers derived for Envoy Gateway", map[string]any{
+			"envoyGateway":  readValues(t, chartDir+"/ci/envoygateway-values.yaml")["envoyGateway"],
+			"networkPolicy": map[string]any{"enabled": true},
+		}, func(t *testing.T, objs map[string][]any) {
+			np := objs["networking.k8s.io/v1/NetworkPolicy"][0].(*networkingv1.NetworkPolicy)
+			checkNetworkPolicy(t, np, 1)
+			peer := np.Spec.Ingress[0].From[0]
+			if peer.NamespaceSelector == nil || len(peer.NamespaceSelector.MatchLabels) != 0 ||
+				peer.PodSelector.MatchLabels["gateway.envoyproxy.io/owning-gateway-name"] != "eg" ||
+				peer.PodSelector.MatchLabels["gateway.envoyproxy.io/owning-gateway-namespace"] != "envoy-gateway-system" {
+				t.Errorf("ext_proc peer %+v, want Envoy Gateway's proxies of eg in any namespace", peer)
+			}
+		}},
+		{"NetworkPolicy peers derived for Istio, PeerAuthentication", map[string]any{
+			"istio":         readValues(t, chartDir+"/ci/istio-values.yaml")["istio"],
+			"networkPolicy": map[string]any{"enabled": true},
+		}, func(t *testing.T, objs map[string][]any) {
+			np := objs["networking.k8s.io/v1/NetworkPolicy"][0].(*networkingv1.NetworkPolicy)
+			checkNetworkPolicy(t, np, 2)
+			gw, sidecar := np.Spec.Ingress[0].From[0], np.Spec.Ingress[0].From[1]
+			if gw.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "istio-system" || gw.PodSelector.MatchLabels["istio"] != "ingressgateway" ||
+				sidecar.NamespaceSelector.MatchLabels["kubernetes.io/metadata.name"] != "models" || sidecar.PodSelector.MatchLabels["app.kubernetes.io/name"] != "vllm" {
+				t.Errorf("ext_proc peers %+v", np.Spec.Ingress[0].From)
+			}
+			pa := objs["security.istio.io/v1/PeerAuthentication"][0].(*istiosecurity.PeerAuthentication)
+			if pa.GetPortLevelMtls()[50051].GetMode().String() != "STRICT" || pa.GetMtls().GetMode().String() != "PERMISSIVE" ||
+				pa.GetSelector().GetMatchLabels()["app.kubernetes.io/component"] != "serve" {
+				t.Errorf("PeerAuthentication %v", pa)
+			}
+		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -380,4 +582,48 @@ func findConfigMap(objs map[string][]any, name string) *corev1.ConfigMap {
 		}
 	}
 	return &corev1.ConfigMap{}
+}
+
+// checkTLSMount checks the ext_proc pods, and only they, mount secret as
+// the directory extproc.tls names.
+func checkTLSMount(t *testing.T, objs map[string][]any, secret string) {
+	t.Helper()
+	cfg := findConfigMap(objs, releaseName+"-config").Data["config.yaml"]
+	for _, want := range []string{"certFile: /etc/infergate/tls/tls.crt", "keyFile: /etc/infergate/tls/tls.key", "clientCAFile: /etc/infergate/tls/ca.crt"} {
+		if !strings.Contains(cfg, want) {
+			t.Errorf("config lacks %q:\n%s", want, cfg)
+		}
+	}
+	for _, o := range objs["apps/v1/Deployment"] {
+		d := o.(*appsv1.Deployment)
+		spec := d.Spec.Template.Spec
+		var mounted, fromSecret bool
+		for _, m := range spec.Containers[0].VolumeMounts {
+			mounted = mounted || (m.Name == "extproc-tls" && m.MountPath == "/etc/infergate/tls" && m.SubPath == "")
+		}
+		for _, v := range spec.Volumes {
+			fromSecret = fromSecret || (v.Name == "extproc-tls" && v.Secret != nil && v.Secret.SecretName == secret)
+		}
+		if want := !strings.HasSuffix(d.Name, "-controller"); mounted != want || fromSecret != want {
+			t.Errorf("%s: TLS Secret mounted %v, volume %v; want %v", d.Name, mounted, fromSecret, want)
+		}
+	}
+}
+
+// checkNetworkPolicy checks the policy selects every infergate pod and
+// admits peers to the ext_proc port and Prometheus to the admin port.
+func checkNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy, peers int) {
+	t.Helper()
+	sel := np.Spec.PodSelector.MatchLabels
+	if sel["app.kubernetes.io/instance"] != releaseName || sel["app.kubernetes.io/component"] != "" ||
+		len(np.Spec.PolicyTypes) != 1 || np.Spec.PolicyTypes[0] != networkingv1.PolicyTypeIngress || len(np.Spec.Ingress) != 2 {
+		t.Fatalf("NetworkPolicy %+v", np.Spec)
+	}
+	extproc, admin := np.Spec.Ingress[0], np.Spec.Ingress[1]
+	if len(extproc.From) != peers || len(extproc.Ports) != 1 || extproc.Ports[0].Port.String() != "extproc" {
+		t.Errorf("ext_proc rule %+v, want %d peers on port extproc", extproc, peers)
+	}
+	if len(admin.Ports) != 1 || admin.Ports[0].Port.String() != "admin" || admin.From[0].PodSelector.MatchLabels["app.kubernetes.io/name"] != "prometheus" {
+		t.Errorf("admin rule %+v", admin)
+	}
 }

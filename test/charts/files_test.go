@@ -370,6 +370,33 @@ func TestValuesRejected(t *testing.T) {
 		{"istio sidecar without selector", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"enabled": true, "sidecar": map[string]any{"enabled": true}}}
 		}, "istio.sidecar.workloadSelector"},
+		{"TLS without a Secret or an issuer", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true}}}
+		}, "extproc.tls.secretName"},
+		{"TLS under Istio", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true}, "extproc": map[string]any{"tls": map[string]any{"enabled": true, "secretName": "s"}}}
+		}, "istio.peerAuthentication"},
+		{"TLS files in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"extproc": map[string]any{"tls": map[string]any{"certFile": "/c"}}}}
+		}, "config.extproc.tls is set by the chart; use the chart value extproc.tls"},
+		{"Envoy's client certificate without cert-manager", func() map[string]any {
+			v := eg()
+			v["envoyGateway"].(map[string]any)["clientCertificateNamespace"] = "envoy-gateway-system"
+			v["extproc"] = map[string]any{"tls": map[string]any{"enabled": true, "secretName": "s"}}
+			return v
+		}, "extproc.tls.certManager.issuerRef"},
+		{"issuer without a name", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "certManager": map[string]any{"issuerRef": map[string]any{"kind": "ClusterIssuer"}}}}}
+		}, "name"},
+		{"NetworkPolicy with no known peers", func() map[string]any {
+			return map[string]any{"networkPolicy": map[string]any{"enabled": true}}
+		}, "networkPolicy.extprocFrom"},
+		{"NetworkPolicy peer misspelt", func() map[string]any {
+			return map[string]any{"networkPolicy": map[string]any{"enabled": true, "extprocFrom": []any{map[string]any{"podSelectors": map[string]any{}}}}}
+		}, "podSelectors"},
+		{"PeerAuthentication without Istio", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"peerAuthentication": map[string]any{"enabled": true}}}
+		}, "istio.peerAuthentication needs istio.enabled"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -96,15 +96,17 @@ func TestExtProcMTLS(t *testing.T) {
 		t.Errorf("stamp over mTLS = %+v", st)
 	}
 	// Envoy did reach infergate over TLS (not some plaintext fallback).
-	if stats := get(t, s.Envoy.AdminURL+"/stats?filter=^cluster\\.infergate\\.ssl\\.(handshake|connection_error)$"); !strings.Contains(stats, "cluster.infergate.ssl.handshake: ") ||
-		strings.Contains(stats, "cluster.infergate.ssl.handshake: 0") || !strings.Contains(stats, "cluster.infergate.ssl.connection_error: 0") {
+	stats := get(t, s.Envoy.AdminURL+"/stats?filter=^cluster\\.infergate\\.ssl\\.(handshake|connection_error)$")
+	if !strings.Contains(stats, "cluster.infergate.ssl.handshake: ") || strings.Contains(stats, "cluster.infergate.ssl.handshake: 0") ||
+		!strings.Contains(stats, "cluster.infergate.ssl.connection_error: 0") {
 		t.Errorf("Envoy's TLS stats for the infergate cluster:\n%s", stats)
 	}
 
 	// Straight at the port: only the CA's client certificate gets in. A
-	// TLS 1.2 client ends its handshake after the server's check, so it
-	// reads the alert; a TLS 1.3 one ends first and may hit the closed
-	// connection before it reads the alert.
+	// TLS 1.2 client ends its handshake after the server's check, so gRPC
+	// reports the alert; a TLS 1.3 one ends first and gRPC may hit the
+	// closed connection before it reads the alert, which a client reading
+	// first (rawAlert) then sees.
 	addr := s.Gateway.ExtProcAddr
 	refused := map[string]*tls.Certificate{
 		"no client certificate": nil,
@@ -118,6 +120,9 @@ func TestExtProcMTLS(t *testing.T) {
 			handshake := strings.Contains(msg, "authentication handshake failed: remote error: tls: ")
 			if v == tls.VersionTLS13 {
 				handshake = strings.Contains(msg, "remote error: tls: ") || strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset")
+				if alert := rawAlert(addr, files.ca, cert); !strings.Contains(alert, "remote error: tls: ") {
+					t.Errorf("%s, TLS 1.3 without gRPC: %s, want the server's TLS alert", name, alert)
+				}
 			}
 			if status.Code(err) != codes.Unavailable || !handshake {
 				t.Errorf("%s, TLS %x: %v, want Unavailable with the handshake refused", name, v, err)
@@ -274,6 +279,25 @@ func forgeMeterStream(t *testing.T, addr string, roots *testpki.CA, cert *tls.Ce
 		return err
 	}
 	return nil
+}
+
+// rawAlert handshakes over TLS 1.3 and reads: what the server's refusal
+// says, or "admitted".
+func rawAlert(addr string, roots *testpki.CA, cert *tls.Certificate) string {
+	cfg := &tls.Config{RootCAs: roots.Pool(), ServerName: infergateName, MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
+	if cert != nil {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	conn, err := tls.Dial("tcp", addr, cfg)
+	if err != nil {
+		return err.Error()
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err != nil {
+		return err.Error()
+	}
+	return "admitted"
 }
 
 // serverSerial is the serial of the certificate a new handshake sees.

@@ -107,6 +107,74 @@ weightSink is one (config.weightSink.type httpRoute or virtualService):
 {{- end }}
 {{- end }}
 
+{{/*
+The Secret with the ext_proc port's certificate, key and client CA, when
+extproc.tls is enabled: the one named, or the one cert-manager issues.
+*/}}
+{{- define "infergate.extprocTLSSecret" -}}
+{{- with .Values.extproc.tls }}
+{{- if .enabled }}
+{{- default (printf "%s-extproc-tls" (include "infergate.fullname" $)) .secretName }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The ext_proc Service's DNS names: what infergate's certificate must name and
+what Envoy checks it for (the first).
+*/}}
+{{- define "infergate.extprocDNSNames" -}}
+{{- $fullname := include "infergate.fullname" . }}
+{{- $ns := .Release.Namespace }}
+{{- $names := list (printf "%s.%s.svc.%s" $fullname $ns .Values.clusterDomain) $fullname (printf "%s.%s" $fullname $ns) (printf "%s.%s.svc" $fullname $ns) }}
+{{- if .Values.service.headless }}
+{{- $names = append $names (printf "%s-headless.%s.svc.%s" $fullname $ns .Values.clusterDomain) }}
+{{- end }}
+{{- toYaml $names }}
+{{- end }}
+
+{{/*
+NetworkPolicy peers admitted to the ext_proc port: networkPolicy.extprocFrom,
+or else the gateway pods the chart wires (Envoy Gateway's proxies of the
+route's Gateways, Istio's ingress gateway and model-server sidecars), as
+YAML; empty when there are none.
+*/}}
+{{- define "infergate.extprocPeers" -}}
+{{- $peers := .Values.networkPolicy.extprocFrom }}
+{{- if not $peers }}
+{{- $peers = list }}
+{{- if .Values.envoyGateway.enabled }}
+{{- $gateways := .Values.envoyGateway.targetRefs }}
+{{- if .Values.envoyGateway.route.enabled }}
+{{- $gateways = concat $gateways .Values.envoyGateway.route.parentRefs }}
+{{- end }}
+{{- range $gateways }}
+{{- if eq (default "Gateway" .kind) "Gateway" }}
+{{- /* Envoy Gateway runs a Gateway's proxies in its own namespace by default. */}}
+{{- $peers = append $peers (dict "namespaceSelector" (dict) "podSelector" (dict "matchLabels" (dict
+    "gateway.envoyproxy.io/owning-gateway-name" .name
+    "gateway.envoyproxy.io/owning-gateway-namespace" (default $.Release.Namespace .namespace)))) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if .Values.istio.enabled }}
+{{- with .Values.istio.gateway }}
+{{- if .enabled }}
+{{- $peers = append $peers (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .namespace)) "podSelector" (dict "matchLabels" .workloadSelector)) }}
+{{- end }}
+{{- end }}
+{{- with .Values.istio.sidecar }}
+{{- if .enabled }}
+{{- $peers = append $peers (dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" (default $.Release.Namespace .namespace))) "podSelector" (dict "matchLabels" .workloadSelector)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if $peers }}
+{{- toYaml $peers }}
+{{- end }}
+{{- end }}
+
 {{- define "infergate.policiesConfigMap" -}}
 {{- if .Values.policies.enabled }}
 {{- default (printf "%s-policies" (include "infergate.fullname" .)) .Values.policies.existingConfigMap }}
@@ -138,7 +206,8 @@ message that says what to change.
   "ratelimit.redis.address" "redis.address"
   "ratelimit.redis.username" "redis.username"
   "ratelimit.redis.db" "redis.db"
-  "ratelimit.redis.passwordFile" "redis.passwordSecret" }}
+  "ratelimit.redis.passwordFile" "redis.passwordSecret"
+  "extproc.tls" "extproc.tls" }}
 {{- range $path, $use := $owned }}
 {{- $node := $.Values.config }}
 {{- $found := true }}
@@ -186,6 +255,23 @@ message that says what to change.
 {{- fail "envoyGateway.targetRefs must name the Gateway or HTTPRoutes the filters attach to when envoyGateway.route is disabled" }}
 {{- end }}
 {{- end }}
+{{- with .Values.extproc.tls }}
+{{- if and .enabled (not .secretName) (not .certManager.issuerRef) }}
+{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt) or extproc.tls.certManager.issuerRef" }}
+{{- end }}
+{{- if and .enabled $.Values.istio.enabled }}
+{{- fail "extproc.tls with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
+{{- end }}
+{{- end }}
+{{- if and .Values.envoyGateway.clientCertificateNamespace (not (and .Values.extproc.tls.enabled .Values.extproc.tls.certManager.issuerRef)) }}
+{{- fail "envoyGateway.clientCertificateNamespace issues Envoy's client certificate with cert-manager: it needs extproc.tls.enabled and extproc.tls.certManager.issuerRef" }}
+{{- end }}
+{{- if and .Values.networkPolicy.enabled (not (include "infergate.extprocPeers" .)) }}
+{{- fail "networkPolicy.enabled: no peers for the ext_proc port; set networkPolicy.extprocFrom to select your Envoy pods (the chart derives them only for Envoy Gateway's route.parentRefs Gateways and Istio)" }}
+{{- end }}
+{{- if and .Values.istio.peerAuthentication.enabled (not .Values.istio.enabled) }}
+{{- fail "istio.peerAuthentication needs istio.enabled" }}
+{{- end }}
 {{- if and .Values.istio.enabled .Values.istio.sidecar.enabled (not .Values.istio.sidecar.workloadSelector) }}
 {{- fail "istio.sidecar.workloadSelector must select the model-server pods (an empty selector would put the filters on every sidecar of the namespace)" }}
 {{- end }}
@@ -195,8 +281,12 @@ message that says what to change.
 The configuration file: values.config with the keys the chart owns.
 */}}
 {{- define "infergate.config" -}}
+{{- $extproc := dict "listen" (printf ":%d" (int .Values.ports.extproc)) }}
+{{- if include "infergate.extprocTLSSecret" . }}
+{{- $_ := set $extproc "tls" (dict "certFile" "/etc/infergate/tls/tls.crt" "keyFile" "/etc/infergate/tls/tls.key" "clientCAFile" "/etc/infergate/tls/ca.crt") }}
+{{- end }}
 {{- $owned := dict
-  "extproc" (dict "listen" (printf ":%d" (int .Values.ports.extproc)))
+  "extproc" $extproc
   "admin" (dict "listen" (printf ":%d" (int .Values.ports.admin)))
   "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds))) }}
 {{- if include "infergate.apiKeysSecret" . }}
@@ -311,6 +401,11 @@ spec:
     {{- if $v.redis.passwordSecret.name }}
     - {name: redis-password, mountPath: /etc/infergate/redis, readOnly: true}
     {{- end }}
+    {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
+    # A directory, not subPaths: a renewed certificate reaches the running
+    # process, which reloads it for new handshakes.
+    - {name: extproc-tls, mountPath: /etc/infergate/tls, readOnly: true}
+    {{- end }}
     - {name: tmp, mountPath: /tmp}
   volumes:
   - name: config
@@ -331,6 +426,13 @@ spec:
       defaultMode: 0440
       items: [{key: {{ .key }}, path: password}]
   {{- end }}
+  {{- end }}
+  {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
+  - name: extproc-tls
+    secret:
+      secretName: {{ include "infergate.extprocTLSSecret" $root }}
+      defaultMode: 0440
+      items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}, {key: ca.crt, path: ca.crt}]
   {{- end }}
   # The root filesystem is read-only; Go and OPA may still want a scratch dir.
   - name: tmp
