@@ -52,7 +52,15 @@ var openBracket, openBrace = []byte{'['}, []byte{'{'}
 func depthOK(data []byte) bool {
 	// Nesting deeper takes more opening brackets than most bodies have at
 	// all, and counting them is vectorised: the scan below is for the rest.
-	if len(data) <= MaxDepth || bytes.Count(data, openBracket)+bytes.Count(data, openBrace) <= MaxDepth {
+	// Counted a block at a time, so a body full of them goes to the scan
+	// (which stops at the first MaxDepth+1 levels) without being read whole.
+	openers := 0
+	for rest := data; len(rest) > 0 && openers <= MaxDepth; {
+		block := rest[:min(len(rest), 4<<10)]
+		rest = rest[len(block):]
+		openers += bytes.Count(block, openBracket) + bytes.Count(block, openBrace)
+	}
+	if openers <= MaxDepth {
 		return true
 	}
 	depth := 0

@@ -28,8 +28,7 @@ type Parser struct {
 	carry     []byte // the incomplete trailing line of the previous chunk
 	skipping  bool   // inside an overlong line being discarded
 	data      []byte // data lines of the event being assembled (multi-line data)
-	dataLines int
-	overflow  bool // the event being assembled was dropped: ignore it up to the blank line
+	dataLines int    // -1: the event was dropped (overflow), ignored up to its blank line
 	// Dropped counts overlong lines that were discarded; the other lines of
 	// their event are still delivered.
 	Dropped int
@@ -51,6 +50,7 @@ var doneSentinel = []byte("[DONE]")
 // Feed parses chunk and calls emit for every event completed by it. Data
 // passed to emit must not be retained.
 func (p *Parser) Feed(chunk []byte, emit func(Event)) {
+	limit := p.maxLine()
 	for len(chunk) > 0 {
 		i := bytes.IndexByte(chunk, '\n')
 		if i < 0 {
@@ -64,7 +64,7 @@ func (p *Parser) Feed(chunk []byte, emit func(Event)) {
 			p.carry = p.carry[:0]
 			continue
 		}
-		if len(p.carry)+len(line) > p.maxLine() {
+		if len(p.carry)+len(line) > limit {
 			// Overlong, whether or not it was split across chunks: drop it
 			// the same way keep does, so the result does not depend on
 			// where the chunk boundaries fall.
@@ -73,7 +73,7 @@ func (p *Parser) Feed(chunk []byte, emit func(Event)) {
 			continue
 		}
 		if len(p.carry) > 0 {
-			p.carry = appendBounded(p.carry, line, p.maxLine())
+			p.carry = p.appendBounded(p.carry, line)
 			line = p.carry
 		}
 		p.line(line, emit)
@@ -102,7 +102,7 @@ func (p *Parser) keep(partial []byte) {
 		p.Dropped++
 		return
 	}
-	p.carry = appendBounded(p.carry, partial, p.maxLine())
+	p.carry = p.appendBounded(p.carry, partial)
 }
 
 func (p *Parser) maxLine() int {
@@ -134,39 +134,34 @@ func (p *Parser) line(line []byte, emit func(Event)) {
 	if string(field) != "data" { // event, id, retry: not needed by the meter
 		return
 	}
-	if p.overflow {
+	switch {
+	case p.dataLines < 0:
 		return
+	case p.dataLines > 0:
+		// A first data line always fits (no line is longer than MaxLine);
+		// a later one may take the event over it. Checked before
+		// appending: the whole event is dropped, never delivered cut short.
+		if len(p.data)+1+len(value) > p.maxLine() {
+			p.data = p.data[:0]
+			p.dataLines = -1
+			p.Overflowed++
+			return
+		}
+		p.data = p.appendBounded(p.data, newline)
 	}
-	limit := p.maxLine()
-	n := len(p.data) + len(value)
-	if p.dataLines > 0 {
-		n++ // the '\n' joining data lines
-	}
-	if false && n > limit {
-		// Checked before appending: the whole event is dropped, never
-		// delivered cut short.
-		p.data = p.data[:0]
-		p.dataLines = 0
-		p.overflow = true
-		p.Overflowed++
-		return
-	}
-	if p.dataLines > 0 {
-		p.data = appendBounded(p.data, newline, limit)
-	}
-	p.data = appendBounded(p.data, value, limit)
+	p.data = p.appendBounded(p.data, value)
 	p.dataLines++
 }
 
 var newline = []byte{'\n'}
 
 // appendBounded appends src to dst without letting dst's capacity grow past
-// limit when the result fits in it (the callers check that it does): what
+// MaxLine when the result fits in it (the callers check that it does): what
 // the parser retains is bounded by MaxLine itself, not by append's growth
 // policy.
-func appendBounded(dst, src []byte, limit int) []byte {
+func (p *Parser) appendBounded(dst, src []byte) []byte {
 	if n := len(dst) + len(src); n > cap(dst) {
-		grown := make([]byte, len(dst), max(min(2*cap(dst), limit), n))
+		grown := make([]byte, len(dst), max(min(2*cap(dst), p.maxLine()), n))
 		copy(grown, dst)
 		dst = grown
 	}
@@ -174,11 +169,8 @@ func appendBounded(dst, src []byte, limit int) []byte {
 }
 
 func (p *Parser) dispatch(emit func(Event)) {
-	if p.overflow {
-		p.overflow = false // resynchronised: the next event starts clean
-		return
-	}
-	if p.dataLines == 0 {
+	if p.dataLines <= 0 {
+		p.dataLines = 0 // after an overflow: resynchronised, the next event starts clean
 		return
 	}
 	emit(Event{Data: p.data, Done: bytes.Equal(p.data, doneSentinel)})
