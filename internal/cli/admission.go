@@ -117,7 +117,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		c.ReservationKey = sharedReservationKey(ctx, p.redis, log)
 	}
 	if _, err := m.Meter().Int64ObservableCounter("infergate.reload.errors",
-		metric.WithDescription("Reloads refused (the last good version keeps serving), by source: policy or keys."),
+		metric.WithDescription(reloadErrorsHelp),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if p.policy != nil {
 				_, failed := p.policy.Reloads()
@@ -132,6 +132,8 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	}
 	return p, nil
 }
+
+const reloadErrorsHelp = "Reloads refused (the last good version keeps serving), by source: policy, keys or extproc_tls."
 
 var (
 	reloadPolicy = metric.WithAttributes(attribute.String("source", "policy"))

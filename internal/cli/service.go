@@ -16,6 +16,8 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -122,6 +124,17 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		adm.close()
 		return nil, err
 	}
+	if s.certs != nil {
+		certs := s.certs
+		if _, err := metrics.Meter().Int64ObservableCounter("infergate.reload.errors", metric.WithDescription(reloadErrorsHelp),
+			metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+				o.Observe(certs.Refused(), reloadTLS)
+				return nil
+			})); err != nil {
+			adm.close()
+			return nil, err
+		}
+	}
 	s.grpc = grpc.NewServer(
 		extprocCreds(s.certs),
 		grpc.MaxConcurrentStreams(cfg.ExtProc.MaxConcurrentStreams),
@@ -163,6 +176,18 @@ func extprocCreds(certs *tlsreload.Server) grpc.ServerOption {
 	return grpc.Creds(credentials.NewTLS(certs.Config()))
 }
 
+var reloadTLS = metric.WithAttributes(attribute.String("source", "extproc_tls"))
+
+// health is nil, or why the last reload of keys, policies or the ext_proc
+// certificates was refused (the last good version keeps serving).
+func (s *Service) health() error {
+	err := s.adm.health()
+	if s.certs != nil {
+		err = errors.Join(err, s.certs.Health())
+	}
+	return err
+}
+
 // AdminHandler serves /metrics, /healthz and /readyz.
 func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -187,7 +212,7 @@ func (s *Service) AdminHandler() http.Handler {
 	// infergate_reload_errors_total.
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "ok\n")
-		if err := s.adm.health(); err != nil {
+		if err := s.health(); err != nil {
 			io.WriteString(w, "serving the last good version: "+err.Error()+"\n")
 		}
 	})
