@@ -374,6 +374,8 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 		return req, openai.BadRequest("missing_model", "model", "you must provide a model parameter")
 	case errors.As(err, &fe):
 		return req, openai.BadRequest("invalid_value", fe.Param, fe.Error())
+	case errors.Is(err, openai.ErrTooDeep):
+		return req, openai.BadRequest("invalid_json", "", err.Error())
 	default:
 		return req, openai.BadRequest("invalid_json", "", "request body is not valid JSON: "+err.Error())
 	}

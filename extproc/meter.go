@@ -271,6 +271,8 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		st.CompletionTokens = st.ContentEvents
 	}
 	st.Gaps = m.gaps
+	// What the meter could not read (the response itself passed untouched).
+	st.UnreadEvents = m.badEvents + m.parser.Dropped + m.parser.Overflowed
 	if len(m.gaps) > 0 {
 		sorted := slices.Clone(m.gaps)
 		slices.Sort(sorted)
@@ -286,6 +288,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	if m.parser.Dropped > 0 {
 		s.metrics.MeterErrors.Add(ctx, int64(m.parser.Dropped), metric.WithAttributes(attribute.String("reason", "line_too_long")))
+	}
+	if m.parser.Overflowed > 0 {
+		s.metrics.MeterErrors.Add(ctx, int64(m.parser.Overflowed), metric.WithAttributes(attribute.String("reason", "event_too_long")))
 	}
 	if !complete {
 		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))

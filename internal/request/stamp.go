@@ -33,6 +33,10 @@ type Stamp struct {
 	// ITL summarises the gaps between content-bearing chunks.
 	ITLP50, ITLP95, ITLMax time.Duration
 	ContentEvents          int
+	// UnreadEvents are stream events the meter skipped: malformed, or
+	// longer than meter.maxEventBytes (the response is not affected; its
+	// token counts may be).
+	UnreadEvents int
 	// Start is when Envoy received the request; Sent when it left the
 	// gateway for the upstream (zero for requests the gate denied).
 	Start, Sent time.Time

@@ -70,6 +70,7 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	flt("itl_p95_ms", stats.Ms(s.ITLP95))
 	flt("itl_max_ms", stats.Ms(s.ITLMax))
 	num("content_events", s.ContentEvents)
+	num("unread_events", s.UnreadEvents)
 	flt("e2e_ms", stats.Ms(s.E2E))
 	flt("total_ms", stats.Ms(s.Total))
 	flt("gateway_ms", stats.Ms(s.Gateway.Total))

@@ -23,7 +23,7 @@ func slogSink(l *slog.Logger, s *request.Stamp) {
 		slog.Int("prompt_tokens", s.PromptTokens), slog.Int("completion_tokens", s.CompletionTokens),
 		slog.String("token_source", s.TokenSource), slog.Float64("ttft_ms", stats.Ms(s.TTFT)),
 		slog.Float64("itl_p50_ms", stats.Ms(s.ITLP50)), slog.Float64("itl_p95_ms", stats.Ms(s.ITLP95)), slog.Float64("itl_max_ms", stats.Ms(s.ITLMax)),
-		slog.Int("content_events", s.ContentEvents), slog.Float64("e2e_ms", stats.Ms(s.E2E)), slog.Float64("total_ms", stats.Ms(s.Total)),
+		slog.Int("content_events", s.ContentEvents), slog.Int("unread_events", s.UnreadEvents), slog.Float64("e2e_ms", stats.Ms(s.E2E)), slog.Float64("total_ms", stats.Ms(s.Total)),
 		slog.Float64("gateway_ms", stats.Ms(s.Gateway.Total)), slog.Float64("gate_ms", stats.Ms(s.Gateway.Gate)),
 		slog.Float64("auth_ms", stats.Ms(s.Gateway.Auth)), slog.Float64("policy_ms", stats.Ms(s.Gateway.Policy)),
 		slog.Float64("ratelimit_ms", stats.Ms(s.Gateway.RateLimit)), slog.Float64("checks_ms", stats.Ms(s.Gateway.Checks)),

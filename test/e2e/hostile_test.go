@@ -323,3 +323,27 @@ func TestForgedReservationMovesNoCounter(t *testing.T) {
 		t.Errorf("a forged reservation moved Redis:\nbefore %v\nafter  %v", before, after)
 	}
 }
+
+// 1 MiB of nesting is refused at once (400), before anything recurses
+// into it, and the service carries on.
+func TestDeepJSONRefusedAtOnce(t *testing.T) {
+	s := startStackWith(t, "gate: {maxBodyBytes: 2097152}\n", 1)
+	for name, body := range map[string]string{
+		"[":      strings.Repeat("[", 1<<20),
+		`{"a":`: strings.Repeat(`{"a":`, 1<<20/5),
+	} {
+		resp, e := post(t, s.Envoy.URL+"/v1/chat/completions", "application/json", body, nil)
+		if resp.StatusCode != 400 || e.Error.Code != "invalid_json" || !strings.Contains(e.Error.Message, "nests deeper than 64 levels") {
+			t.Fatalf("%s × 1 MiB: %d %+v", name, resp.StatusCode, e.Error)
+		}
+		st := s.Gateway.stamp(t, resp.Header.Get("x-request-id"))
+		t.Logf("%s × 1 MiB: 400 after %.3f ms in the gate (receiving the body included)", name, st.Gatems)
+		if st.Gatems > 50 {
+			t.Errorf("the gate took %.1f ms", st.Gatems)
+		}
+	}
+	want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions", chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil)
+	if got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 4, true, ""), nil); got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("after the deep bodies: status %d", got.Status)
+	}
+}
