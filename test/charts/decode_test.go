@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -163,6 +164,12 @@ func decodeEnvoyFilter(doc []byte) (*istionet.EnvoyFilter, []*extprocv3.External
 		if err != nil {
 			return nil, nil, nil, err
 		}
+		if cp.GetApplyTo().String() == "NETWORK_FILTER" {
+			if _, err := decodeHCMPatch(value); err != nil {
+				return nil, nil, nil, fmt.Errorf("configPatches[%d].patch.value: %w", i, err)
+			}
+			continue
+		}
 		proc, name, err := decodeHTTPFilter(value)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("configPatches[%d].patch.value: %w", i, err)
@@ -193,6 +200,20 @@ func decodeIstio(gvk string, doc []byte) (any, error) {
 	}
 	spec, _, _, err := decodeEnvoyFilter(doc)
 	return spec, err
+}
+
+// decodeHCMPatch decodes a MERGE patch of the HTTP connection manager
+// (a network filter's typed_config), from proto JSON, and validates it.
+func decodeHCMPatch(js []byte) (*hcmv3.HttpConnectionManager, error) {
+	var f listenerv3.Filter
+	if err := protojson.Unmarshal(js, &f); err != nil {
+		return nil, err
+	}
+	var hcm hcmv3.HttpConnectionManager
+	if err := f.GetTypedConfig().UnmarshalTo(&hcm); err != nil {
+		return nil, fmt.Errorf("typed_config: %w", err)
+	}
+	return &hcm, nil
 }
 
 // decodeHTTPFilter decodes an Envoy HttpFilter holding an ext_proc filter,

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -85,7 +86,23 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 		if len(procs) != 2 || names[0] != "infergate.gate" || names[1] != "infergate.meter" {
 			t.Fatalf("EnvoyFilter patches %v, want [infergate.gate infergate.meter] in that order", names)
 		}
-		for i, cp := range spec.GetConfigPatches() {
+		underscores := false
+		for _, cp := range spec.GetConfigPatches() {
+			if cp.GetApplyTo().String() != "NETWORK_FILTER" {
+				continue
+			}
+			js, _ := protojson.Marshal(cp.GetPatch().GetValue())
+			hcm, err := decodeHCMPatch(js)
+			if err != nil {
+				t.Fatal(err)
+			}
+			underscores = cp.GetPatch().GetOperation().String() == "MERGE" &&
+				hcm.GetCommonHttpProtocolOptions().GetHeadersWithUnderscoresAction().String() == "DROP_HEADER"
+		}
+		if !underscores {
+			t.Error("no MERGE patch dropping headers with underscores")
+		}
+		for i, cp := range spec.GetConfigPatches()[:len(procs)] {
 			if cp.GetApplyTo().String() != "HTTP_FILTER" || cp.GetPatch().GetOperation().String() != "INSERT_BEFORE" ||
 				cp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {
 				t.Errorf("patch %d is not an HTTP_FILTER INSERT_BEFORE the router: %v", i, cp)
