@@ -29,6 +29,21 @@ import (
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
+// rss is this process's resident memory (infergate's included).
+func rss(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.Fields(rest)[0], 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
 // heapInUse is the live heap after a collection: infergate runs in this
 // process, so what it retains shows here.
 func heapInUse() uint64 {
@@ -56,7 +71,7 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 	want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil)
 
-	heapBefore, logBefore := heapInUse(), s.Gateway.requests.Len()
+	heapBefore, logBefore, rssBefore := heapInUse(), s.Gateway.requests.Len(), rss(t)
 	huge := strings.Repeat("m", 1<<20)
 	bodies := []struct {
 		key, body string
@@ -108,11 +123,11 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	heapAfter, logAfter := heapInUse(), s.Gateway.requests.Len()
+	heapAfter, logAfter, rssAfter := heapInUse(), s.Gateway.requests.Len(), rss(t)
 	growth := int64(heapAfter) - int64(heapBefore)
 	t.Logf("%d hostile requests (a third each: 1 MiB model names without a key, the same with a premium key, no key) in %s: %d wrong answers; "+
-		"%d normal requests served meanwhile; live heap %+.1f MiB, request log +%.1f MB (%.0f bytes per request)",
-		n, elapsed.Round(time.Millisecond), wrong.Load(), served, float64(growth)/(1<<20),
+		"%d normal requests served meanwhile; RSS %.1f → %.1f MiB (test client included), live heap %+.1f MiB, request log +%.1f MB (%.0f bytes per request)",
+		n, elapsed.Round(time.Millisecond), wrong.Load(), served, float64(rssBefore)/(1<<20), float64(rssAfter)/(1<<20), float64(growth)/(1<<20),
 		float64(logAfter-logBefore)/1e6, float64(logAfter-logBefore)/float64(n))
 	if wrong.Load() > 0 {
 		t.Errorf("%d requests got the wrong answer", wrong.Load())
