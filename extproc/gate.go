@@ -229,7 +229,10 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		mutation.SetHeaders = append(mutation.SetHeaders, setHeader(request.ModelHeader, req.Model))
 	}
 	var newBody []byte
-	if req.Stream && !s.opts.KeepUsageOption && req.IncludeUsage == nil {
+	// Usage on every stream: a client's include_usage: false would leave
+	// the charge to infergate's own count (see Options.HonourUsageOptOut).
+	optedOut := req.IncludeUsage != nil && !*req.IncludeUsage
+	if req.Stream && !s.opts.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !s.opts.HonourUsageOptOut) {
 		if b, err := openai.WithUsage(g.body); err == nil {
 			newBody = b
 			mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(b))))

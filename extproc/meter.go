@@ -17,10 +17,6 @@ import (
 	"github.com/infergate/infergate/internal/stats"
 )
 
-// maxJSONBody bounds how much of a non-streamed response the meter keeps to
-// read its usage; the response itself is never held (the meter sees copies).
-const maxJSONBody = 4 << 20
-
 // settleTimeout bounds settling a reservation once the response ended,
 // whether or not the stream that carried it is still there.
 const settleTimeout = 2 * time.Second
@@ -42,7 +38,7 @@ type meterRequest struct {
 	orders     *poolOrders
 	usage      *openai.Usage
 	badEvents  int
-	body       []byte
+	body       jsonBody // a non-streamed response's ends
 	// reservation is the rate-limit charge the gate made, settled here.
 	reservation string
 	// gateTraceparent is the gate's span, the parent when Envoy sends none.
@@ -130,8 +126,8 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		body := r.ResponseBody.GetBody()
 		if m.sse {
 			m.parser.Feed(body, m.emit)
-		} else if len(m.body)+len(body) <= maxJSONBody {
-			m.body = append(m.body, body...)
+		} else {
+			m.body.write(body)
 		}
 		return r.ResponseBody.GetEndOfStream()
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
@@ -238,14 +234,11 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	if m.sse {
 		m.parser.Flush(m.emit)
-	} else if len(m.body) > 0 {
-		if c, err := openai.ParseChunk(m.body); err == nil {
-			m.usage = c.Usage
-			st.ResponseModel = openai.ChunkModel(m.body)
-			if c.Content {
-				st.ContentEvents = 1
-				m.first = end
-			}
+	} else if usage, model, content := m.body.read(); model != "" || usage != nil || content {
+		m.usage, st.ResponseModel = usage, model
+		if content {
+			st.ContentEvents = 1
+			m.first = end
 		}
 	}
 	st.E2E = end.Sub(m.sentAt)

@@ -161,8 +161,8 @@ func FuzzProtocol(f *testing.F) {
 			if m.observe(sc.message(), time.Now()) {
 				break
 			}
-			if len(m.body) > maxJSONBody || len(m.gaps) > m.maxGaps {
-				t.Fatalf("meter holds %d body bytes, %d gaps", len(m.body), len(m.gaps))
+			if len(m.body.head) > jsonKeep || len(m.body.tail) > jsonKeep || len(m.gaps) > m.maxGaps {
+				t.Fatalf("meter holds %d+%d body bytes, %d gaps", len(m.body.head), len(m.body.tail), len(m.gaps))
 			}
 		}
 		s.finish(ctx, m, time.Now(), sc.byte()%2 == 0)

@@ -66,6 +66,12 @@ type Options struct {
 	// stream_options.include_usage as it is; by default the gate asks the
 	// model server for usage, so the meter can count tokens exactly.
 	KeepUsageOption bool
+	// HonourUsageOptOut leaves a client's explicit
+	// stream_options.include_usage: false in place. By default usage is
+	// asked for on every stream, so the charge is the model server's count
+	// whatever the client asked; the client then receives the final usage
+	// chunk (empty choices) as OpenAI sends it to clients that ask.
+	HonourUsageOptOut bool
 	// MaxEventBytes bounds one SSE line the meter keeps across chunks
 	// (default 1 MiB); MaxTrackedGaps the inter-token gaps kept per
 	// request for the stamp (default 16384).

@@ -104,17 +104,18 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		sinks = append(sinks, rt)
 	}
 	srv, err := extproc.New(extproc.Options{
-		CompletionPaths: cfg.Gate.Paths,
-		MaxBodyBytes:    cfg.Gate.MaxBodyBytes,
-		KeepUsageOption: !*cfg.Gate.InjectUsage,
-		MaxEventBytes:   cfg.Meter.MaxEventBytes,
-		MaxTrackedGaps:  cfg.Meter.MaxTrackedGaps,
-		Logger:          logger,
-		Meter:           metrics.Meter(),
-		Sinks:           sinks,
-		Policy:          adm.controller,
-		Tracer:          tracing.Tracer(),
-		PoolName:        rt.PoolName,
+		CompletionPaths:   cfg.Gate.Paths,
+		MaxBodyBytes:      cfg.Gate.MaxBodyBytes,
+		KeepUsageOption:   !*cfg.Gate.InjectUsage,
+		HonourUsageOptOut: cfg.Gate.HonourUsageOptOut,
+		MaxEventBytes:     cfg.Meter.MaxEventBytes,
+		MaxTrackedGaps:    cfg.Meter.MaxTrackedGaps,
+		Logger:            logger,
+		Meter:             metrics.Meter(),
+		Sinks:             sinks,
+		Policy:            adm.controller,
+		Tracer:            tracing.Tracer(),
+		PoolName:          rt.PoolName,
 	})
 	if err != nil {
 		adm.close()

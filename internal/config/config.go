@@ -262,9 +262,13 @@ type Gate struct {
 	// MaxBodyBytes is the largest request body accepted (413 above it). Keep
 	// it at or below Envoy's per-connection buffer limit.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
-	// InjectUsage adds stream_options.include_usage to streaming requests
-	// that lack it, so token counts come from the model server.
+	// InjectUsage sets stream_options.include_usage on streaming requests,
+	// so token counts (and charges) come from the model server.
 	InjectUsage *bool `yaml:"injectUsage"`
+	// HonourUsageOptOut leaves a client's explicit include_usage: false
+	// alone (default false: usage is asked for on every stream, so a client
+	// cannot lower its charge by opting out).
+	HonourUsageOptOut bool `yaml:"honourUsageOptOut"`
 	// Paths are the request paths the gate treats as completion requests
 	// (JSON bodies with a model). Other paths are denied with 404.
 	Paths []string `yaml:"paths"`

@@ -362,3 +362,22 @@ func TestDeepJSONRefusedAtOnce(t *testing.T) {
 		t.Fatalf("after the deep bodies: status %d", got.Status)
 	}
 }
+
+// A client that opts out of usage is still charged the model server's own
+// count: the gate asks for usage on every stream.
+func TestUsageOptOutStillMetered(t *testing.T) {
+	s := startStack(t)
+	got := stream(t, s.Envoy.URL+"/v1/chat/completions",
+		chatBody("pool-a", 6, true, `,"stream_options":{"include_usage":false}`), nil)
+	if got.Status != 200 {
+		t.Fatalf("status %d", got.Status)
+	}
+	st := s.Gateway.stamp(t, got.RequestID)
+	if st.TokenSource != "usage" || st.CompletionTokens != 6 || st.PromptTokens == 0 {
+		t.Errorf("stamp: %d prompt + %d completion tokens from %q; want the server's usage", st.PromptTokens, st.CompletionTokens, st.TokenSource)
+	}
+	h, body := s.PoolA.LastRequest()
+	if h == nil || !strings.Contains(string(body), `"include_usage":true`) {
+		t.Errorf("the pool received %s", body)
+	}
+}
