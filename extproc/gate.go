@@ -209,7 +209,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		Completion:   completion,
 		Request:      req,
 		Body:         g.body,
-		PromptTokens: openai.EstimateTokens(req.PromptChars),
+		PromptTokens: req.PromptTokens,
 		Metadata:     g.metadata,
 	}
 	if len(spoofed) > 0 {

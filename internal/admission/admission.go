@@ -96,8 +96,10 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	}
 
 	// Budgets: reserve now, settle when the response ends.
+	var reserved *ratelimit.Reservation
 	if len(d.Limits) > 0 && c.Limiter != nil {
-		deny := c.reserve(ctx, a, &d, &v)
+		var deny bool
+		reserved, deny = c.reserve(ctx, a, &d, &v)
 		now = c.now()
 		v.Timings.RateLimit, mark = now.Sub(mark), now
 		if deny {
@@ -106,6 +108,16 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 			}
 			return v
 		}
+	}
+	if reserved != nil {
+		// Whatever fails from here on, a panic included, the request never
+		// reaches a pool: its reservation goes back whole.
+		defer func() {
+			if p := recover(); p != nil {
+				c.release(ctx, a.RequestID, *reserved)
+				panic(p)
+			}
+		}()
 	}
 
 	// External checks (moderation): their own time, their own failures.
@@ -128,16 +140,42 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	}
 	if v.Deny == nil {
 		c.Metrics.track(p.Tenant, 1, 0)
-	} else {
-		if v.Reservation != "" { // release what was reserved: nothing will be spent
-			c.Settle(ctx, &request.Settlement{RequestID: a.RequestID, Tenant: p.Tenant, Reservation: v.Reservation})
-			v.Reservation = ""
-		}
-		if c.Shadow {
-			return c.shadow(v)
-		}
+		return v
+	}
+	if c.Shadow {
+		// Not enforced: the request goes on to a pool with its
+		// reservation, which the meter settles like any other.
+		return c.shadow(v)
+	}
+	if reserved != nil {
+		// Denied after the reservation (a check rejected the request or
+		// is down with onError: deny): nothing will be spent, give it all
+		// back. Not a settlement, which would keep the request counted
+		// and, incomplete, the tokens too.
+		c.release(ctx, a.RequestID, *reserved)
+		v.Reservation = ""
 	}
 	return v
+}
+
+// releaseTimeout bounds a release, which runs on its own context.
+const releaseTimeout = 2 * time.Second
+
+// release gives a reservation back whole, requests included, for a
+// request denied after it reserved. The stream's context may be gone (a
+// client that hung up during a check): the refund must reach the limiter
+// anyway. A released reservation counts as settled with no usage, so
+// reserved and settled still match once traffic stops.
+func (c *Controller) release(ctx context.Context, requestID string, r ratelimit.Reservation) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := c.Limiter.Release(ctx, r); err != nil {
+		c.Log.Error("releasing a reservation failed; it stays charged until its window ends",
+			"request_id", requestID, "err", err)
+		c.Metrics.releaseError(ctx)
+		return
+	}
+	c.Metrics.settled(ctx, ratelimit.Cost{})
 }
 
 // shadow records a denial without enforcing it.
@@ -200,6 +238,7 @@ func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.
 			VirtualModel:          a.Request.Model,
 			Stream:                a.Request.Stream,
 			MaxTokens:             a.Request.MaxTokens,
+			Choices:               choices(a),
 			EstimatedPromptTokens: a.PromptTokens,
 		},
 		Usage: c.Metrics.usage(p.Tenant),
@@ -229,16 +268,42 @@ func policyError(d policy.Decision, a *request.Admission) *openai.Error {
 	return openai.NewError(status, openai.TypePermission, "permission_denied", "", msg)
 }
 
-// reserve charges the request's budgets. It reports whether the request
-// is denied (v.Deny set).
-func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, v *request.Verdict) bool {
-	cost := ratelimit.Cost{Requests: 1, InputTokens: int64(a.PromptTokens), OutputTokens: int64(a.Request.MaxTokens)}
-	if cost.OutputTokens == 0 {
-		cost.OutputTokens = DefaultOutputReservation
+// maxReservedOutput bounds the output tokens a request reserves
+// (max_tokens × choices): far above any budget, so that such a request is
+// denied as larger than its limit, and far from overflowing int64 once the
+// prompt is added.
+const maxReservedOutput = 1 << 48
+
+// reservationCost is what a request reserves: one request, its estimated
+// prompt, and max_tokens (DefaultOutputReservation when unset) for each of
+// the choices completions it asks for (n, best_of: each may write up to
+// max_tokens; fewer than 1 counts as 1). A policy's reserve replaces both
+// token figures as it states them (internal/policy fills in the fields it
+// leaves out).
+func reservationCost(promptTokens, maxTokens, choices int, spec *ratelimit.Cost) ratelimit.Cost {
+	if spec != nil {
+		return ratelimit.Cost{Requests: 1, InputTokens: spec.InputTokens, OutputTokens: spec.OutputTokens}
 	}
-	if d.Reserve != nil {
-		cost.InputTokens, cost.OutputTokens = d.Reserve.InputTokens, d.Reserve.OutputTokens
+	out := int64(maxTokens)
+	if out <= 0 {
+		out = DefaultOutputReservation
 	}
+	if n := int64(max(choices, 1)); out > maxReservedOutput/n {
+		out = maxReservedOutput
+	} else {
+		out *= n
+	}
+	return ratelimit.Cost{Requests: 1, InputTokens: int64(max(promptTokens, 0)), OutputTokens: out}
+}
+
+// choices is how many completions the request asks for (n, best_of, a
+// batch of prompts): its output reservation is that many times max_tokens.
+func choices(a *request.Admission) int { return max(a.Request.Choices, 1) }
+
+// reserve charges the request's budgets. It returns what was reserved
+// (nil if nothing) and whether the request is denied (v.Deny set).
+func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, v *request.Verdict) (*ratelimit.Reservation, bool) {
+	cost := reservationCost(a.PromptTokens, a.Request.MaxTokens, choices(a), d.Reserve)
 	res, err := c.Limiter.Reserve(ctx, d.Limits, cost)
 	if err != nil {
 		c.Log.Error("rate limit backend unavailable; denying", "request_id", a.RequestID, "err", err)
@@ -247,7 +312,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 			"the gateway cannot check rate limits right now; retry shortly")
 		v.Headers = map[string]string{"retry-after": "1"}
 		v.Reason = "ratelimit_unavailable"
-		return true
+		return nil, true
 	}
 	headers := rateLimitHeaders(res.States)
 	if !res.Allowed {
@@ -260,7 +325,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 				res.Exceeded.Window, res.RetryAfter.Round(time.Millisecond)))
 		v.Headers = headers
 		v.Reason = "rate_limited:" + res.Exceeded.Name
-		return true
+		return nil, true
 	}
 	v.Reservation = sealReservation(c.reservationKey(), v.Tenant, encodeReservation(res.Reservation))
 	c.Metrics.reserved(ctx, cost)
@@ -268,7 +333,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 	for k, val := range headers {
 		v.Metadata[k] = val
 	}
-	return false
+	return &res.Reservation, false
 }
 
 // rateLimitHeaders renders OpenAI's x-ratelimit-* headers from the most

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"unsafe"
 
@@ -22,9 +23,51 @@ type Request struct {
 	MaxTokens int // max_completion_tokens, else max_tokens; 0 when unset
 	// IncludeUsage is the client's stream_options.include_usage; nil when absent.
 	IncludeUsage *bool
-	// PromptChars is the number of characters of text in messages/prompt:
-	// the input to prompt-token estimation.
+	// PromptChars is the number of characters of text in messages/prompt
+	// (message content and prompt strings, in bytes of JSON text). It was
+	// the input to prompt-token estimation; PromptTokens counts more.
 	PromptChars int
+	// PromptTokens is the estimated prompt size in tokens, what a budget
+	// reserves before the server's usage is known. It counts:
+	//   - text at EstimateTokens' rate (4 bytes a token, rounded up), so
+	//     never less than EstimateTokens(PromptChars): message content
+	//     (strings, text and refusal parts), names, roles other than the
+	//     standard ones, tool calls (function name and arguments, and any
+	//     other key but "type"), any other key of a message (a template may
+	//     render it), tools and legacy functions (their JSON text without
+	//     insignificant whitespace), prompt strings and suffix;
+	//   - token IDs exactly, one each, nested arrays summed;
+	//   - TokensPerImage for each non-text content part;
+	//   - TokensPerMessage, TokensPerRequest (chat), TokensPerTool,
+	//     TokensPerToolCall, and TokensPerPrompt for each text prompt.
+	//
+	// The estimate can be BELOW what a server counts:
+	//   - for text denser than 4 bytes a token: most non-English text (a
+	//     CJK character is 3 bytes and 1 to 2 tokens), code, JSON (tool
+	//     schemas and arguments run near 3 bytes a token), digits, base64,
+	//     hex, URLs, random strings. A byte-level BPE tokenizer (tiktoken,
+	//     Llama 3, Qwen) spends at most one token per byte, and bytes are
+	//     counted before unescaping, so the text part is at most 4 times
+	//     low; adversarial text can get near that bound;
+	//   - for templates that add more than the constants: a default system
+	//     prompt (Llama 3.1's "Cutting Knowledge Date" block, Qwen 2.5's
+	//     "You are Qwen...", about 20 to 25 tokens), a tool-use preamble
+	//     (about 50 to 150 tokens in Hermes, Qwen and Llama 3.1 templates):
+	//     a chat "Say hello in five words." is estimated at 16 tokens where
+	//     a Llama 3.1 server counts 34. These are per request, not something
+	//     a client can multiply within one;
+	//   - for non-text parts: a high-detail image costs OpenAI up to about
+	//     1,500 tokens, an open vision model thousands; audio, video and
+	//     files more still. Each is charged TokensPerImage;
+	//   - for fields not read: documents (RAG templates), a request's own
+	//     chat_template or chat_template_kwargs, prompt_embeds,
+	//     response_format (if a server renders it into the prompt).
+	PromptTokens int
+	// Choices is the number of completions to charge for: max(n, best_of),
+	// 1 when both are absent, for each prompt of a /v1/completions batch (an
+	// array of strings, or of token-ID arrays, is a prompt per element,
+	// each answered with that many completions).
+	Choices int
 }
 
 // Sentinel errors for request bodies; each maps to an OpenAI error code.
@@ -45,12 +88,16 @@ func (e *FieldError) Unwrap() error { return ErrInvalidField }
 
 // ParseRequest reads the fields of a chat or text completion body that the
 // gate needs, and rejects bodies an upstream would reject anyway. One
-// validation pass and one pass over the top-level keys, nothing decoded that
-// is not needed.
+// validation pass, one pass over the top-level keys and one over the parts
+// of the prompt, nothing decoded that is not needed.
 //
 // Keys match exactly, and a key the gate reads may appear only once: JSON
 // decoders disagree on which duplicate wins (the gate must decide on the
 // same model the upstream serves), so {"model":"a","model":"b"} is refused.
+// So is any repeated key in stream_options and in the objects the prompt
+// estimate reads: a message, a content part, a tool call and its function,
+// a tool and its function. A Python server reads the last of them, gjson
+// the first; the Param names the key, as in messages[3].content.
 //
 // A body nesting deeper than MaxDepth is refused (ErrTooDeep) before it is
 // validated.
@@ -69,21 +116,46 @@ func ParseRequest(body []byte) (Request, error) {
 		r                        Request
 		model, stream, opts      gjson.Result
 		maxTokens, maxCompletion gjson.Result
-		messages, prompt         gjson.Result
+		messages, prompt, suffix gjson.Result
+		tools, functions         gjson.Result
+		n, bestOf                gjson.Result
 		dup                      string
 	)
-	fields := map[string]*gjson.Result{
-		"model": &model, "stream": &stream, "stream_options": &opts, "max_tokens": &maxTokens,
-		"max_completion_tokens": &maxCompletion, "messages": &messages, "prompt": &prompt,
-	}
 	doc.ForEach(func(key, v gjson.Result) bool {
-		if dst, ok := fields[key.Str]; ok {
-			if dst.Exists() {
-				dup = key.Str
-				return false
-			}
-			*dst = v
+		var dst *gjson.Result
+		switch key.Str {
+		case "model":
+			dst = &model
+		case "stream":
+			dst = &stream
+		case "stream_options":
+			dst = &opts
+		case "max_tokens":
+			dst = &maxTokens
+		case "max_completion_tokens":
+			dst = &maxCompletion
+		case "messages":
+			dst = &messages
+		case "prompt":
+			dst = &prompt
+		case "suffix":
+			dst = &suffix
+		case "tools":
+			dst = &tools
+		case "functions":
+			dst = &functions
+		case "n":
+			dst = &n
+		case "best_of":
+			dst = &bestOf
+		default:
+			return true
 		}
+		if dst.Exists() {
+			dup = strings.Clone(key.Str) // key.Str may point into body
+			return false
+		}
+		*dst = v
 		return true
 	})
 	if dup != "" {
@@ -125,7 +197,18 @@ func ParseRequest(body []byte) (Request, error) {
 		if !opts.IsObject() {
 			return Request{}, &FieldError{"stream_options", "must be an object"}
 		}
-		switch iu := opts.Get("include_usage"); iu.Type {
+		// A repeated include_usage would be read true here and false by a
+		// Python server: no usage on the stream.
+		var iu gjson.Result
+		if err := eachKey(opts, func() string { return "stream_options" }, func(k string, v gjson.Result) error {
+			if k == "include_usage" {
+				iu = v
+			}
+			return nil
+		}); err != nil {
+			return Request{}, err
+		}
+		switch iu.Type {
 		case gjson.Null:
 		case gjson.True, gjson.False:
 			b := iu.Bool()
@@ -134,11 +217,41 @@ func ParseRequest(body []byte) (Request, error) {
 			return Request{}, &FieldError{"stream_options", "include_usage must be a boolean"}
 		}
 	}
-	n, err := promptChars(messages, prompt)
-	if err != nil {
-		return Request{}, err
+	choices := 1
+	for _, f := range []struct {
+		name string
+		v    gjson.Result
+	}{{"n", n}, {"best_of", bestOf}} {
+		if f.v.Type == gjson.Null {
+			continue
+		}
+		c, ok := positiveInt(f.v)
+		if !ok || c > MaxChoices {
+			return Request{}, &FieldError{f.name, "must be an integer from 1 to " + strconv.Itoa(MaxChoices)}
+		}
+		choices = max(choices, c)
 	}
-	r.PromptChars = n
+	var e estimate
+	if messages.Type != gjson.Null {
+		if err := e.messages(messages); err != nil {
+			return Request{}, err
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    gjson.Result
+	}{{"tools", tools}, {"functions", functions}} {
+		if f.v.Type != gjson.Null {
+			if err := e.tools(f.name, f.v); err != nil {
+				return Request{}, err
+			}
+		}
+	}
+	e.prompt(prompt)
+	e.text(suffix)
+	r.PromptChars = e.chars
+	r.PromptTokens = e.promptTokens()
+	r.Choices = choices * max(e.prompts, 1)
 	return r, nil
 }
 
@@ -148,50 +261,6 @@ func positiveInt(v gjson.Result) (int, bool) {
 		return 0, false
 	}
 	return int(v.Num), true
-}
-
-// promptChars counts the text a model will read, for token estimation.
-// Non-text parts (images, audio) are not counted.
-func promptChars(messages, prompt gjson.Result) (int, error) {
-	n := 0
-	if messages.Type != gjson.Null {
-		if !messages.IsArray() {
-			return 0, &FieldError{"messages", "must be an array of message objects"}
-		}
-		ok := true
-		messages.ForEach(func(_, m gjson.Result) bool {
-			if ok = m.IsObject(); ok {
-				n += textChars(m.Get("content"))
-			}
-			return ok
-		})
-		if !ok {
-			return 0, &FieldError{"messages", "must be an array of message objects"}
-		}
-	}
-	return n + textChars(prompt), nil
-}
-
-// textChars accepts a string, an array of strings, or an array of content
-// parts ({"type":"text","text":...}); it counts bytes of JSON text, which
-// is close enough for an estimate and needs no unescaping.
-func textChars(v gjson.Result) int {
-	switch {
-	case v.Type == gjson.String:
-		return len(v.Raw) - 2
-	case v.IsArray():
-		n := 0
-		v.ForEach(func(_, p gjson.Result) bool {
-			if p.Type == gjson.String {
-				n += len(p.Raw) - 2
-			} else if t := p.Get("text"); t.Type == gjson.String {
-				n += len(t.Raw) - 2
-			}
-			return true
-		})
-		return n
-	}
-	return 0
 }
 
 // EstimateTokens is a fast prompt-token estimate: about four characters of

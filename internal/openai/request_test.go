@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/tidwall/gjson"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -20,7 +22,7 @@ func TestParseRequest(t *testing.T) {
 		{
 			name: "minimal chat",
 			body: `{"model":"gpt-4o","messages":[{"role":"user","content":"Hello"}]}`,
-			want: Request{Model: "gpt-4o", PromptChars: 5},
+			want: Request{Model: "gpt-4o", PromptChars: 5, PromptTokens: chat(len("Hello"), 1)},
 		},
 		{
 			name: "surrounding whitespace",
@@ -109,16 +111,24 @@ func TestParseRequest(t *testing.T) {
 				{"role":"user","content":"Hi"},
 				{"role":"assistant","content":"Hello."},
 				{"role":"user","content":"Bye"}]}`,
-			want: Request{Model: "m", PromptChars: len("You are terse.") + len("Hi") + len("Hello.") + len("Bye")},
+			want: Request{
+				Model:        "m",
+				PromptChars:  len("You are terse.") + len("Hi") + len("Hello.") + len("Bye"),
+				PromptTokens: chat(len("You are terse.")+len("Hi")+len("Hello.")+len("Bye"), 4),
+			},
 		},
 		{
-			name: "content parts: only text counts",
+			name: "content parts: text in PromptChars, other parts a fixed cost",
 			body: `{"model":"m","messages":[{"role":"user","content":[
 				{"type":"text","text":"What is in"},
 				{"type":"image_url","image_url":{"url":"https://example.com/cat.png","detail":"high"}},
 				{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},
 				{"type":"text","text":" this image?"}]}]}`,
-			want: Request{Model: "m", PromptChars: len("What is in") + len(" this image?")},
+			want: Request{
+				Model:        "m",
+				PromptChars:  len("What is in") + len(" this image?"),
+				PromptTokens: chat(len("What is in")+len(" this image?"), 1) + 2*TokensPerImage,
+			},
 		},
 		{
 			name: "null content of an assistant tool call",
@@ -126,32 +136,41 @@ func TestParseRequest(t *testing.T) {
 				{"role":"user","content":"weather?"},
 				{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
 				{"role":"tool","tool_call_id":"c1","content":"sunny"}]}`,
-			want: Request{Model: "m", PromptChars: len("weather?") + len("sunny")},
+			want: Request{
+				Model:       "m",
+				PromptChars: len("weather?") + len("sunny"),
+				// Tool call: its ID, name and arguments (bytes of JSON text);
+				// the tool message's tool_call_id.
+				PromptTokens: chat(len("weather?")+len("sunny")+len("c1")+len("get_weather")+len(`{\"city\":\"Paris\"}`)+len("c1"), 3) +
+					TokensPerToolCall,
+			},
 		},
 		{
 			name: "empty messages",
 			body: `{"model":"m","messages":[]}`,
-			want: Request{Model: "m"},
+			want: Request{Model: "m", PromptTokens: TokensPerRequest},
 		},
 		{
 			name: "completions prompt string",
 			body: `{"model":"gpt-3.5-turbo-instruct","prompt":"Say this is a test","max_tokens":7}`,
-			want: Request{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, PromptChars: len("Say this is a test")},
+			want: Request{Model: "gpt-3.5-turbo-instruct", MaxTokens: 7, PromptChars: len("Say this is a test"),
+				PromptTokens: EstimateTokens(len("Say this is a test")) + TokensPerPrompt},
 		},
 		{
 			name: "completions prompt array of strings",
 			body: `{"model":"m","prompt":["abc","de"]}`,
-			want: Request{Model: "m", PromptChars: 5},
+			// Two prompts, each answered.
+			want: Request{Model: "m", PromptChars: 5, PromptTokens: EstimateTokens(5) + 2*TokensPerPrompt, Choices: 2},
 		},
 		{
-			name: "completions prompt of token ids is not text",
+			name: "completions prompt of token ids: one token each, not text",
 			body: `{"model":"m","prompt":[1212,318,257,1332]}`,
-			want: Request{Model: "m"},
+			want: Request{Model: "m", PromptTokens: 4},
 		},
 		{
 			name: "PromptChars counts bytes",
 			body: `{"model":"m","prompt":"héllo"}`,
-			want: Request{Model: "m", PromptChars: len("héllo")},
+			want: Request{Model: "m", PromptChars: len("héllo"), PromptTokens: EstimateTokens(len("héllo")) + TokensPerPrompt},
 		},
 		{
 			name: "escaped key names the same field",
@@ -183,7 +202,7 @@ func TestParseRequest(t *testing.T) {
 		{
 			name: "mixed-case messages key ignored",
 			body: `{"model":"m","messages":[{"role":"user","content":"abcd"}],"Messages":[{"content":"ignored"}]}`,
-			want: Request{Model: "m", PromptChars: 4},
+			want: Request{Model: "m", PromptChars: 4, PromptTokens: chat(4, 1)},
 		},
 	}
 	for _, tt := range tests {
@@ -192,11 +211,20 @@ func TestParseRequest(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ParseRequest(%s): %v", tt.body, err)
 			}
+			if tt.want.Choices == 0 {
+				tt.want.Choices = 1
+			}
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest(%s)\n got %s\nwant %s", tt.body, fmtRequest(got), fmtRequest(tt.want))
 			}
 		})
 	}
+}
+
+// chat is the estimate of a conversation of msgs messages holding chars
+// bytes of text in all.
+func chat(chars, msgs int) int {
+	return EstimateTokens(chars) + msgs*TokensPerMessage + TokensPerRequest
 }
 
 func fmtRequest(r Request) string {
@@ -205,11 +233,11 @@ func fmtRequest(r Request) string {
 		iu = map[bool]string{true: "true", false: "false"}[*r.IncludeUsage]
 	}
 	b, _ := json.Marshal(struct {
-		Model                  string
-		Stream                 bool
-		MaxTokens, PromptChars int
-		IncludeUsage           string
-	}{r.Model, r.Stream, r.MaxTokens, r.PromptChars, iu})
+		Model                                         string
+		Stream                                        bool
+		MaxTokens, PromptChars, PromptTokens, Choices int
+		IncludeUsage                                  string
+	}{r.Model, r.Stream, r.MaxTokens, r.PromptChars, r.PromptTokens, r.Choices, iu})
 	return string(b)
 }
 
@@ -475,6 +503,19 @@ var requestSeeds = []string{
 	`{"model":"m","prompt":"\\","x":` + nested(MaxDepth, "") + `}`,    // an escaped backslash: the string ends
 	strings.Repeat(`{"a":`, 10000),
 	strings.Repeat("[", 10000),
+	// The prompt estimate: token IDs, batches, tools, tool calls, parts,
+	// n and best_of, and repeated keys where it reads.
+	`{"model":"m","prompt":[[1,2,3],[4,5]],"n":2,"best_of":3}`,
+	`{"model":"m","prompt":[1,2,"x",[3],{"text":"t"},null],"suffix":"s"}`,
+	`{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"c1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}}}}}]}`,
+	`{"model":"m","functions":[{"name":"f"}],"messages":[{"role":"assistant","function_call":{"name":"f","arguments":"{}"},"name":"n"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"refusal","refusal":"no"},{"image_url":{"url":"u"}},{"text":"t"},"s",1]}]}`,
+	`{"model":"m","messages":[{"role":"user","content":"hi","content":"bye"}]}`,
+	`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","t\u0065xt":"b"}]}]}`,
+	`{"model":"m","tools":[{"type":"function","function":{"name":"f","name":"g"}}]}`,
+	`{"model":"m","stream_options":{"include_usage":true,"include_usage":false}}`,
+	`{"model":"m","n":0,"best_of":129}`,
+	`{"model":"m","tools":[{"type":"function","function":{"name":"f","description":"\\\"{,:}[]","parameters":{"a":[{"b":1}],"c":{"d":{}}}}},{"t\u0079pe":1,"type":2},"x",[1]]}`,
 }
 
 func FuzzParseRequest(f *testing.F) {
@@ -487,6 +528,12 @@ func FuzzParseRequest(f *testing.F) {
 		// so never a valid body nesting MaxDepth or less.
 		if errors.Is(err, ErrTooDeep) != (nesting(body) > MaxDepth) {
 			t.Fatalf("ParseRequest(%q) = %v, but it nests %d levels", body, err, nesting(body))
+		}
+		// The one-pass scan of tools agrees with a walk of them, refusals too.
+		if !errors.Is(err, ErrTooDeep) && gjson.ValidBytes(body) {
+			if err := toolsAgree(body); err != nil {
+				t.Fatal(err)
+			}
 		}
 		if err != nil {
 			if !errors.Is(err, ErrInvalidJSON) && !errors.Is(err, ErrMissingModel) && !errors.Is(err, ErrInvalidField) && !errors.Is(err, ErrTooDeep) {
@@ -503,8 +550,26 @@ func FuzzParseRequest(f *testing.F) {
 		if strings.TrimSpace(r.Model) == "" {
 			t.Fatalf("ParseRequest(%q): empty model accepted", body)
 		}
-		if r.MaxTokens < 0 || r.PromptChars < 0 {
+		if r.MaxTokens < 0 || r.PromptChars < 0 || r.PromptTokens < 0 {
 			t.Fatalf("ParseRequest(%q) = %s: negative count", body, fmtRequest(r))
+		}
+		if r.PromptTokens < EstimateTokens(r.PromptChars) {
+			t.Fatalf("ParseRequest(%q) = %s: PromptTokens below EstimateTokens(PromptChars)", body, fmtRequest(r))
+		}
+		if r.Choices < 1 {
+			t.Fatalf("ParseRequest(%q) = %s: Choices below 1", body, fmtRequest(r))
+		}
+		// What the estimate reads is what a last-wins decoder reads.
+		if err := lastWinsAgrees(body); err != nil {
+			t.Fatal(err)
+		}
+		// However the client formats its body, the same request.
+		var compact bytes.Buffer
+		if json.Compact(&compact, body) == nil {
+			c, err := ParseRequest(compact.Bytes())
+			if err != nil || !reflect.DeepEqual(c, r) {
+				t.Fatalf("ParseRequest(%q) = %s\ncompacted: %s, %v", body, fmtRequest(r), fmtRequest(c), err)
+			}
 		}
 	})
 }

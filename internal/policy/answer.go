@@ -289,7 +289,7 @@ func (r *reserveSpec) cost(in *Input) *ratelimit.Cost {
 		c.InputTokens = int64(in.Request.EstimatedPromptTokens)
 	}
 	if r.output < 0 {
-		c.OutputTokens = int64(in.Request.MaxTokens)
+		c.OutputTokens = int64(in.Request.MaxTokens) * int64(max(in.Request.Choices, 1))
 	}
 	return c
 }

@@ -28,6 +28,7 @@ var (
 	keyVirtualModel          = ast.StringTerm("virtual_model")
 	keyStream                = ast.StringTerm("stream")
 	keyMaxTokens             = ast.StringTerm("max_tokens")
+	keyChoices               = ast.StringTerm("choices")
 	keyEstimatedPromptTokens = ast.StringTerm("estimated_prompt_tokens")
 	keyUsage                 = ast.StringTerm("usage")
 	keyRequests              = ast.StringTerm("requests")
@@ -75,6 +76,7 @@ func (r *Request) term() *ast.Term {
 		ast.Item(keyVirtualModel, stringTerm(r.VirtualModel)),
 		ast.Item(keyStream, ast.InternedTerm(r.Stream)),
 		ast.Item(keyMaxTokens, ast.InternedTerm(r.MaxTokens)),
+		ast.Item(keyChoices, ast.InternedTerm(r.Choices)),
 		ast.Item(keyEstimatedPromptTokens, ast.InternedTerm(r.EstimatedPromptTokens)),
 	)
 }

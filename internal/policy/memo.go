@@ -206,7 +206,7 @@ func readable(p []string) bool {
 		return len(p) == 1 || slices.Contains([]string{"id", "type", "claims"}, p[1])
 	case "request":
 		return len(p) == 1 || slices.Contains([]string{"method", "path", "headers", "model", "virtual_model",
-			"stream", "max_tokens", "estimated_prompt_tokens"}, p[1])
+			"stream", "max_tokens", "choices", "estimated_prompt_tokens"}, p[1])
 	}
 	return false
 }
@@ -298,6 +298,9 @@ func appendKey(b []byte, in *Input, paths [][]string) []byte {
 			}
 			if all || field == "max_tokens" {
 				num(int64(r.MaxTokens))
+			}
+			if all || field == "choices" {
+				num(int64(r.Choices))
 			}
 			if all || field == "estimated_prompt_tokens" {
 				num(int64(r.EstimatedPromptTokens))

@@ -38,6 +38,7 @@ type Request struct {
 	VirtualModel          string            `json:"virtual_model"`
 	Stream                bool              `json:"stream"`
 	MaxTokens             int               `json:"max_tokens"`
+	Choices               int               `json:"choices"` // completions asked for (n, best_of, prompts in a batch); at least 1
 	EstimatedPromptTokens int               `json:"estimated_prompt_tokens"`
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -56,9 +57,11 @@ func runConformance(t *testing.T, b backend) {
 	t.Run("Reserve", func(t *testing.T) { testReserve(t, b) })
 	t.Run("Settle", func(t *testing.T) { testSettle(t, b) })
 	t.Run("SettleAfterWindow", func(t *testing.T) { testSettleAfterWindow(t, b) })
+	t.Run("Release", func(t *testing.T) { testRelease(t, b) })
 	t.Run("SettleElsewhere", func(t *testing.T) { testSettleElsewhere(t, b) })
 	t.Run("Invalid", func(t *testing.T) { testInvalid(t, b) })
 	t.Run("Concurrent", func(t *testing.T) { testConcurrent(t, b) })
+	t.Run("ConcurrentAfterWindow", func(t *testing.T) { testConcurrentAfterWindow(t, b) })
 }
 
 // step is one Reserve call and what it must answer.
@@ -334,42 +337,182 @@ func testSettle(t *testing.T, b backend) {
 	}
 }
 
+// testSettleAfterWindow settles reservations whose window has ended by
+// the time the settlement lands (a stream longer than the rest of its
+// window): the excess is charged to the window in force, nothing is
+// refunded anywhere.
 func testSettleAfterWindow(t *testing.T, b backend) {
-	limits := []Limit{tpm("tpm", "k", 1000)}
-	clock := newFakeClock(t0.Add(50 * time.Second))
-	l := b.newStore(t, clock.Now)()
-	old, err := l.Reserve(context.Background(), limits, req(100, 100))
-	if err != nil || !old.Allowed {
-		t.Fatalf("Reserve = %+v, %v", old, err)
+	tpmK := tpm("tpm", "k", 1000)
+	tphK := Limit{Name: "tph", Key: "k", Unit: TotalTokens, Amount: 10000, Window: time.Hour}
+	units := []Limit{
+		rpm("rpm", "k", 10),
+		{Name: "in", Key: "k", Unit: InputTokens, Amount: 1000, Window: time.Minute},
+		{Name: "out", Key: "k", Unit: OutputTokens, Amount: 1000, Window: time.Minute},
+		tpm("total", "k", 1000),
 	}
-	// The next window: settling the old reservation must touch neither
-	// its ended window nor the current one.
-	clock.SetOffset(time.Minute)
-	if _, err := l.Reserve(context.Background(), limits, req(100, 0)); err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name     string
+		limits   []Limit
+		reserve  Cost          // at 50 s, in the first window
+		before   Cost          // if set, reserved in the window in force before settling
+		settleAt time.Duration // from t0
+		actual   Cost
+		want     []int64 // remaining in the window in force after settling
+	}{
+		{
+			name: "excess charged to the window in force", limits: []Limit{tpmK},
+			reserve: req(100, 100), before: req(100, 0), settleAt: 70 * time.Second, actual: req(100, 700),
+			want: []int64{300}, // 100 reserved in this window + 600 carried over
+		},
+		{
+			name: "shortfall refunded nowhere", limits: []Limit{tpmK},
+			reserve: req(100, 100), before: req(100, 0), settleAt: 70 * time.Second, actual: req(10, 10),
+			want: []int64{900},
+		},
+		{
+			name: "exact: nothing changes", limits: []Limit{tpmK},
+			reserve: req(100, 100), before: req(100, 0), settleAt: 70 * time.Second, actual: req(100, 100),
+			want: []int64{900},
+		},
+		{
+			name: "the window in force has no counter yet", limits: []Limit{tpmK},
+			reserve: req(100, 100), settleAt: 61 * time.Second, actual: req(100, 700),
+			want: []int64{400},
+		},
+		{
+			name: "several windows later", limits: []Limit{tpmK},
+			reserve: req(100, 100), settleAt: 3*time.Minute + 30*time.Second, actual: req(100, 700),
+			want: []int64{400},
+		},
+		{
+			name: "exactly at the window's end counts as ended", limits: []Limit{tpmK},
+			reserve: req(100, 100), settleAt: time.Minute, actual: req(100, 700),
+			want: []int64{400},
+		},
+		{
+			name: "each unit carries its own excess", limits: units,
+			reserve: req(100, 500), settleAt: 70 * time.Second, actual: req(40, 800),
+			// input: 60 less, refunded nowhere; output: 300 more; total: 240 more;
+			// requests: final.
+			want: []int64{10, 1000, 700, 760},
+		},
+		{
+			name: "a window in force and an ended one: excess", limits: []Limit{tpmK, tphK},
+			reserve: req(100, 100), settleAt: 70 * time.Second, actual: req(100, 700),
+			want: []int64{400, 9200}, // the hour's own counter gets +600, the new minute 600
+		},
+		{
+			name: "a window in force and an ended one: shortfall", limits: []Limit{tpmK, tphK},
+			reserve: req(100, 100), settleAt: 70 * time.Second, actual: req(10, 10),
+			want: []int64{1000, 9980}, // the hour is refunded 180, the ended minute nothing
+		},
 	}
-	for _, actual := range []Cost{req(100, 700), req(0, 0)} {
-		if err := l.Settle(context.Background(), old.Reservation, actual); err != nil {
-			t.Fatalf("Settle(%+v): %v", actual, err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0.Add(50 * time.Second))
+			l := b.newStore(t, clock.Now)()
+			ctx := context.Background()
+			old, err := l.Reserve(ctx, tc.limits, tc.reserve)
+			if err != nil || !old.Allowed {
+				t.Fatalf("Reserve = %+v, %v", old, err)
+			}
+			clock.SetOffset(tc.settleAt)
+			if tc.before != (Cost{}) {
+				if res, err := l.Reserve(ctx, tc.limits, tc.before); err != nil || !res.Allowed {
+					t.Fatalf("Reserve in the window in force = %+v, %v", res, err)
+				}
+			}
+			if err := l.Settle(ctx, old.Reservation, tc.actual); err != nil {
+				t.Fatalf("Settle: %v", err)
+			}
+			if got := remaining(t, l, tc.limits); !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("remaining after settling = %v, want %v", got, tc.want)
+			}
+		})
+	}
+
+	// A shortfall settled at the window's end does not touch the ended
+	// window either (what it still holds is what was reserved).
+	t.Run("no refund to the ended window", func(t *testing.T) {
+		clock := newFakeClock(t0.Add(50 * time.Second))
+		l := b.newStore(t, clock.Now)()
+		limits := []Limit{tpmK}
+		res, err := l.Reserve(context.Background(), limits, req(100, 100))
+		if err != nil || !res.Allowed {
+			t.Fatalf("Reserve = %+v, %v", res, err)
 		}
-		if got := remaining(t, l, limits); got[0] != 900 {
-			t.Errorf("after settling %+v for the last window: remaining = %d, want 900", actual, got[0])
+		clock.SetOffset(time.Minute)
+		if err := l.Settle(context.Background(), res.Reservation, req(0, 0)); err != nil {
+			t.Fatal(err)
 		}
+		clock.SetOffset(time.Minute - time.Millisecond)
+		if got := remaining(t, l, limits); got[0] != 800 {
+			t.Errorf("settling at the window end refunded it: remaining = %d, want 800", got[0])
+		}
+	})
+}
+
+// testRelease gives reservations back whole: requests and tokens.
+func testRelease(t *testing.T, b backend) {
+	limits := []Limit{
+		rpm("rpm", "k", 10),
+		{Name: "in", Key: "k", Unit: InputTokens, Amount: 1000, Window: time.Minute},
+		{Name: "out", Key: "k", Unit: OutputTokens, Amount: 1000, Window: time.Minute},
+		tpm("total", "k", 1000),
 	}
-	// Exactly at the window's end counts as ended too.
-	clock.SetOffset(time.Minute + 10*time.Second)
-	cur, err := l.Reserve(context.Background(), limits, req(100, 0))
-	if err != nil || !cur.Allowed {
-		t.Fatalf("Reserve = %+v, %v", cur, err)
+	setup := func(t *testing.T) (*fakeClock, func() Limiter, Result) {
+		t.Helper()
+		clock := newFakeClock(t0.Add(50 * time.Second))
+		store := b.newStore(t, clock.Now)
+		l := store()
+		if res, err := l.Reserve(context.Background(), limits, req(50, 50)); err != nil || !res.Allowed {
+			t.Fatalf("Reserve = %+v, %v", res, err)
+		}
+		res, err := l.Reserve(context.Background(), limits, req(100, 500))
+		if err != nil || !res.Allowed {
+			t.Fatalf("Reserve = %+v, %v", res, err)
+		}
+		return clock, store, res
 	}
-	clock.SetOffset(2 * time.Minute)
-	if err := l.Settle(context.Background(), cur.Reservation, req(0, 0)); err != nil {
-		t.Fatal(err)
-	}
-	clock.SetOffset(2*time.Minute - time.Millisecond)
-	if got := remaining(t, l, limits); got[0] != 800 {
-		t.Errorf("settling at the window end changed it: remaining = %d, want 800", got[0])
-	}
+	afterFirst := []int64{9, 950, 950, 900}
+
+	t.Run("everything given back, on another replica", func(t *testing.T) {
+		clock, store, res := setup(t)
+		clock.Advance(5 * time.Second)
+		if err := store().Release(context.Background(), res.Reservation); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if got := remaining(t, store(), limits); !reflect.DeepEqual(got, afterFirst) {
+			t.Errorf("remaining after release = %v, want %v", got, afterFirst)
+		}
+	})
+	t.Run("never below zero", func(t *testing.T) {
+		_, store, res := setup(t)
+		for i := range res.Reservation.Entries {
+			res.Reservation.Entries[i].Reserved += 5000
+		}
+		if err := store().Release(context.Background(), res.Reservation); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if got, want := remaining(t, store(), limits), []int64{10, 1000, 1000, 1000}; !reflect.DeepEqual(got, want) {
+			t.Errorf("remaining after release = %v, want %v", got, want)
+		}
+	})
+	t.Run("an ended window is left alone", func(t *testing.T) {
+		clock, store, res := setup(t)
+		clock.SetOffset(time.Minute)
+		if err := store().Release(context.Background(), res.Reservation); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		clock.SetOffset(time.Minute - time.Millisecond)
+		if got, want := remaining(t, store(), limits), []int64{8, 850, 450, 300}; !reflect.DeepEqual(got, want) {
+			t.Errorf("ended window after release = %v, want %v", got, want)
+		}
+		clock.SetOffset(time.Minute)
+		if got, want := remaining(t, store(), limits), []int64{10, 1000, 1000, 1000}; !reflect.DeepEqual(got, want) {
+			t.Errorf("window in force after release = %v, want %v", got, want)
+		}
+	})
 }
 
 // testSettleElsewhere settles, through another replica, a reservation that
@@ -414,6 +557,7 @@ func testInvalid(t *testing.T, b backend) {
 		{"negative amount", []Limit{{Name: "a", Key: "k", Unit: Requests, Amount: -1, Window: time.Second}}, req(0, 0)},
 		{"unknown unit", []Limit{{Name: "u", Key: "k", Unit: "bytes", Amount: 1, Window: time.Second}}, req(0, 0)},
 		{"negative cost", []Limit{ok}, Cost{Requests: 1, OutputTokens: -1}},
+		{"total tokens overflow", []Limit{ok}, Cost{Requests: 1, InputTokens: 1 << 62, OutputTokens: 1 << 62}},
 	}
 	clock := newFakeClock(t0)
 	l := b.newStore(t, clock.Now)()
@@ -431,6 +575,78 @@ func testInvalid(t *testing.T, b backend) {
 	}
 	if err := l.Settle(context.Background(), Reservation{}, Cost{InputTokens: -1}); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Settle(negative actual) = %v, want ErrInvalid", err)
+	}
+	if err := l.Settle(context.Background(), Reservation{}, Cost{InputTokens: 1 << 62, OutputTokens: 1 << 62}); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Settle(overflowing actual) = %v, want ErrInvalid", err)
+	}
+	// An ended entry whose counter cannot be carried over is reported; the
+	// other entries are settled all the same.
+	tokens := []Limit{tpm("tpm", "k", 100)}
+	res, err := l.Reserve(context.Background(), tokens, req(10, 10))
+	if err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	ended := t0.UnixMilli() // == now: ended
+	id := res.Reservation.Entries[0].Counter
+	for _, bad := range []Entry{
+		{Counter: "garbage", Unit: TotalTokens, ExpiresAt: ended},
+		{Counter: id, Unit: InputTokens, ExpiresAt: ended},                                         // unit is not the id's
+		{Counter: id, Unit: TotalTokens, ExpiresAt: ended - 1},                                     // end is not the id's
+		{Counter: id[:strings.LastIndexByte(id, ':')] + ":x", Unit: TotalTokens, ExpiresAt: ended}, // bad start
+	} {
+		r := Reservation{Entries: []Entry{bad, res.Reservation.Entries[0]}}
+		if err := l.Settle(context.Background(), r, req(10, 0)); !errors.Is(err, ErrInvalid) || errors.Is(err, ErrUnavailable) {
+			t.Errorf("Settle(%+v) = %v, want ErrInvalid", bad, err)
+		}
+	}
+	// Four refunds of 10 on the good entry, floored at zero.
+	if got := remaining(t, l, tokens); got[0] != 100 {
+		t.Errorf("remaining = %d, want 100", got[0])
+	}
+}
+
+// testConcurrentAfterWindow settles 100 reservations of an ended window
+// concurrently through two replicas, all with more than they reserved:
+// the window in force, which has no counter yet, ends up holding exactly
+// the sum of the excesses.
+func testConcurrentAfterWindow(t *testing.T, b backend) {
+	const n = 100
+	limits := []Limit{tpm("tpm", "tenant=a", 100_000)}
+	clock := newFakeClock(t0.Add(50 * time.Second))
+	store := b.newStore(t, clock.Now)
+	replicas := []Limiter{store(), store()}
+	var reserved []Reservation
+	for range n {
+		res, err := replicas[0].Reserve(context.Background(), limits, req(3, 4))
+		if err != nil || !res.Allowed {
+			t.Fatalf("Reserve = %+v, %v", res, err)
+		}
+		reserved = append(reserved, res.Reservation)
+	}
+	clock.SetOffset(70 * time.Second)
+	var (
+		wg     sync.WaitGroup
+		excess int64
+		start  = make(chan struct{})
+		errs   = make(chan error, n)
+	)
+	for i, r := range reserved {
+		excess += int64(i % 7)
+		wg.Go(func() {
+			<-start
+			if err := replicas[i%2].Settle(context.Background(), r, req(3, 4+int64(i%7))); err != nil {
+				errs <- err
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if got := remaining(t, replicas[1], limits); got[0] != 100_000-excess {
+		t.Errorf("remaining in the window in force = %d, want %d (drift)", got[0], 100_000-excess)
 	}
 }
 

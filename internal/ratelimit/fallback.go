@@ -79,7 +79,7 @@ type FallbackOptions struct {
 // each replica admits up to the full limits on its own, and usage charged
 // during the outage is not carried back to the primary. Settlements of
 // primary reservations that fail are lost (the error is returned and
-// passed to OnError).
+// passed to OnError), and so are releases.
 type Fallback struct {
 	primary Limiter
 	local   Limiter
@@ -156,6 +156,17 @@ func (f *Fallback) Reserve(ctx context.Context, limits []Limit, cost Cost) (Resu
 // Settle implements Limiter: local entries go to the local limiter, the
 // others to the primary (unless it is failing and not due for a retry).
 func (f *Fallback) Settle(ctx context.Context, r Reservation, actual Cost) error {
+	return f.route(r, func(l Limiter, r Reservation) error { return l.Settle(ctx, r, actual) })
+}
+
+// Release implements Limiter, routing entries as Settle does.
+func (f *Fallback) Release(ctx context.Context, r Reservation) error {
+	return f.route(r, func(l Limiter, r Reservation) error { return l.Release(ctx, r) })
+}
+
+// route calls do with the local entries of r on the local limiter and with
+// the others on the primary (unless it is failing and not due for a retry).
+func (f *Fallback) route(r Reservation, do func(Limiter, Reservation) error) error {
 	var prim, local []Entry
 	for _, e := range r.Entries {
 		if c, ok := strings.CutPrefix(e.Counter, LocalCounterPrefix); ok {
@@ -167,11 +178,11 @@ func (f *Fallback) Settle(ctx context.Context, r Reservation, actual Cost) error
 	}
 	var errs []error
 	if len(local) > 0 && f.local != nil {
-		errs = append(errs, f.local.Settle(ctx, Reservation{Entries: local}, actual))
+		errs = append(errs, do(f.local, Reservation{Entries: local}))
 	}
 	if len(prim) > 0 {
 		if f.mayCallPrimary() {
-			err := f.primary.Settle(ctx, Reservation{Entries: prim}, actual)
+			err := do(f.primary, Reservation{Entries: prim})
 			f.failed(err)
 			errs = append(errs, err)
 		} else {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,9 +15,9 @@ import (
 // flaky is a primary that fails with err while set, else delegates to a
 // Memory.
 type flaky struct {
-	inner             *Memory
-	err               atomic.Pointer[error]
-	reserves, settles atomic.Int64
+	inner                       *Memory
+	err                         atomic.Pointer[error]
+	reserves, settles, releases atomic.Int64
 }
 
 func newFlaky(clock Clock) *flaky { return &flaky{inner: NewMemory(clock)} }
@@ -43,6 +44,14 @@ func (f *flaky) Settle(ctx context.Context, r Reservation, actual Cost) error {
 		return *p
 	}
 	return f.inner.Settle(ctx, r, actual)
+}
+
+func (f *flaky) Release(ctx context.Context, r Reservation) error {
+	f.releases.Add(1)
+	if p := f.err.Load(); p != nil {
+		return *p
+	}
+	return f.inner.Release(ctx, r)
 }
 
 var errDown = fmt.Errorf("%w: connection refused", ErrUnavailable)
@@ -228,6 +237,43 @@ func TestFallbackSettleRouting(t *testing.T) {
 	}
 	if onError.Load() != 1 {
 		t.Errorf("onError called %d times, want 1", onError.Load())
+	}
+}
+
+// Releases are routed as settlements are.
+func TestFallbackReleaseRouting(t *testing.T) {
+	clock := newFakeClock(t0)
+	p := newFlaky(clock.Now)
+	local := NewMemory(clock.Now)
+	f := NewFallback(p, FallbackOptions{Mode: FailLocal, Local: local, Clock: clock.Now})
+	ctx := context.Background()
+	limits := []Limit{rpm("rpm", "k", 10), tpm("tpm", "k", 100)}
+
+	prim, err := f.Reserve(ctx, limits, req(10, 10))
+	if err != nil || isLocal(prim.Reservation) {
+		t.Fatalf("Reserve = %+v, %v", prim, err)
+	}
+	p.fail(errDown)
+	loc, err := f.Reserve(ctx, limits, req(10, 10))
+	if err != nil || !isLocal(loc.Reservation) {
+		t.Fatalf("Reserve = %+v, %v; want local", loc, err)
+	}
+	if err := f.Release(ctx, prim.Reservation); !errors.Is(err, ErrUnavailable) || p.releases.Load() != 0 {
+		t.Errorf("Release on a primary backing off = %v after %d calls; want ErrUnavailable, none", err, p.releases.Load())
+	}
+	if err := f.Release(ctx, loc.Reservation); err != nil {
+		t.Errorf("Release local: %v", err)
+	}
+	if got, want := remaining(t, local, limits), []int64{10, 100}; !reflect.DeepEqual(got, want) {
+		t.Errorf("local remaining = %v, want %v", got, want)
+	}
+	p.fail(nil)
+	clock.Advance(DefaultRetryEvery)
+	if err := f.Release(ctx, prim.Reservation); err != nil || !f.Healthy() {
+		t.Errorf("Release after recovery = %v (healthy %v)", err, f.Healthy())
+	}
+	if got, want := remaining(t, p.inner, limits), []int64{10, 100}; !reflect.DeepEqual(got, want) {
+		t.Errorf("primary remaining = %v, want %v", got, want)
 	}
 }
 

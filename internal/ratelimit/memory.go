@@ -2,6 +2,9 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -9,7 +12,8 @@ import (
 // Memory is a Limiter that keeps its counters in this process: for a
 // single replica, for tests, and as the local limiter of WithFallback.
 //
-// Counters are created at a window's first admission and dropped once the
+// Counters are created at a window's first admission (or by a charge
+// carried over from an ended window, see Settle) and dropped once the
 // window has ended (checked on every Reserve, in time proportional to the
 // number of ended counters), so memory is bounded by the counters of the
 // current windows. It is safe for concurrent use; one mutex guards all
@@ -139,28 +143,64 @@ func (m *Memory) Reserve(_ context.Context, limits []Limit, cost Cost) (Result, 
 	return Result{Allowed: true, Reservation: Reservation{Entries: dedupEntries(entries)}, States: st}, nil
 }
 
-// Settle implements Limiter: each entry's counter gets actual minus
-// reserved added, not below zero, if its window has not ended. Request
-// entries are final. Call it once per admitted reservation; a second call
-// would apply the difference twice.
+// Settle implements Limiter: each token entry's counter gets actual minus
+// reserved added, not below zero, while its window is in force; an entry
+// whose window has ended has any excess charged to its limit's counter in
+// the window in force (created if need be) and nothing refunded (see
+// settlePlan). Request entries are final. Call it once per admitted
+// reservation; a second call would apply the difference twice.
 func (m *Memory) Settle(_ context.Context, r Reservation, actual Cost) error {
-	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 {
-		return errNegativeActual(actual)
+	if err := checkActual(actual); err != nil {
+		return err
 	}
 	nowMs := m.clock().UnixMilli()
+	var buf [maxStackLimits]adjustment
+	adj, err := settlePlan(r.Entries, actual, nowMs, buf[:0])
+	return errors.Join(err, m.apply(adj, nowMs))
+}
+
+// Release implements Limiter: every counter of r whose window is in force
+// gives back what r reserved on it, requests included, not below zero.
+func (m *Memory) Release(_ context.Context, r Reservation) error {
+	nowMs := m.clock().UnixMilli()
+	var buf [maxStackLimits]adjustment
+	return m.apply(releasePlan(r.Entries, nowMs, buf[:0]), nowMs)
+}
+
+// apply makes the changes of a Settle or Release: counters of windows in
+// force that still exist are adjusted, not below zero; carried charges
+// create their counter if needed.
+func (m *Memory) apply(adj []adjustment, nowMs int64) error {
+	if len(adj) == 0 {
+		return nil
+	}
+	var errs []error
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for i := range r.Entries {
-		e := &r.Entries[i]
-		d, ok := settleDelta(e, actual, nowMs)
-		if !ok {
-			continue
+	for i := range adj {
+		a := &adj[i]
+		c := m.byID[a.counter]
+		if c == nil && a.carried {
+			key, ok1 := strings.CutPrefix(a.head, DefaultCounterPrefix+"{")
+			key, ok2 := strings.CutSuffix(key, "}")
+			if !ok1 || !ok2 {
+				errs = append(errs, fmt.Errorf("%w: counter %q is not a counter of this limiter", ErrInvalid, a.counter))
+				continue
+			}
+			c = &memCounter{
+				key: counterKey{key: key, unit: a.unit, window: time.Duration(a.window) * time.Millisecond, start: a.end - a.window},
+				id:  a.counter,
+				end: a.end,
+			}
+			m.byKey[c.key] = c
+			m.byID[c.id] = c
+			m.expiry.push(c)
 		}
-		if c := m.byID[e.Counter]; c != nil && c.end > nowMs {
-			c.used = max(0, c.used+d)
+		if c != nil && c.end > nowMs {
+			c.used = max(0, c.used+a.delta)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Len returns how many counters are held (current windows, plus ended

@@ -78,3 +78,36 @@ func TestWindow(t *testing.T) {
 		}
 	}
 }
+
+// A counter created by a charge carried over from an ended window is the
+// one Reserve then finds, and it is dropped when its window ends.
+func TestMemoryCarriedCounter(t *testing.T) {
+	clock := newFakeClock(t0.Add(50 * time.Second))
+	m := NewMemory(clock.Now)
+	ctx := context.Background()
+	limits := []Limit{tpm("tpm", "k", 100)}
+	res, err := m.Reserve(ctx, limits, req(10, 10))
+	if err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	clock.SetOffset(70 * time.Second)
+	if err := m.Settle(ctx, res.Reservation, req(10, 90)); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Len(); got != 2 { // the ended window's, not dropped yet, and the new one
+		t.Fatalf("Len = %d, want 2", got)
+	}
+	if res, err := m.Reserve(ctx, limits, req(0, 21)); err != nil || res.Allowed || res.States[0].Remaining != 20 {
+		t.Errorf("Reserve(21) with 80 carried over = %+v, %v; want denied with 20 remaining", res, err)
+	}
+	if got := m.Len(); got != 1 {
+		t.Errorf("Len = %d after the old window was dropped, want 1", got)
+	}
+	clock.SetOffset(2 * time.Minute)
+	if _, err := m.Reserve(ctx, limits, req(0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Len(); got != 1 {
+		t.Errorf("Len = %d in the next window, want 1 (the carried counter dropped)", got)
+	}
+}

@@ -27,17 +27,31 @@
 // max(0, Amount - used) after the charge (or as found, when denied) and
 // Reset the time until the window ends. Limits that cannot be enforced
 // (window not a positive whole number of milliseconds, negative amount or
-// cost, unknown unit) fail with ErrInvalid and charge nothing.
+// cost, total tokens overflowing int64, unknown unit) fail with ErrInvalid
+// and charge nothing.
 //
 // Settle adds actual.Of(unit) - Reserved to each entry's counter, never
-// taking it below zero, but only while the counter's window has not ended
-// (Entry.ExpiresAt, by the settling limiter's clock) and the counter still
-// exists: a settlement never creates a counter. Requests entries are never
-// changed: an admitted request counts as one whatever actual.Requests
-// says. Settle must be called once per admitted reservation (there is no
-// deduplication: settling twice applies the difference twice); denied
-// results have nothing to settle. Any replica may settle any reservation
-// of a shared backend (Redis); see Fallback for local reservations.
+// taking it below zero, while the counter's window is in force (it ends
+// at Entry.ExpiresAt, by the settling limiter's clock) and the counter
+// still exists: settling a window in force never creates a counter. A
+// settlement that lands after its entry's window has ended (a stream
+// longer than the rest of its window) is not dropped: the excess, if
+// actual.Of(unit) > Reserved, is charged to the counter of the same limit
+// key, unit and window length in the window in force when it lands,
+// created if need be; a shortfall is refunded nowhere, since the ended
+// window no longer gates anything (see settlePlan for why). Requests
+// entries are never changed: an admitted request counts as one whatever
+// actual.Requests says. Settle must be called once per admitted
+// reservation (there is no deduplication: settling twice applies the
+// difference twice); denied results have nothing to settle. Any replica
+// may settle any reservation of a shared backend (Redis); see Fallback for
+// local reservations.
+//
+// Release is for a reservation whose request never reached a pool (it was
+// denied after Reserve, e.g. by an external check): every counter whose
+// window is in force gives back what the entry reserved, requests
+// included, never below zero; ended windows are left alone. A reservation
+// is either settled or released, once.
 //
 // # Backends
 //
@@ -120,7 +134,8 @@ type Entry struct {
 	Unit     Unit   `json:"u"`
 	Reserved int64  `json:"r"`
 	// ExpiresAt is when the counter's window ends (Unix ms); settling after
-	// that is a no-op for the backend but still counted as settled.
+	// that charges any excess to the limit's counter in the window then in
+	// force, and refunds nothing.
 	ExpiresAt int64 `json:"x"`
 }
 
@@ -149,6 +164,9 @@ type Limiter interface {
 	Reserve(ctx context.Context, limits []Limit, cost Cost) (Result, error)
 	// Settle replaces a reservation's charges with the actual cost.
 	Settle(ctx context.Context, r Reservation, actual Cost) error
+	// Release gives a reservation back whole, requests included: for a
+	// request denied after its reservation, which never reached a pool.
+	Release(ctx context.Context, r Reservation) error
 }
 
 // ErrUnavailable wraps backend failures (e.g. Redis down).

@@ -35,8 +35,9 @@ type RedisOptions struct {
 // Each Reserve is one round trip running reserveScript, which reads every
 // counter, decides, and increments all of them or none inside Redis, so
 // concurrent replicas can never admit more than the limits allow. Settle
-// is one round trip running settleScript, which adjusts only counters that
-// still exist. Scripts go by EVALSHA, falling back to EVAL when Redis does
+// and Release are one round trip running settleScript, which adjusts only
+// counters that still exist, except that a charge carried over from an
+// ended window creates its counter in the window in force. Scripts go by EVALSHA, falling back to EVAL when Redis does
 // not know them (after a restart, failover or SCRIPT FLUSH).
 //
 // Counters are created with a TTL ending Grace (default one window) after
@@ -115,21 +116,49 @@ end
 return res
 `)
 
-// settleScript adds ARGV[i] to counter KEYS[i] if it exists, flooring the
-// result at zero; it never creates a counter and keeps the TTL.
+// settleScript applies the adjustments of a Settle or Release.
+//
+//	KEYS[i]      a counter
+//	ARGV[2i-1]   what to add to it
+//	ARGV[2i]     0: adjust the counter only if it exists, flooring the
+//	             result at zero, keeping its TTL; > 0: a charge carried
+//	             over from an ended window into the window in force, which
+//	             creates the counter with this TTL (ms) if it is absent
+//
+// A settlement of a window in force never creates a counter (Redis lost
+// it: restart, eviction); a carried charge must, or it would be dropped
+// whenever no request of the new window came first. All keys of one call
+// share the hash tag of the reservation's counters, hence one slot.
 var settleScript = redis.NewScript(`
 for i = 1, #KEYS do
-  local v = redis.call('GET', KEYS[i])
+  local k = KEYS[i]
+  local d = tonumber(ARGV[2 * i - 1])
+  local v = redis.call('GET', k)
   if v then
-    if tonumber(v) + tonumber(ARGV[i]) < 0 then
-      redis.call('DECRBY', KEYS[i], v)
+    if tonumber(v) + d < 0 then
+      redis.call('DECRBY', k, v)
     else
-      redis.call('INCRBY', KEYS[i], ARGV[i])
+      redis.call('INCRBY', k, d)
     end
+  elseif tonumber(ARGV[2 * i]) > 0 and d > 0 then
+    redis.call('SET', k, d, 'PX', ARGV[2 * i])
   end
 end
 return 0
 `)
+
+// ttl is how long (ms) a counter of a window of windowMs ending at endMs
+// is kept when created at nowMs: until its window ends, plus the grace.
+func (r *Redis) ttl(endMs, nowMs, windowMs int64) int64 {
+	ttl := endMs - nowMs
+	switch {
+	case r.grace == 0:
+		ttl += windowMs
+	case r.grace > 0:
+		ttl += r.grace.Milliseconds()
+	}
+	return max(ttl, 1)
+}
 
 // Reserve implements Limiter with one reserveScript round trip.
 func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result, error) {
@@ -148,16 +177,9 @@ func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result,
 	args := make([]any, 3*n)
 	for i := range limits {
 		l := &limits[i]
-		ttl := ends[i] - nowMs
-		switch {
-		case r.grace == 0:
-			ttl += l.Window.Milliseconds()
-		case r.grace > 0:
-			ttl += r.grace.Milliseconds()
-		}
 		args[3*i] = cost.Of(l.Unit)
 		args[3*i+1] = l.Amount
-		args[3*i+2] = ttl
+		args[3*i+2] = r.ttl(ends[i], nowMs, l.Window.Milliseconds())
 	}
 	vals, err := reserveScript.Run(ctx, r.client, ids, args...).Int64Slice()
 	if err != nil {
@@ -189,31 +211,48 @@ func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result,
 }
 
 // Settle implements Limiter with at most one settleScript round trip
-// (none when nothing changes: request entries, entries whose window has
-// ended by the limiter's clock, and entries whose actual equals the
-// reservation are skipped). Call it once per admitted reservation; a
+// (none when nothing changes: request entries, entries whose actual equals
+// the reservation, and entries of ended windows with nothing to carry over
+// are skipped; see settlePlan). Call it once per admitted reservation; a
 // second call would apply the difference twice.
 func (r *Redis) Settle(ctx context.Context, res Reservation, actual Cost) error {
-	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 {
-		return errNegativeActual(actual)
+	if err := checkActual(actual); err != nil {
+		return err
 	}
 	nowMs := r.clock().UnixMilli()
-	var keys []string
-	var args []any
-	for i := range res.Entries {
-		e := &res.Entries[i]
-		d, ok := settleDelta(e, actual, nowMs)
-		if !ok {
-			continue
-		}
-		keys = append(keys, e.Counter)
-		args = append(args, strconv.FormatInt(d, 10))
+	var buf [maxStackLimits]adjustment
+	adj, err := settlePlan(res.Entries, actual, nowMs, buf[:0])
+	if rerr := r.apply(ctx, "settle", adj, nowMs); rerr != nil {
+		return rerr
 	}
-	if len(keys) == 0 {
+	return err
+}
+
+// Release implements Limiter with at most one settleScript round trip.
+func (r *Redis) Release(ctx context.Context, res Reservation) error {
+	nowMs := r.clock().UnixMilli()
+	var buf [maxStackLimits]adjustment
+	return r.apply(ctx, "release", releasePlan(res.Entries, nowMs, buf[:0]), nowMs)
+}
+
+// apply runs settleScript for adj, if there is anything to change.
+func (r *Redis) apply(ctx context.Context, op string, adj []adjustment, nowMs int64) error {
+	if len(adj) == 0 {
 		return nil
 	}
+	keys := make([]string, len(adj))
+	args := make([]any, 2*len(adj))
+	for i := range adj {
+		a := &adj[i]
+		keys[i] = a.counter
+		args[2*i] = strconv.FormatInt(a.delta, 10)
+		args[2*i+1] = "0"
+		if a.carried {
+			args[2*i+1] = strconv.FormatInt(r.ttl(a.end, nowMs, a.window), 10)
+		}
+	}
 	if err := settleScript.Run(ctx, r.client, keys, args...).Err(); err != nil {
-		return r.fail("settle", err)
+		return r.fail(op, err)
 	}
 	return nil
 }

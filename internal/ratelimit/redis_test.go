@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -73,8 +74,8 @@ func TestRedisCounterKeysAndTTL(t *testing.T) {
 	}
 }
 
-// Settling never creates a counter: if Redis lost it (restart, eviction),
-// the settlement is dropped.
+// Settling a window in force never creates a counter: if Redis lost it
+// (restart, eviction), the settlement is dropped.
 func TestRedisSettleMissingCounter(t *testing.T) {
 	srv := startRedis(t)
 	rdb := newRedisClient(t, srv.Addr(), false)
@@ -159,5 +160,115 @@ func TestRedisErrorsWrapUnavailable(t *testing.T) {
 	cancel()
 	if _, err := l.Reserve(cctx, limits, req(0, 0)); !errors.Is(err, context.Canceled) || errors.Is(err, ErrUnavailable) {
 		t.Errorf("Reserve with a cancelled context = %v, want context.Canceled only", err)
+	}
+}
+
+// clusterHashTag is what Redis Cluster hashes of a key to pick its slot:
+// the part between the first '{' and the next '}' if it is not empty,
+// else the whole key.
+func clusterHashTag(key string) string {
+	if s := strings.IndexByte(key, '{'); s >= 0 {
+		if e := strings.IndexByte(key[s+1:], '}'); e > 0 {
+			return key[s+1 : s+1+e]
+		}
+	}
+	return key
+}
+
+// A charge carried over from an ended window creates the counter of the
+// window in force under the same hash tag as the reservation's counters
+// (one slot for the whole script), with the TTL Reserve would give it.
+func TestRedisCarriedCounter(t *testing.T) {
+	srv := startRedis(t)
+	rdb := newRedisClient(t, srv.Addr(), false)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		opts    RedisOptions
+		limits  []Limit
+		wantKey []string // the counters of the window in force, after settling
+		wantTTL time.Duration
+	}{
+		{
+			name:    "default: the limit key is the hash tag",
+			opts:    RedisOptions{Prefix: "c1:"},
+			limits:  []Limit{tpm("tpm", "tenant=a", 1000), {Name: "out", Key: "tenant=a", Unit: OutputTokens, Amount: 1000, Window: time.Minute}},
+			wantKey: []string{"c1:{tenant=a}:total_tokens:60000:1700006460000", "c1:{tenant=a}:output_tokens:60000:1700006460000"},
+			wantTTL: 50*time.Second + time.Minute,
+		},
+		{
+			name:    "a hash tag for all keys, and grace",
+			opts:    RedisOptions{Prefix: "c2:", HashTag: "all", Grace: 5 * time.Second},
+			limits:  []Limit{tpm("tpm", "tenant=a", 1000), tpm("model", "model=m", 1000)},
+			wantKey: []string{"c2:{all}:tenant=a:total_tokens:60000:1700006460000", "c2:{all}:model=m:total_tokens:60000:1700006460000"},
+			wantTTL: 55 * time.Second,
+		},
+		{
+			name:    "a key holding braces and colons, no grace",
+			opts:    RedisOptions{Prefix: "c3:", Grace: -1},
+			limits:  []Limit{tpm("tpm", "t={x}:y", 1000)},
+			wantKey: []string{"c3:{t={x}:y}:total_tokens:60000:1700006460000"},
+			wantTTL: 50 * time.Second,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0.Add(50 * time.Second))
+			l := NewRedis(rdb, clock.Now, tc.opts)
+			res, err := l.Reserve(ctx, tc.limits, req(10, 10))
+			if err != nil || !res.Allowed {
+				t.Fatalf("Reserve = %+v, %v", res, err)
+			}
+			clock.SetOffset(70 * time.Second)
+			if err := l.Settle(ctx, res.Reservation, req(10, 40)); err != nil {
+				t.Fatal(err)
+			}
+			for i, key := range tc.wantKey {
+				old := res.Reservation.Entries[i].Counter
+				if clusterHashTag(key) != clusterHashTag(old) {
+					t.Errorf("carried counter %q hashes %q, its reservation's %q hashes %q: another slot", key, clusterHashTag(key), old, clusterHashTag(old))
+				}
+				v, err := rdb.Get(ctx, key).Int64()
+				if err != nil || v != 30 {
+					t.Errorf("GET %s = %d, %v; want 30", key, v, err)
+				}
+				ttl, err := rdb.PTTL(ctx, key).Result()
+				if err != nil || ttl > tc.wantTTL || ttl < tc.wantTTL-time.Second {
+					t.Errorf("PTTL %s = %s, %v; want about %s", key, ttl, err, tc.wantTTL)
+				}
+			}
+			// A later charge in that window keeps the TTL.
+			if _, err := l.Reserve(ctx, tc.limits, req(1, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if ttl, _ := rdb.PTTL(ctx, tc.wantKey[0]).Result(); ttl > tc.wantTTL {
+				t.Errorf("PTTL grew to %s after a Reserve", ttl)
+			}
+		})
+	}
+}
+
+// Releasing never creates a counter either.
+func TestRedisReleaseMissingCounter(t *testing.T) {
+	srv := startRedis(t)
+	rdb := newRedisClient(t, srv.Addr(), false)
+	ctx := context.Background()
+	l := NewRedis(rdb, newFakeClock(t0).Now, RedisOptions{})
+	res, err := l.Reserve(ctx, []Limit{tpm("tpm", "k", 100), rpm("rpm", "k", 10)}, req(10, 10))
+	if err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	tokens, requests := res.Reservation.Entries[0].Counter, res.Reservation.Entries[1].Counter
+	if err := rdb.Del(ctx, tokens).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, res.Reservation); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := rdb.Exists(ctx, tokens).Result(); n != 0 {
+		t.Errorf("Release re-created the deleted counter %s", tokens)
+	}
+	if v, err := rdb.Get(ctx, requests).Int64(); err != nil || v != 0 {
+		t.Errorf("requests counter = %d, %v; want 0", v, err)
 	}
 }

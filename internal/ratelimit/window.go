@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -10,7 +11,7 @@ import (
 
 // ErrInvalid reports limits or costs no backend can enforce: a window that
 // is not a positive whole number of milliseconds, a negative amount or cost,
-// or an unknown unit. It does not wrap ErrUnavailable, so WithFallback
+// a cost whose total tokens overflow int64, or an unknown unit. It does not wrap ErrUnavailable, so WithFallback
 // returns it as is instead of falling back.
 var ErrInvalid = errors.New("invalid rate limit")
 
@@ -22,6 +23,9 @@ const DefaultCounterPrefix = "ig:rl:"
 func validate(limits []Limit, cost Cost) error {
 	if cost.Requests < 0 || cost.InputTokens < 0 || cost.OutputTokens < 0 {
 		return fmt.Errorf("%w: negative cost %+v", ErrInvalid, cost)
+	}
+	if totalOverflows(cost) {
+		return fmt.Errorf("%w: cost %+v: total tokens overflow", ErrInvalid, cost)
 	}
 	for i := range limits {
 		l := &limits[i]
@@ -161,18 +165,141 @@ func fillStates(st []State, limits []Limit, used []int64, ends []int64, now time
 	}
 }
 
-// settleDelta is what settling an entry adds to its counter, and whether
-// the entry is to be touched at all: request counts are final at admission
-// (an admitted request counts as one whatever actual.Requests says), and
-// counters whose window has ended are left alone.
-func settleDelta(e *Entry, actual Cost, nowMs int64) (int64, bool) {
-	if e.Unit == Requests || e.ExpiresAt <= nowMs {
-		return 0, false
-	}
-	d := actual.Of(e.Unit) - e.Reserved
-	return d, d != 0
+// adjustment is one counter change of a Settle or Release.
+type adjustment struct {
+	counter string
+	delta   int64
+	// carried marks the charge of an entry whose window had ended,
+	// carried into the counter of the same limit in the window in force
+	// (created if absent): unit, head (the id up to the unit, see
+	// parseCounterID), window (ms) and end (Unix ms) describe that counter.
+	carried bool
+	unit    Unit
+	head    string
+	window  int64
+	end     int64
 }
 
-func errNegativeActual(actual Cost) error {
-	return fmt.Errorf("%w: negative actual cost %+v", ErrInvalid, actual)
+// settlePlan is what settling r's entries with actual changes, at nowMs:
+//
+//   - request entries: nothing (an admitted request counts as one, whatever
+//     actual.Requests says);
+//   - an entry whose window is in force: actual - reserved, either way,
+//     on its own counter;
+//   - an entry whose window has ended: actual - reserved when positive,
+//     on the counter of the same limit key, unit and window length in the
+//     window in force when the settlement lands; nothing when negative.
+//
+// Why the window in force: a response longer than the rest of its window
+// used tokens the reservation did not cover, and charging them to the
+// ended window would drop them (an ended window admits nothing more; its
+// counter may already be gone), so a stream could take any number of
+// tokens beyond its reservation for free. Those tokens were produced
+// after the window ended, that is, in the window now in force: charging
+// them there is where they belong and is what keeps the next admissions
+// honest. Nothing is refunded to an ended window, since it gates nothing
+// any more, and nothing is refunded to the current one either: unused
+// budget of a past window is lost like any unused budget, and crediting it
+// to the current window would let a tenant exceed that window's limit.
+//
+// Entries whose counter id cannot be read (not written by this package)
+// are skipped and reported, wrapping ErrInvalid, after the others.
+func settlePlan(entries []Entry, actual Cost, nowMs int64, buf []adjustment) ([]adjustment, error) {
+	var errs []error
+	for i := range entries {
+		e := &entries[i]
+		if e.Unit == Requests {
+			continue
+		}
+		d := actual.Of(e.Unit) - e.Reserved
+		switch {
+		case e.ExpiresAt > nowMs:
+			if d != 0 {
+				buf = append(buf, adjustment{counter: e.Counter, delta: d})
+			}
+		case d > 0:
+			a, err := carryOver(e, nowMs)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			a.delta = d
+			buf = append(buf, a)
+		}
+	}
+	return buf, errors.Join(errs...)
 }
+
+// releasePlan is what releasing r's entries at nowMs changes: every
+// counter whose window is in force gives back what the entry reserved,
+// requests included (the request never reached a pool). Ended windows are
+// left alone: they gate nothing any more.
+func releasePlan(entries []Entry, nowMs int64, buf []adjustment) []adjustment {
+	for i := range entries {
+		e := &entries[i]
+		if e.ExpiresAt > nowMs && e.Reserved != 0 {
+			buf = append(buf, adjustment{counter: e.Counter, delta: -e.Reserved})
+		}
+	}
+	return buf
+}
+
+// carryOver returns the adjustment (without its delta) that moves entry e,
+// whose window has ended, to the window holding nowMs: the same counter id
+// but for its last field, the window's start. Everything up to that field
+// is kept, the hash tag in particular, so the new counter lives in the same
+// Redis Cluster slot as e's (and as every other counter of its
+// reservation, which Reserve required to share one).
+func carryOver(e *Entry, nowMs int64) (adjustment, error) {
+	head, unit, windowMs, startMs, ok := parseCounterID(e.Counter)
+	if !ok || unit != e.Unit || startMs+windowMs != e.ExpiresAt {
+		return adjustment{}, fmt.Errorf("%w: reservation entry %q (%s, ends %d) is not a counter of this package", ErrInvalid, e.Counter, e.Unit, e.ExpiresAt)
+	}
+	start, end := window(nowMs, time.Duration(windowMs)*time.Millisecond)
+	id := e.Counter[:strings.LastIndexByte(e.Counter, ':')+1] + strconv.FormatInt(start, 10)
+	return adjustment{counter: id, carried: true, unit: unit, head: head, window: windowMs, end: end}, nil
+}
+
+// parseCounterID splits an id writeCounterID wrote into its head (prefix,
+// hash tag and key: everything before ":<unit>:<windowMs>:<startMs>"), unit,
+// window length and window start. It reads from the right, as the last
+// three fields hold no ':'.
+func parseCounterID(id string) (head string, unit Unit, windowMs, startMs int64, ok bool) {
+	rest, startS, ok1 := cutLast(id)
+	rest, windowS, ok2 := cutLast(rest)
+	head, unitS, ok3 := cutLast(rest)
+	if !ok1 || !ok2 || !ok3 {
+		return "", "", 0, 0, false
+	}
+	w, err1 := strconv.ParseInt(windowS, 10, 64)
+	s, err2 := strconv.ParseInt(startS, 10, 64)
+	if err1 != nil || err2 != nil || w <= 0 || strconv.FormatInt(s, 10) != startS {
+		return "", "", 0, 0, false
+	}
+	return head, Unit(unitS), w, s, true
+}
+
+// cutLast splits s around its last ':'.
+func cutLast(s string) (before, after string, ok bool) {
+	i := strings.LastIndexByte(s, ':')
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+1:], true
+}
+
+// checkActual rejects an actual cost no counter can be settled with:
+// negative, or whose total tokens overflow (it would read as a refund).
+func checkActual(actual Cost) error {
+	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 {
+		return fmt.Errorf("%w: negative actual cost %+v", ErrInvalid, actual)
+	}
+	if totalOverflows(actual) {
+		return fmt.Errorf("%w: actual cost %+v: total tokens overflow", ErrInvalid, actual)
+	}
+	return nil
+}
+
+// totalOverflows reports whether c.Of(TotalTokens) overflows int64 (both
+// parts non-negative).
+func totalOverflows(c Cost) bool { return c.InputTokens > math.MaxInt64-c.OutputTokens }

@@ -70,9 +70,10 @@ func TestTokenBudgetUnderConcurrency(t *testing.T) {
 		maxTokens = 32
 		clients   = 200
 		// "tell me a story about envoy": 27 characters, estimated 7 tokens,
-		// so each request reserves 7 + 32 = 39 tokens.
-		reservation = 7 + maxTokens
-		admitted    = budget / reservation // 51
+		// plus the chat template's 5 per message and 5 per request: each
+		// request reserves 17 + 32 = 49 tokens.
+		reservation = 17 + maxTokens
+		admitted    = budget / reservation // 40
 		// The mock counts 6 prompt words and streams exactly maxTokens.
 		actual = 6 + maxTokens
 	)

@@ -1,0 +1,494 @@
+package openai
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/tidwall/gjson"
+)
+
+// The fixed costs of Request.PromptTokens, in tokens. Where servers differ,
+// each is the higher of the common figures, so that the estimate errs high:
+// a reservation that is too large is settled down by the meter, one that is
+// too small lets a client past its budget.
+const (
+	// TokensPerMessage is what a chat template wraps around each message.
+	// OpenAI's cookbook counts 3 for its chat models (<|start|>{role}
+	// <|message|>…<|end|>) and 1 more for a name; Llama 3 uses 5
+	// (<|start_header_id|>{role}<|end_header_id|>\n\n…<|eot_id|>), as does
+	// ChatML (<|im_start|>{role}\n…<|im_end|>\n, Qwen and others).
+	TokensPerMessage = 5
+	// TokensPerRequest is what a chat template puts around the conversation:
+	// OpenAI primes the reply with 3 (<|start|>assistant<|message|>), ChatML
+	// with 3; Llama 3 adds <|begin_of_text|> and a 4-token assistant header.
+	TokensPerRequest = 5
+	// TokensPerTool is the markup around each tool (and legacy function)
+	// definition beyond its JSON: OpenAI's cookbook counts 7 per function for
+	// gpt-4o and 10 for gpt-3.5-turbo and gpt-4 (and 12 once per request,
+	// covered here by the JSON's own braces and keys, which OpenAI's
+	// rendering does not spend).
+	TokensPerTool = 10
+	// TokensPerToolCall is the markup around each tool call in an assistant
+	// message: Hermes-style templates (Qwen and others) write
+	// <tool_call>\n{"name": …, "arguments": …}\n</tool_call>, 10 tokens or
+	// more around the name and arguments.
+	TokensPerToolCall = 10
+	// TokensPerImage is the charge for each non-text content part: 85 is
+	// OpenAI's cost of a low-detail image (its base tile). High-detail
+	// images, audio, video and files cost more; see Request.PromptTokens.
+	TokensPerImage = 85
+	// TokensPerPrompt is the beginning-of-sequence token a server adds to
+	// each text prompt of /v1/completions (vLLM with Llama's tokenizer does;
+	// OpenAI counts none). Token-ID prompts are taken as they are.
+	TokensPerPrompt = 1
+	// MaxChoices is the largest n or best_of accepted, OpenAI's limit on n.
+	MaxChoices = 128
+)
+
+// estimate accumulates a request's prompt size in one pass over the parts a
+// model reads.
+type estimate struct {
+	chars   int // text of message content and prompts: Request.PromptChars
+	extra   int // other text: roles, names, tool calls, tools, refusals, other message keys
+	tokens  int // counted exactly or fixed: token IDs, overheads, images
+	prompts int // prompts in a /v1/completions batch
+}
+
+// promptTokens is the estimate: all text at EstimateTokens' rate (so never
+// less than EstimateTokens(chars)), plus what was counted in tokens.
+func (e *estimate) promptTokens() int { return EstimateTokens(e.chars+e.extra) + e.tokens }
+
+// messages walks a chat conversation. Each message is an object; any key
+// in it, in its content parts, its tool calls and their functions may
+// appear only once (Python servers read the last of a repeated key, gjson
+// the first: the gate must count what the server reads).
+func (e *estimate) messages(msgs gjson.Result) error {
+	if !msgs.IsArray() {
+		return &FieldError{"messages", "must be an array of message objects"}
+	}
+	e.tokens += TokensPerRequest
+	i := 0
+	var err error
+	msgs.ForEach(func(_, m gjson.Result) bool {
+		if !m.IsObject() {
+			err = &FieldError{"messages", "must be an array of message objects"}
+			return false
+		}
+		err = e.message(i, m)
+		i++
+		return err == nil
+	})
+	return err
+}
+
+// message counts one message: its content, its tool calls, and every other
+// key's value as text (a role beyond the standard ones, a name, a tool call
+// ID, reasoning_content: vLLM hands the whole message to the chat template,
+// which may render any of them).
+func (e *estimate) message(i int, m gjson.Result) error {
+	e.tokens += TokensPerMessage
+	return eachKey(m, func() string { return messagePath(i) }, func(k string, v gjson.Result) error {
+		switch k {
+		case "content":
+			return e.content(i, v)
+		case "role":
+			if v.Type == gjson.String && standardRole(v.Str) {
+				return nil // part of TokensPerMessage
+			}
+			e.text(v)
+		case "tool_calls":
+			return e.toolCalls(i, v)
+		case "function_call": // the legacy form of one tool call
+			e.tokens += TokensPerToolCall
+			return e.function(v, func() string { return messagePath(i) + ".function_call" })
+		default:
+			e.text(v)
+		}
+		return nil
+	})
+}
+
+func standardRole(r string) bool {
+	switch r {
+	case "system", "developer", "user", "assistant", "tool", "function":
+		return true
+	}
+	return false
+}
+
+// content counts a message's content: a string, or an array of parts. A
+// part is a string, or an object whose "text" (and an assistant's
+// "refusal") is read; any part that is not text (image_url, input_audio,
+// file, video_url, ...) costs TokensPerImage. PromptChars counts what it
+// always did: strings and "text".
+func (e *estimate) content(i int, c gjson.Result) error {
+	switch {
+	case c.Type == gjson.String:
+		e.chars += len(c.Raw) - 2
+		return nil
+	case !c.IsArray():
+		e.text(c) // null, or a shape no server accepts
+		return nil
+	}
+	j := 0
+	var err error
+	c.ForEach(func(_, p gjson.Result) bool {
+		switch {
+		case p.Type == gjson.String:
+			e.chars += len(p.Raw) - 2
+		case p.IsObject():
+			err = e.part(i, j, p)
+		default:
+			e.text(p)
+		}
+		j++
+		return err == nil
+	})
+	return err
+}
+
+func (e *estimate) part(i, j int, p gjson.Result) error {
+	var typ string
+	hasText := false
+	path := func() string { return messagePath(i) + ".content[" + strconv.Itoa(j) + "]" }
+	if err := eachKey(p, path, func(k string, v gjson.Result) error {
+		switch k {
+		case "type":
+			if v.Type == gjson.String {
+				typ = v.Str
+			}
+		case "text":
+			if v.Type == gjson.String {
+				e.chars += len(v.Raw) - 2
+				hasText = true
+			}
+		case "refusal":
+			if v.Type == gjson.String {
+				e.extra += len(v.Raw) - 2
+				hasText = true
+			}
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	// vLLM infers the type of an untyped part from its keys.
+	if typ != "text" && typ != "refusal" && (typ != "" || !hasText) {
+		e.tokens += TokensPerImage
+	}
+	return nil
+}
+
+// toolCalls counts an assistant's tool calls: each call's keys but "type"
+// (its function's name and arguments, its ID) as text, and
+// TokensPerToolCall.
+func (e *estimate) toolCalls(i int, calls gjson.Result) error {
+	if !calls.IsArray() {
+		e.text(calls)
+		return nil
+	}
+	j := 0
+	var err error
+	calls.ForEach(func(_, c gjson.Result) bool {
+		e.tokens += TokensPerToolCall
+		if !c.IsObject() {
+			e.text(c)
+			j++
+			return true
+		}
+		path := func() string { return messagePath(i) + ".tool_calls[" + strconv.Itoa(j) + "]" }
+		err = eachKey(c, path, func(k string, v gjson.Result) error {
+			switch k {
+			case "type":
+			case "function":
+				return e.function(v, func() string { return path() + ".function" })
+			default:
+				e.text(v)
+			}
+			return nil
+		})
+		j++
+		return err == nil
+	})
+	return err
+}
+
+// function counts a called function (name, arguments) as text.
+func (e *estimate) function(fn gjson.Result, path func() string) error {
+	if !fn.IsObject() {
+		e.text(fn)
+		return nil
+	}
+	return eachKey(fn, path, func(_ string, v gjson.Result) error {
+		e.text(v)
+		return nil
+	})
+}
+
+// tools counts tool definitions (tools, or the legacy functions): each
+// entry's JSON text without insignificant whitespace (what a template such
+// as Hermes' renders, and more than OpenAI's own rendering spends), and
+// TokensPerTool. An entry and its function object may not repeat a key.
+//
+// Tool schemas are most of a body that has them, so this is one pass over
+// their bytes (walking them with gjson would read each level again).
+func (e *estimate) tools(param string, tools gjson.Result) error {
+	if !tools.IsArray() {
+		e.text(tools)
+		return nil
+	}
+	raw := tools.Raw // valid JSON: ParseRequest validated the body
+	var (
+		depth          int
+		object         uint64 // bit d: the container at depth d is an object (d <= MaxDepth)
+		key            bool   // the next string is a key
+		entry          int    // the current entry's index: commas at depth 1
+		entries        bool   // the array has an entry
+		function       bool   // the last key of the entry was "function"
+		inFunction     bool   // the object at depth 3 is the entry's function
+		chars          int
+		entryKeys, fns keySet
+	)
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			continue
+		}
+		chars++
+		if depth == 1 && c != ']' && c != ',' {
+			entries = true
+		}
+		switch c {
+		case '{', '[':
+			depth++
+			key = c == '{'
+			object = object&^(1<<depth) | boolBit(key)<<depth
+			switch {
+			case depth == 2:
+				entryKeys, function = keySet{}, false
+			case depth == 3 && key && function:
+				fns, inFunction = keySet{}, true
+			}
+		case '}', ']':
+			if depth == 3 {
+				inFunction = false
+			}
+			depth--
+			key = false
+		case ',':
+			key = object&(1<<depth) != 0
+			switch depth {
+			case 1:
+				entry++
+			case 2:
+				function = false
+			}
+		case ':':
+			key = false
+		case '"':
+			j := i + 1
+			for {
+				j += strings.IndexByte(raw[j:], '"')
+				b := 0
+				for raw[j-1-b] == '\\' {
+					b++
+				}
+				if b%2 == 0 {
+					break
+				}
+				j++
+			}
+			if key && (depth == 2 || depth == 3 && inFunction) {
+				k := raw[i+1 : j]
+				if strings.IndexByte(k, '\\') >= 0 {
+					k = gjson.Parse(raw[i : j+1]).Str
+				}
+				if depth == 2 {
+					if entryKeys.add(k) {
+						return duplicate(param+"["+strconv.Itoa(entry)+"]", k)
+					}
+					function = k == "function"
+				} else if fns.add(k) {
+					return duplicate(param+"["+strconv.Itoa(entry)+"].function", k)
+				}
+			}
+			chars += j - i
+			i = j
+		}
+	}
+	if entries {
+		e.tokens += (entry + 1) * TokensPerTool
+	}
+	e.extra += chars - 2 - entry // the array's brackets and commas
+	return nil
+}
+
+func boolBit(b bool) uint64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// prompt counts a /v1/completions prompt: a string, an array of strings,
+// an array of token IDs, or an array of arrays of token IDs. Each ID is one
+// token; each string, or array of IDs, is one prompt of a batch. PromptChars
+// counts what it always did: strings, and "text" of objects in an array.
+func (e *estimate) prompt(p gjson.Result) {
+	switch {
+	case p.Type == gjson.String:
+		e.chars += len(p.Raw) - 2
+		e.tokens += TokensPerPrompt
+		e.prompts = 1
+		return
+	case !p.IsArray():
+		return // null, or a shape no server accepts
+	}
+	ids := false
+	p.ForEach(func(_, q gjson.Result) bool {
+		switch {
+		case q.Type == gjson.String:
+			e.chars += len(q.Raw) - 2
+			e.tokens += TokensPerPrompt
+			e.prompts++
+		case q.IsArray():
+			e.prompts++
+			q.ForEach(func(_, id gjson.Result) bool {
+				if id.Type == gjson.String { // not a token ID: no server accepts it
+					e.extra += len(id.Raw) - 2
+				} else {
+					e.tokens++
+				}
+				return true
+			})
+		default:
+			if t := q.Get("text"); q.IsObject() && t.Type == gjson.String {
+				e.chars += len(t.Raw) - 2
+			}
+			e.tokens++ // a token ID (or a shape no server accepts)
+			ids = true
+		}
+		return true
+	})
+	if ids {
+		e.prompts++
+	}
+}
+
+// text counts a value a template may render as text: a string by its
+// length, anything else by its JSON text without insignificant whitespace.
+func (e *estimate) text(v gjson.Result) {
+	switch v.Type {
+	case gjson.Null:
+	case gjson.String:
+		e.extra += len(v.Raw) - 2
+	case gjson.JSON:
+		e.extra += compactLen(v.Raw)
+	default:
+		e.extra += len(v.Raw)
+	}
+}
+
+// compactLen is the length of JSON text without the whitespace between its
+// tokens: the same for a body however the client formatted it.
+func compactLen(raw string) int {
+	n := 0
+	for i := 0; i < len(raw); i++ {
+		switch raw[i] {
+		case ' ', '\t', '\n', '\r':
+		case '"':
+			// The closing quote is the first one after an even run of
+			// backslashes; the run cannot reach back past the opening one.
+			j := i + 1
+			for {
+				k := strings.IndexByte(raw[j:], '"')
+				if k < 0 {
+					return n + len(raw) - i // not JSON: count the rest
+				}
+				j += k
+				b := 0
+				for raw[j-1-b] == '\\' {
+					b++
+				}
+				if b%2 == 0 {
+					break
+				}
+				j++
+			}
+			n += j + 1 - i
+			i = j
+		default:
+			n++
+		}
+	}
+	return n
+}
+
+// eachKey calls fn for each key of obj until fn fails, and fails itself
+// on the first key that appears a second time (the empty key too), naming
+// it under path().
+func eachKey(obj gjson.Result, path func() string, fn func(key string, v gjson.Result) error) error {
+	var seen keySet
+	var err error
+	obj.ForEach(func(k, v gjson.Result) bool {
+		if seen.add(k.Str) {
+			err = duplicate(path(), k.Str)
+		} else {
+			err = fn(k.Str, v)
+		}
+		return err == nil
+	})
+	return err
+}
+
+// ignore is an eachKey callback for objects only checked for repeats.
+func ignore(string, gjson.Result) error { return nil }
+
+// keySet finds a repeated key: a scan while the object is small (a message
+// has two to four keys), a map past that, so an object of many keys is
+// still read in linear time.
+type keySet struct {
+	n     int
+	small [8]string
+	big   map[string]struct{}
+}
+
+// add reports whether k was already in the set, and adds it.
+func (s *keySet) add(k string) bool {
+	if s.big == nil {
+		for _, x := range s.small[:s.n] {
+			if x == k {
+				return true
+			}
+		}
+		if s.n < len(s.small) {
+			s.small[s.n] = k
+			s.n++
+			return false
+		}
+		s.big = make(map[string]struct{}, 4*len(s.small))
+		for _, x := range s.small {
+			s.big[x] = struct{}{}
+		}
+	}
+	if _, ok := s.big[k]; ok {
+		return true
+	}
+	s.big[k] = struct{}{}
+	return false
+}
+
+func messagePath(i int) string { return "messages[" + strconv.Itoa(i) + "]" }
+
+// maxKeyInParam bounds how much of a client's key an error repeats.
+const maxKeyInParam = 64
+
+// duplicate is the error for key repeated in the object at path: the Param
+// names the key, as for a repeated top-level key.
+func duplicate(path, key string) error {
+	if len(key) > maxKeyInParam {
+		key = key[:maxKeyInParam] + "..."
+	}
+	return &FieldError{path + "." + strings.ToValidUTF8(key, "\uFFFD"), "appears more than once"}
+}
