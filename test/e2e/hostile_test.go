@@ -344,7 +344,7 @@ func TestForgedReservationMovesNoCounter(t *testing.T) {
 func TestDeepJSONRefusedAtOnce(t *testing.T) {
 	s := startStackWith(t, "gate: {maxBodyBytes: 2097152}\n", 1)
 	for name, body := range map[string]string{
-		"[":      strings.Repeat("[", 1<<20),
+		"[":     strings.Repeat("[", 1<<20),
 		`{"a":`: strings.Repeat(`{"a":`, 1<<20/5),
 	} {
 		resp, e := post(t, s.Envoy.URL+"/v1/chat/completions", "application/json", body, nil)
