@@ -30,12 +30,10 @@ func (c *syncSink) Record(_ context.Context, s *request.Stamp) {
 	c.mu.Unlock()
 }
 
-// A meter configured as a blocking filter (no observability_mode) answers
-// every part Envoy holds, unchanged, and still stamps the request.
-func TestMeterBlockingAnswersEveryPart(t *testing.T) {
-	s, _ := newTestServer(t, "")
-	sink := &syncSink{}
-	s.sinks = append(s.sinks, sink)
+// serveGRPC serves s over gRPC on a random port until the test ends and
+// returns a client connection to it.
+func serveGRPC(t *testing.T, s *Server) *grpc.ClientConn {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -43,12 +41,22 @@ func TestMeterBlockingAnswersEveryPart(t *testing.T) {
 	g := grpc.NewServer()
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	go g.Serve(lis)
-	defer g.Stop()
+	t.Cleanup(g.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// A meter configured as a blocking filter (no observability_mode) answers
+// every part Envoy holds, unchanged, and still stamps the request.
+func TestMeterBlockingAnswersEveryPart(t *testing.T) {
+	s, _ := newTestServer(t, "")
+	sink := &syncSink{}
+	s.sinks = append(s.sinks, sink)
+	conn := serveGRPC(t, s)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter")
 	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
 	if err != nil {
@@ -122,19 +130,7 @@ func TestMeterSettlesAfterClientReset(t *testing.T) {
 	s, _ := newTestServer(t, "")
 	rec := &settleRecorder{settled: make(chan settled, 1)}
 	s.policy = rec
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(g, s)
-	go g.Serve(lis)
-	defer g.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := serveGRPC(t, s)
 	ctx, reset := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter"))
 	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
 	if err != nil {
