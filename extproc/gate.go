@@ -202,7 +202,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		}
 	}
 	adm := &request.Admission{
-		RequestID:    h["x-request-id"],
+		RequestID:    truncate(h["x-request-id"], maxStampField), // a client may set it
 		Method:       method,
 		Path:         path,
 		Headers:      h,
@@ -391,7 +391,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", v.Deny.Code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
-		slog.String("request_id", g.headers["x-request-id"]), slog.Int("status", v.Deny.Status),
+		slog.String("request_id", truncate(g.headers["x-request-id"], maxStampField)), slog.Int("status", v.Deny.Status),
 		slog.String("code", v.Deny.Code), slog.String("message", truncate(v.Deny.Message, maxStampReason)))
 	st := &request.Stamp{
 		RequestID: g.headers["x-request-id"],
@@ -406,6 +406,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
 		Complete:  true,
 	}
+	boundStamp(st) // before the span, the log and the sinks see it
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}

@@ -224,7 +224,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	st := &m.stamp
 	st.Complete = complete
-	boundStamp(st)
+	boundStamp(st) // before anything uses it: labels, the settlement, the sinks
 	for i, p := range st.PoolsTried {
 		st.PoolsTried[i] = s.pool(p)
 	}

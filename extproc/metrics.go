@@ -11,8 +11,8 @@ import (
 	"github.com/infergate/infergate/internal/request"
 )
 
+// record hands st to every sink; the caller has bounded it (boundStamp).
 func (s *Server) record(ctx context.Context, st *request.Stamp) {
-	boundStamp(st)
 	for _, sink := range s.sinks {
 		sink.Record(ctx, st)
 	}
