@@ -181,6 +181,7 @@ type Server struct {
 	metrics *metrics
 	handler http.Handler
 	served  atomic.Int64
+	usage   struct{ prompt, completion atomic.Int64 }
 	board   *Board // nil: the default mock
 
 	mu         sync.Mutex
@@ -223,6 +224,21 @@ func (s *Server) LastRequest() (http.Header, []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lastHeader.Clone(), bytes.Clone(s.lastBody)
+}
+
+// Usage is what the server did, as a GPU pool would bill it: the prompt
+// tokens of every request it started generating for, and the completion
+// tokens that left it (an event counts once flushed; a non-streamed answer
+// once written). A client that leaves mid-stream is billed what was sent.
+type Usage struct {
+	PromptTokens     int64
+	CompletionTokens int64
+}
+
+// Usage returns the tokens billed so far (the ledger a gateway's charges
+// are checked against).
+func (s *Server) Usage() Usage {
+	return Usage{PromptTokens: s.usage.prompt.Load(), CompletionTokens: s.usage.completion.Load()}
 }
 
 func (s *Server) recordRequest(h http.Header, body []byte) {
@@ -459,6 +475,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 		return statusClientClosed, nil
 	}
 	if malformed {
+		s.usage.completion.Add(int64(c.outputTokens))
 		b, _ := json.Marshal(c.fullResponse())
 		b = b[:len(b)/2]
 		w.Header().Set("Content-Type", "application/json")
@@ -467,6 +484,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 		_, _ = w.Write(b)
 		return http.StatusOK, nil
 	}
+	s.usage.completion.Add(int64(c.outputTokens))
 	return writeJSON(w, http.StatusOK, c.fullResponse()), nil
 }
 
@@ -489,6 +507,7 @@ func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n
 	}
 	c.start(t.admitted, cached)
 	t.hold(c.promptTokens)
+	s.usage.prompt.Add(int64(c.promptTokens))
 
 	timer := time.NewTimer(math.MaxInt64)
 	defer timer.Stop()
@@ -516,6 +535,7 @@ func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n
 			if err := emit(n); err != nil {
 				return k, err
 			}
+			s.usage.completion.Add(int64(n))
 			// Measured after the flush: that is when the bytes left the
 			// mock, which is what a downstream meter can observe.
 			s.metrics.lateness.Observe(time.Since(deadline).Seconds())

@@ -699,3 +699,59 @@ func BenchmarkStreamZeroDelay(b *testing.B) {
 		b.SetBytes(n)
 	}
 }
+
+// The ledger bills what the pool did: whole answers in full, a stream its
+// client left early only for the events that were sent.
+func TestUsageLedger(t *testing.T) {
+	s, ts := newTestServer(t, Config{TTFT: -1, ITL: 20 * time.Millisecond})
+	body := `{"model":"m","messages":[{"role":"user","content":"one two three four"}],"max_tokens":10,"stream":STREAM,"stream_options":{"include_usage":true}}`
+	var reported struct {
+		Usage struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	_, b := do(t, ts, http.MethodPost, "/v1/chat/completions", strings.Replace(body, "STREAM", "false", 1), nil)
+	if err := json.Unmarshal(b, &reported); err != nil {
+		t.Fatal(err)
+	}
+	want := Usage{PromptTokens: reported.Usage.PromptTokens, CompletionTokens: 10}
+	if got := s.Usage(); got != want || want.PromptTokens == 0 {
+		t.Fatalf("after one answer: %+v, want %+v", got, want)
+	}
+
+	do(t, ts, http.MethodPost, "/v1/chat/completions", strings.Replace(body, "STREAM", "true", 1), nil)
+	want = Usage{PromptTokens: 2 * want.PromptTokens, CompletionTokens: 20}
+	if got := s.Usage(); got != want {
+		t.Fatalf("after a whole stream: %+v, want %+v", got, want)
+	}
+
+	// A client that leaves after three content events.
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/chat/completions",
+		strings.NewReader(strings.Replace(body, "STREAM", "true", 1)))
+	resp, err := ts.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(resp.Body)
+	for content := 0; content < 3; {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
+			content++
+		}
+	}
+	cancel()
+	resp.Body.Close()
+	deadline := time.Now().Add(2 * time.Second)
+	for s.Usage().CompletionTokens-20 < 3 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // five more events' time: none may be billed
+	if got := s.Usage().CompletionTokens - 20; got < 3 || got > 4 {
+		t.Fatalf("a client gone after 3 events was billed %d completion tokens", got)
+	}
+}

@@ -35,6 +35,10 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
+	// durable: every write is in the append-only file before Redis
+	// answers (appendfsync always), so a killed server restarts with
+	// every acknowledged counter.
+	durable bool
 
 	mu  sync.Mutex
 	cmd *exec.Cmd
@@ -48,11 +52,24 @@ type Server struct {
 // only if the test failed.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return start(t, false)
+}
+
+// StartDurable is Start with the append-only file on and fsynced on every
+// write, as a deployment that must not lose charges runs Redis: Restart
+// then brings back every acknowledged write.
+func StartDurable(t testing.TB) *Server {
+	t.Helper()
+	return start(t, true)
+}
+
+func start(t testing.TB, durable bool) *Server {
+	t.Helper()
 	bin, err := binary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), log: &testutil.Buffer{}}
+	s := &Server{t: t, bin: bin, dir: t.TempDir(), log: &testutil.Buffer{}, durable: durable}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
@@ -98,8 +115,8 @@ func (s *Server) Stop() {
 	<-exited
 }
 
-// Restart stops the server if it runs and starts a new, empty one on the
-// same port, waiting until it answers PING.
+// Restart stops the server if it runs and starts a new one on the same
+// port (empty, unless it is durable), waiting until it answers PING.
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
@@ -121,15 +138,18 @@ func (s *Server) Restart() {
 // start runs redis-server on s.port and waits for PING.
 func (s *Server) start() error {
 	fmt.Fprintf(s.log, "--- starting %s on port %d\n", s.bin, s.port)
-	cmd := exec.Command(s.bin,
+	appendOnly := []string{"--appendonly", "no"}
+	if s.durable {
+		appendOnly = []string{"--appendonly", "yes", "--appendfsync", "always"}
+	}
+	cmd := exec.Command(s.bin, append([]string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
-		"--appendonly", "no",
 		"--dir", s.dir,
 		"--daemonize", "no",
 		"--logfile", "",
-	)
+	}, appendOnly...)...)
 	cmd.Stdout = s.log
 	cmd.Stderr = s.log
 	if err := cmd.Start(); err != nil {

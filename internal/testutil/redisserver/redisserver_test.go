@@ -76,3 +76,45 @@ func TestBinary(t *testing.T) {
 		t.Errorf("binary() without redis-server = %v, want an install hint", err)
 	}
 }
+
+// A durable server killed and restarted still has what it acknowledged;
+// a plain one comes back empty.
+func TestDurableSurvivesKill(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start func(testing.TB) *Server
+		want  string
+	}{{"durable", StartDurable, "$1\r\n7\r\n"}, {"plain", Start, "$-1\r\n"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.start(t)
+			if got := command(t, s.Addr(), "SET k 7"); got != "+OK\r\n" {
+				t.Fatalf("SET answered %q", got)
+			}
+			s.Stop() // SIGKILL
+			s.Restart()
+			if got := command(t, s.Addr(), "GET k"); got != tc.want {
+				t.Fatalf("GET after kill and restart answered %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// command sends one inline command and returns the raw reply.
+func command(t *testing.T, addr, cmd string) string {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte(cmd + "\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(buf[:n])
+}
