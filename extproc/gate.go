@@ -235,8 +235,29 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	if req.Stream && !s.opts.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !s.opts.HonourUsageOptOut) {
 		if b, err := openai.WithUsage(g.body); err == nil {
 			newBody = b
-			mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(b))))
 		}
+	}
+	maxTokens := req.MaxTokens
+	if v.MaxTokens > 0 && completion {
+		// The reservation counted v.MaxTokens per choice: the pool must
+		// not be asked for more (a client that set none, or more than
+		// its cap). Not rewritable (it was validated): fail closed
+		// rather than let the pool write past the reservation.
+		body := newBody
+		if body == nil {
+			body = g.body
+		}
+		b, err := withMaxTokens(body, v.MaxTokens)
+		if err != nil {
+			s.log.Error("gate max_tokens", "err", err)
+			s.unreserve(ctx, adm, v)
+			e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
+			return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
+		}
+		newBody, maxTokens = b, v.MaxTokens
+	}
+	if newBody != nil {
+		mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(newBody))))
 	}
 	decision := cmp.Or(v.Decision, "allow")
 	gateTime := time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
@@ -252,7 +273,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	f.init(16 + len(v.Metadata))
 	f.str("model", req.Model)
 	f.set("stream", structpb.NewBoolValue(req.Stream))
-	f.num("max_tokens", int64(req.MaxTokens))
+	f.num("max_tokens", int64(maxTokens)) // as sent upstream
 	f.num("prompt_tokens", int64(adm.PromptTokens))
 	f.str("decision", decision)
 	f.str("reason", v.Reason)
@@ -283,11 +304,24 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		// Not encodable (a policy's metadata, a string that is not UTF-8):
 		// fail closed.
 		s.log.Error("gate metadata", "err", f.err)
+		s.unreserve(ctx, adm, v)
 		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
 		return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
 	}
 	md := &structpb.Struct{Fields: map[string]*structpb.Value{request.MetadataNamespace: structpb.NewStructValue(&f.s)}}
 	return g.admit(mutation, newBody, md)
+}
+
+// unreserve gives back the tokens of a request the gate admitted but then
+// could not forward: settled with no usage, so nothing was spent.
+func (s *Server) unreserve(ctx context.Context, adm *request.Admission, v request.Verdict) {
+	if v.Reservation == "" {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	s.policy.Settle(sctx, &request.Settlement{RequestID: adm.RequestID, Tenant: v.Tenant, Reservation: v.Reservation,
+		UsageReported: true, Complete: true})
 }
 
 // metaFields builds the gate's metadata Struct; the first field that

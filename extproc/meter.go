@@ -2,6 +2,8 @@ package extproc
 
 import (
 	"context"
+	"errors"
+	"io"
 	"slices"
 	"strings"
 	"time"
@@ -36,6 +38,7 @@ type meterRequest struct {
 	gaps       []time.Duration
 	maxGaps    int
 	orders     *poolOrders
+	cut        bool // Envoy closed the stream before the response's end
 	usage      *openai.Usage
 	badEvents  int
 	body       jsonBody // a non-streamed response's ends
@@ -81,6 +84,9 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 			return nil
 		}
 		if msg, err = stream.Recv(); err != nil {
+			// io.EOF: Envoy closed the stream because the response ended
+			// early (client or pool reset); anything else: the stream broke.
+			m.cut = errors.Is(err, io.EOF)
 			s.finish(ctx, m, s.now(), false)
 			return err
 		}
@@ -288,10 +294,23 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if !complete {
 		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
 	}
+	// One settlement per request, for the attempt that answered. The meter
+	// is a downstream filter: when Envoy retries (on the next pool, or the
+	// same), its router keeps a failed attempt's response to itself and
+	// forwards only the one it finally answers with, so this stream sees,
+	// and charges, the last attempt alone (the stamp's Attempts, the last
+	// of PoolsTried). A failed attempt is charged nothing: Envoy retries
+	// only before a response has started downstream, so none of its tokens
+	// reached the client, and what its pool spent on it (a prefill before a
+	// reset or a per-try timeout) is never seen here. An attempt that fails
+	// after its response started is not retried: it is the answering one,
+	// charged what was counted of it, or left at its reservation when the
+	// stream was lost before its usage. (Hedged requests, which the routes
+	// infergate serves never configure, would break "the last attempt".)
 	if st.Decision != "deny" {
 		settle := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
 			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete,
-			UsageReported: m.usage != nil}
+			UsageReported: m.usage != nil, Cut: m.cut}
 		if m.usage == nil && st.Status >= 400 {
 			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
 		}

@@ -124,41 +124,55 @@ func (p *settleRecorder) Settle(ctx context.Context, s *request.Settlement) {
 	p.settled <- settled{*s, ctx.Err()}
 }
 
-// A client that resets mid-stream cancels the meter's stream; the
-// reservation is settled anyway, on a context of its own.
-func TestMeterSettlesAfterClientReset(t *testing.T) {
-	s, _ := newTestServer(t, "")
-	rec := &settleRecorder{settled: make(chan settled, 1)}
-	s.policy = rec
-	conn := serveGRPC(t, s)
-	ctx, reset := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter"))
-	stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	hdrs := headersMsg(false, "x-request-id", "reset", request.ModelHeader, "m")
-	hdrs.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-		request.MetadataNamespace: {Fields: map[string]*structpb.Value{
-			"reservation": structpb.NewStringValue("r-1"), "tenant": structpb.NewStringValue("acme")}},
-	}}
-	for _, msg := range []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(roleChunk, false), respBody(contentChunk, false)} {
-		msg.ObservabilityMode = true
-		if err := stream.Send(msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	time.Sleep(50 * time.Millisecond) // let the server read them
-	reset()
-	select {
-	case got := <-rec.settled:
-		if got.err != nil {
-			t.Errorf("settled on a dead context: %v", got.err)
-		}
-		if got.s.Reservation != "r-1" || got.s.Complete || got.s.CompletionTokens != 1 {
-			t.Errorf("settlement %+v, want reservation r-1, incomplete, 1 completion token counted", got.s)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the reservation was never settled")
+// A response that ends early is settled anyway, on a context of its own.
+// Envoy closing the meter's stream (the client or the pool reset the
+// response) marks it cut: what was counted is what passed. A stream that
+// breaks (cancelled) may have carried on unseen: not cut.
+func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		end     func(extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc)
+		wantCut bool
+	}{
+		{"envoy closes the stream", func(c extprocv3.ExternalProcessor_ProcessClient, _ context.CancelFunc) { _ = c.CloseSend() }, true},
+		{"the stream breaks", func(_ extprocv3.ExternalProcessor_ProcessClient, reset context.CancelFunc) { reset() }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newTestServer(t, "")
+			rec := &settleRecorder{settled: make(chan settled, 1)}
+			s.policy = rec
+			conn := serveGRPC(t, s)
+			ctx, reset := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter"))
+			defer reset()
+			stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hdrs := headersMsg(false, "x-request-id", "reset", request.ModelHeader, "m")
+			hdrs.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+				request.MetadataNamespace: {Fields: map[string]*structpb.Value{
+					"reservation": structpb.NewStringValue("r-1"), "tenant": structpb.NewStringValue("acme")}},
+			}}
+			for _, msg := range []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(roleChunk, false), respBody(contentChunk, false)} {
+				msg.ObservabilityMode = true
+				if err := stream.Send(msg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(50 * time.Millisecond) // let the server read them
+			tc.end(stream, reset)
+			select {
+			case got := <-rec.settled:
+				if got.err != nil {
+					t.Errorf("settled on a dead context: %v", got.err)
+				}
+				if got.s.Reservation != "r-1" || got.s.Complete || got.s.CompletionTokens != 1 || got.s.Cut != tc.wantCut {
+					t.Errorf("settlement %+v, want reservation r-1, incomplete, 1 completion token counted, cut %v", got.s, tc.wantCut)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the reservation was never settled")
+			}
+		})
 	}
 }
 

@@ -2,9 +2,9 @@
 # tokens. An example to copy and adapt: tenants and tiers live in data.yaml;
 # the input is described in docs/policy-input.schema.json.
 #
-# The gate reads allow, reason, status and checks from this package. The
-# denials below are tried in order and the first that matches is the
-# answer; a request that matches none is allowed.
+# The gate reads allow, reason, status, checks and max_tokens from this
+# package. The denials below are tried in order and the first that matches
+# is the answer; a request that matches none is allowed.
 #
 # Every decision evaluates these rules, so they are kept few and cheap:
 # each rule is computed at most once per decision, lookups go through
@@ -24,6 +24,14 @@ reason := concat("", ["allowed on the ", tier_name, " tier"]) if {
 
 # The HTTP status of a denial.
 status := denial.status if not allow
+
+# The largest max_tokens a completion may ask for on its tier (a larger
+# one is denied below). It is also the *effective* max_tokens of a request
+# that sets none: the gate reserves it (times n/best_of) and sends it
+# upstream, so the model server cannot write more than was reserved.
+# Undefined (a tier without max_tokens): the gate's ratelimit.defaultMaxTokens
+# is reserved and nothing is sent.
+max_tokens := tier.max_tokens if route.model
 
 # External checks (configured in the gate, e.g. moderation) that an allowed
 # completion request must also pass, per tier.

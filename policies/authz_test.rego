@@ -196,6 +196,27 @@ test_max_tokens_unset_allowed if {
 	authz.allow with input as with_request(chat("initech", "llama-3.1-8b-instruct"), {"max_tokens": 0})
 }
 
+# The cap is the effective max_tokens of a request that sets none: the
+# gate reserves it and sends it upstream.
+test_max_tokens_cap_per_tier if {
+	authz.max_tokens == 1024 with input as chat("initech", "llama-3.1-8b-instruct")
+	authz.max_tokens == 4096 with input as with_request(chat("globex", "llama-3.1-8b-instruct"), {"max_tokens": 0})
+	authz.max_tokens == 16384 with input as chat("acme", "some-new-model")
+}
+
+test_max_tokens_cap_follows_tier_label if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}})
+	authz.max_tokens == 1024 with input as inp
+}
+
+test_no_max_tokens_cap if {
+	# not on the model listing, nor on a tier without max_tokens
+	inp := with_request(chat("initech", ""), {"method": "GET", "path": "/v1/models", "max_tokens": 0})
+	not authz.max_tokens with input as inp
+	not authz.max_tokens with input as chat("globex", "llama-3.1-8b-instruct")
+		with data.infergate.tiers.standard as object.remove(data.infergate.tiers.standard, ["max_tokens"])
+}
+
 test_model_denial_before_max_tokens if {
 	denied(
 		with_request(chat("initech", "llama-3.1-70b-instruct"), {"max_tokens": 100000}), 403,

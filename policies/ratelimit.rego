@@ -1,8 +1,8 @@
 # Rate limits: the budgets that apply to a request, per tier (data.yaml).
 # The gate charges every limit below at admission, atomically: a request is
 # admitted only if all of them have room. Token limits are charged with a
-# reservation (estimated prompt + max_tokens, or `reserve` below) and settled
-# with the real usage when the response ends.
+# reservation (estimated prompt + effective max_tokens × choices, see the
+# end of this file) and settled with the real usage when the response ends.
 #
 # A limit's key names the counter: requests with the same key and unit
 # share a budget. Build keys from input fields so they say whose budget it
@@ -10,7 +10,6 @@
 # cannot collide across tenants.
 package infergate.ratelimit
 
-import data.infergate.authz
 import data.infergate.authz.tier
 
 # Requests per minute, per credential. Anonymous callers (where a tenant
@@ -43,13 +42,8 @@ limits contains {
 	input.request.model != ""
 }
 
-# A completion request without max_tokens may run up to the model's context
-# length, so reserving only the prompt would let it overshoot the token
-# budgets: reserve the tier's max_tokens cap for its completion instead.
-reserve := {
-	"input_tokens": input.request.estimated_prompt_tokens,
-	"output_tokens": tier.max_tokens,
-} if {
-	input.request.max_tokens == 0
-	authz.route.model
-}
+# No `reserve` rule: the gate's default (estimated prompt + effective
+# max_tokens × choices) is right for these tiers. A request without
+# max_tokens reserves, and is sent upstream with, its tier's cap
+# (authz.max_tokens). Define reserve only to reserve something else; a
+# field it leaves out keeps the gate's default.

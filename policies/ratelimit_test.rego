@@ -1,5 +1,6 @@
 package infergate.ratelimit_test
 
+import data.infergate.authz
 import data.infergate.ratelimit
 
 chat(tenant, model) := {
@@ -101,18 +102,20 @@ test_every_limit_well_formed if {
 	}
 }
 
-# Reservations.
+# Reservations: none stated, the gate's default applies; a request
+# without max_tokens gets its tier's cap (authz.max_tokens), by label too.
 
-test_default_reservation_when_max_tokens_set if {
+test_no_reserve_rule if {
 	not ratelimit.reserve with input as chat("initech", "llama-3.1-8b-instruct")
+	not ratelimit.reserve with input as object.union(chat("globex", "llama-3.1-8b-instruct"), {"request": {"max_tokens": 0}})
 }
 
-test_reserve_tier_cap_without_max_tokens if {
+test_cap_without_max_tokens if {
 	inp := object.union(chat("globex", "llama-3.1-8b-instruct"), {"request": {"max_tokens": 0}})
-	ratelimit.reserve == {"input_tokens": 40, "output_tokens": 4096} with input as inp
+	authz.max_tokens == 4096 with input as inp
 }
 
-test_reserve_follows_tier_label if {
+test_cap_follows_tier_label if {
 	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}, "request": {"max_tokens": 0}})
-	ratelimit.reserve == {"input_tokens": 40, "output_tokens": 1024} with input as inp
+	authz.max_tokens == 1024 with input as inp
 }

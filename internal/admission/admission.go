@@ -29,8 +29,9 @@ type Decider interface {
 	Decide(ctx context.Context, in *policy.Input) (policy.Decision, error)
 }
 
-// DefaultOutputReservation is reserved for output when a request sets no
-// max_tokens and the policy names no reservation: the meter settles the
+// DefaultOutputReservation is the effective max_tokens of a completion
+// that sets none when the policy names no cap and Controller.DefaultMaxTokens
+// is not set (config: ratelimit.defaultMaxTokens): the meter settles the
 // real count when the stream ends.
 const DefaultOutputReservation = 1024
 
@@ -50,6 +51,9 @@ type Controller struct {
 	// (every replica that may settle another's must hold the same key);
 	// nil: a random key of this process.
 	ReservationKey []byte
+	// DefaultMaxTokens is the effective max_tokens of a completion that
+	// sets none when the policy names no cap; 0: DefaultOutputReservation.
+	DefaultMaxTokens int
 }
 
 // Decide implements request.Policy.
@@ -95,11 +99,18 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 		return v
 	}
 
+	// What the request may write per choice: reserved below, and where a
+	// cap changed it, sent upstream (the gate rewrites the body).
+	maxTokens := c.effectiveMaxTokens(a, d.MaxTokens)
+	if d.MaxTokens > 0 && maxTokens != a.Request.MaxTokens {
+		v.MaxTokens = maxTokens
+	}
+
 	// Budgets: reserve now, settle when the response ends.
 	var reserved *ratelimit.Reservation
 	if len(d.Limits) > 0 && c.Limiter != nil {
 		var deny bool
-		reserved, deny = c.reserve(ctx, a, &d, &v)
+		reserved, deny = c.reserve(ctx, a, &d, maxTokens, &v)
 		now = c.now()
 		v.Timings.RateLimit, mark = now.Sub(mark), now
 		if deny {
@@ -274,36 +285,59 @@ func policyError(d policy.Decision, a *request.Admission) *openai.Error {
 // prompt is added.
 const maxReservedOutput = 1 << 48
 
+// effectiveMaxTokens is what a request may write per choice: the client's
+// max_tokens (max_completion_tokens when both are set, see
+// internal/openai), held to the policy's cap when it names one; unset, the
+// cap, else the configured default. Only completions write tokens: other
+// requests (the model listing) reserve no output.
+func (c *Controller) effectiveMaxTokens(a *request.Admission, limit int) int {
+	asked := a.Request.MaxTokens
+	switch {
+	case !a.Completion:
+		return 0
+	case limit > 0 && (asked <= 0 || asked > limit):
+		return limit
+	case asked > 0:
+		return asked
+	case c.DefaultMaxTokens > 0:
+		return c.DefaultMaxTokens
+	}
+	return DefaultOutputReservation
+}
+
 // reservationCost is what a request reserves: one request, its estimated
-// prompt, and max_tokens (DefaultOutputReservation when unset) for each of
-// the choices completions it asks for (n, best_of: each may write up to
-// max_tokens; fewer than 1 counts as 1). A policy's reserve replaces both
-// token figures as it states them (internal/policy fills in the fields it
-// leaves out).
+// prompt, and its effective max_tokens for each of the choices completions
+// it asks for (n, best_of: each may write up to max_tokens; fewer than 1
+// counts as 1). A policy's reserve replaces each token figure it states,
+// as it states it; one it leaves out (policy.Unset) keeps this default.
 func reservationCost(promptTokens, maxTokens, choices int, spec *ratelimit.Cost) ratelimit.Cost {
-	if spec != nil {
-		return ratelimit.Cost{Requests: 1, InputTokens: spec.InputTokens, OutputTokens: spec.OutputTokens}
-	}
-	out := int64(maxTokens)
-	if out <= 0 {
-		out = DefaultOutputReservation
-	}
+	out := int64(max(maxTokens, 0))
 	if n := int64(max(choices, 1)); out > maxReservedOutput/n {
 		out = maxReservedOutput
 	} else {
 		out *= n
 	}
-	return ratelimit.Cost{Requests: 1, InputTokens: int64(max(promptTokens, 0)), OutputTokens: out}
+	cost := ratelimit.Cost{Requests: 1, InputTokens: int64(max(promptTokens, 0)), OutputTokens: out}
+	if spec != nil {
+		if spec.InputTokens >= 0 {
+			cost.InputTokens = spec.InputTokens
+		}
+		if spec.OutputTokens >= 0 {
+			cost.OutputTokens = spec.OutputTokens
+		}
+	}
+	return cost
 }
 
 // choices is how many completions the request asks for (n, best_of, a
-// batch of prompts): its output reservation is that many times max_tokens.
+// batch of prompts): its output reservation is that many times its
+// effective max_tokens.
 func choices(a *request.Admission) int { return max(a.Request.Choices, 1) }
 
 // reserve charges the request's budgets. It returns what was reserved
 // (nil if nothing) and whether the request is denied (v.Deny set).
-func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, v *request.Verdict) (*ratelimit.Reservation, bool) {
-	cost := reservationCost(a.PromptTokens, a.Request.MaxTokens, choices(a), d.Reserve)
+func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, maxTokens int, v *request.Verdict) (*ratelimit.Reservation, bool) {
+	cost := reservationCost(a.PromptTokens, maxTokens, choices(a), d.Reserve)
 	res, err := c.Limiter.Reserve(ctx, d.Limits, cost)
 	if err != nil {
 		c.Log.Error("rate limit backend unavailable; denying", "request_id", a.RequestID, "err", err)
@@ -382,10 +416,12 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		return
 	}
 	actual := ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
-	if !s.Complete && !s.UsageReported {
+	if !s.Complete && !s.UsageReported && !s.Cut {
 		// The meter lost the stream before its end: what it counted is a
 		// lower bound. Keep the reservation charged rather than refund
-		// tokens that may have been used; it expires with its window.
+		// tokens that may have been used; it expires with its window. (A
+		// stream cut short that the meter saw end is charged what passed:
+		// a pool stops generating for a client that left.)
 		c.Log.Warn("stream lost before its usage was seen; reservation kept", "request_id", s.RequestID)
 		c.Metrics.settled(ctx, actual)
 		return

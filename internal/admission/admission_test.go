@@ -235,6 +235,23 @@ func TestLostStreamKeepsReservation(t *testing.T) {
 	}
 }
 
+// A stream cut short that the meter saw end (the client or the pool reset
+// it) is charged what was counted: nothing more passed.
+func TestCutStreamChargesWhatWasCounted(t *testing.T) {
+	c := newController(t)
+	now := time.Unix(1_700_000_000, 0)
+	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
+		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute}}}}
+	ctx := context.Background()
+	hdr := map[string]string{"x-api-key": secretKey}
+	v := c.Decide(ctx, chat(hdr)) // 120 reserved
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Cut: true})
+	if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != "157" {
+		t.Errorf("remaining %v, want 157 (300 − 23 counted − 120 reserved now)", got)
+	}
+}
+
 // Only reservations infergate sealed are settled: a forged one (anything
 // that reaches the ext_proc port could send one), a re-sealed one under
 // another key, or a genuine one with its tenant or counters changed moves

@@ -239,9 +239,11 @@ func TestReleaseCountedAsSettled(t *testing.T) {
 	}
 }
 
-// The output reserved is max_tokens (or the default) for each completion
-// asked for; a policy's reserve is taken as it is.
+// The output reserved is the effective max_tokens for each completion
+// asked for; a policy's reserve is taken as it states it, a field it left
+// out (policy.Unset) keeping the default.
 func TestReservationCost(t *testing.T) {
+	unset := int64(policy.Unset)
 	for _, tc := range []struct {
 		name                       string
 		prompt, maxTokens, choices int
@@ -252,10 +254,12 @@ func TestReservationCost(t *testing.T) {
 		{name: "n=4", prompt: 20, maxTokens: 100, choices: 4, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 400}},
 		{name: "unset choices count as one", prompt: 20, maxTokens: 100, choices: 0, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 100}},
 		{name: "negative choices count as one", prompt: 20, maxTokens: 100, choices: -3, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 100}},
-		{name: "default max_tokens per choice", prompt: 20, choices: 3, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 3 * DefaultOutputReservation}},
+		{name: "no output (not a completion)", prompt: 0, maxTokens: 0, choices: 1, want: ratelimit.Cost{Requests: 1}},
 		{name: "largest request the gate accepts", prompt: 20, maxTokens: 1<<31 - 1, choices: 128, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: (1<<31 - 1) * 128}},
 		{name: "bounded", prompt: 20, maxTokens: 1 << 40, choices: 1 << 20, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: maxReservedOutput}},
 		{name: "policy reserve as stated", prompt: 20, maxTokens: 100, choices: 4, spec: &ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 9}, want: ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 9}},
+		{name: "policy reserve without output", prompt: 20, maxTokens: 100, choices: 4, spec: &ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: unset}, want: ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 400}},
+		{name: "policy reserve without input", prompt: 20, maxTokens: 100, choices: 4, spec: &ratelimit.Cost{Requests: 1, InputTokens: unset, OutputTokens: 0}, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 0}},
 	} {
 		if got := reservationCost(tc.prompt, tc.maxTokens, tc.choices, tc.spec); got != tc.want {
 			t.Errorf("%s: reservationCost = %+v, want %+v", tc.name, got, tc.want)

@@ -31,7 +31,8 @@ type admissionParts struct {
 	policy     *policy.Watcher
 	keysErr    atomic.Pointer[error]
 	keysFailed atomic.Int64 // refused reloads of the key file
-	redis      *redis.Client
+	// redis is a *redis.Client, or a *redis.ClusterClient (mode: cluster).
+	redis redis.UniversalClient
 	// watchKeys polls the API key file until its context is done (nil
 	// without one).
 	watchKeys func(context.Context)
@@ -53,6 +54,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		Checks:  map[string]*admission.Check{},
 	}}
 	c := p.controller
+	c.DefaultMaxTokens = cfg.RateLimit.DefaultMaxTokens
 	if cfg.Auth.Keys != "" {
 		last, _ := watch.Fingerprint(cfg.Auth.Keys, nil) // before loading: a change meanwhile is seen
 		keys, err := identity.LoadKeys(cfg.Auth.Keys)
@@ -112,7 +114,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		if cfg.RateLimit.OnBackendError == "local" {
 			mode = ratelimit.FailLocal
 		}
-		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{}), mode,
+		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{HashTag: cfg.RateLimit.Redis.HashTag}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
 		c.ReservationKey = sharedReservationKey(ctx, p.redis, log)
 	}
@@ -142,18 +144,90 @@ var (
 	memoMiss     = metric.WithAttributes(attribute.String("source", "evaluated"))
 )
 
-// redisClient connects to the shared Redis (rate limits and observations).
-func redisClient(r config.Redis) (*redis.Client, error) {
-	opts := &redis.Options{Addr: r.Address, Username: r.Username, DB: r.DB,
-		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: 1}
+// redisClient connects to the shared Redis (rate limits, the reservation
+// key, observations, weights): one server (mode standalone) or a Redis
+// Cluster (mode cluster), which every user takes as a
+// redis.UniversalClient.
+func redisClient(r config.Redis) (redis.UniversalClient, error) {
+	var password string
 	if r.PasswordFile != "" {
 		b, err := os.ReadFile(r.PasswordFile)
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit.redis.passwordFile: %w", err)
 		}
-		opts.Password = strings.TrimSpace(string(b))
+		password = strings.TrimSpace(string(b))
 	}
-	return redis.NewClient(opts), nil
+	if r.Mode == "cluster" {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: r.Addresses, Username: r.Username, Password: password,
+			DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout,
+			// One dial per attempt (the default is five): a dead node
+			// costs one timeout per attempt, and there are MaxRedirects
+			// (3) more attempts on other nodes.
+			DialerRetries: 1,
+			// A backstop: failovers are followed as their errors show up
+			// (followFailovers) or as nodes answer MOVED.
+			ClusterStateReloadInterval: clusterStateReload,
+		})
+		followFailovers(c)
+		return c, nil
+	}
+	return redis.NewClient(&redis.Options{Addr: r.Address, Username: r.Username, Password: password, DB: r.DB,
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: 1}), nil
+}
+
+// clusterStateReload is how stale a cluster client's slot map may get
+// when nothing tells it of a change.
+const clusterStateReload = 10 * time.Second
+
+// followFailovers makes c reload its slot map as soon as a node fails to
+// answer (a network error or timeout) or says the cluster is down. go-redis
+// reloads on MOVED and ASK answers only, which a dead primary never sends:
+// without this, every command for its slots would keep going to its
+// address, and failing, until the periodic reload, long after its replica
+// took over. Reloads are coalesced (at most one at a time, then 200 ms
+// apart), so a dead node costs one CLUSTER SLOTS per burst of errors.
+func followFailovers(c *redis.ClusterClient) {
+	hook := reloadOnFailure{reload: func() { c.ReloadState(context.Background()) }}
+	c.OnNewNode(func(node *redis.Client) { node.AddHook(hook) })
+}
+
+// reloadOnFailure is a hook on every node client of a cluster client.
+type reloadOnFailure struct{ reload func() }
+
+func (h reloadOnFailure) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h reloadOnFailure) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		h.check(err)
+		return err
+	}
+}
+
+func (h reloadOnFailure) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		h.check(err)
+		return err
+	}
+}
+
+// check reloads after an error that may mean the slot map changed: not an
+// answer of Redis (a missing key, a script's error), nor a cancellation by
+// the caller, but a node that could not be reached or timed out, or one
+// that says the cluster is down or its slots are moving.
+func (h reloadOnFailure) check(err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		msg := rerr.Error()
+		if !strings.HasPrefix(msg, "CLUSTERDOWN") && !strings.HasPrefix(msg, "TRYAGAIN") && !strings.HasPrefix(msg, "READONLY") {
+			return
+		}
+	}
+	h.reload()
 }
 
 // reservationKeyName holds the key every replica seals reservations with:
@@ -166,7 +240,7 @@ const reservationKeyName = "ig:reservation-key"
 // (a settlement another replica sealed is then refused, and its
 // reservation stays charged until its window ends: over-, never
 // under-charged).
-func sharedReservationKey(ctx context.Context, rdb *redis.Client, log *slog.Logger) []byte {
+func sharedReservationKey(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) []byte {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	fresh := base64.StdEncoding.EncodeToString(admission.NewReservationKey())

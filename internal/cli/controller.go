@@ -28,7 +28,7 @@ type ControllerService struct {
 	log     *slog.Logger
 	metrics *telemetry.Metrics
 	routing *routing.Service
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 }
 
 // NewControllerService needs virtual models and the shared Redis

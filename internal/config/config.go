@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -166,11 +167,41 @@ type RateLimit struct {
 	// OnBackendError: "deny" answers 503 while Redis is unreachable; "local"
 	// falls back to this replica's in-memory counters.
 	OnBackendError string `yaml:"onBackendError"`
+	// DefaultMaxTokens is the effective max_tokens of a completion that sets
+	// none (nor max_completion_tokens) when the policy names no cap
+	// (infergate.authz.max_tokens): its output reservation is this, times
+	// n/best_of. infergate does not know models' context lengths, so this
+	// is a configured figure, not a model limit; the request's body is left
+	// alone and the settlement charges what the server really wrote. With
+	// a cap, the cap is reserved instead and sent upstream as max_tokens.
+	DefaultMaxTokens int `yaml:"defaultMaxTokens"`
 }
 
-// Redis is the shared counter store for several replicas.
+// Redis is what replicas share: the rate-limit counters, the key sealing
+// reservations, the observations and the weights in force. One server
+// (mode standalone, at address) or a Redis Cluster (mode cluster, found
+// through addresses).
 type Redis struct {
-	Address      string        `yaml:"address"`
+	// Mode is standalone (the default: one server, or one endpoint in
+	// front of a primary, such as a managed service's) or cluster (Redis
+	// Cluster: the client follows the slot map, its redirections and
+	// failovers).
+	Mode string `yaml:"mode"`
+	// Address is the standalone server, host:port.
+	Address string `yaml:"address"`
+	// Addresses are nodes of the cluster to learn its slot map from
+	// (host:port each; any of them, more than one in case one is down):
+	// mode cluster only.
+	Addresses []string `yaml:"addresses"`
+	// HashTag is the Redis Cluster hash tag of every rate-limit counter
+	// (mode cluster only; default "infergate", see
+	// ratelimit.DefaultClusterHashTag). All counters live in its one slot,
+	// so one request's limits, whatever keys they count under, are charged
+	// by one atomic script: tagging each counter by its own key would
+	// spread them over the cluster but fail every request whose limits
+	// have different keys (CROSSSLOT). One slot is one primary's load;
+	// change the tag to move it to another primary.
+	HashTag      string        `yaml:"hashTag"`
 	Username     string        `yaml:"username"`
 	PasswordFile string        `yaml:"passwordFile"`
 	DB           int           `yaml:"db"`
@@ -397,6 +428,13 @@ func (c *Config) fillDefaults() {
 	}
 	setDefault(&c.RateLimit.Backend, "memory")
 	setDefault(&c.RateLimit.OnBackendError, "deny")
+	if c.RateLimit.DefaultMaxTokens == 0 {
+		c.RateLimit.DefaultMaxTokens = 1024
+	}
+	setDefault(&c.RateLimit.Redis.Mode, "standalone")
+	if c.RateLimit.Redis.Addresses == nil {
+		c.RateLimit.Redis.Addresses = []string{}
+	}
 	if c.RateLimit.Redis.Timeout == 0 {
 		c.RateLimit.Redis.Timeout = 250 * time.Millisecond
 	}
@@ -445,9 +483,10 @@ func (c *Config) validate() error {
 	check(c.Meter.MaxEventBytes >= 1024, "meter.maxEventBytes", "must be at least 1024, got %d", c.Meter.MaxEventBytes)
 	check(c.Meter.MaxTrackedGaps > 0, "meter.maxTrackedGaps", "must be positive, got %d", c.Meter.MaxTrackedGaps)
 	check(oneOf(c.RateLimit.Backend, "memory", "redis"), "ratelimit.backend", "must be memory or redis; got %q", c.RateLimit.Backend)
-	check(c.RateLimit.Backend != "redis" || validAddr(c.RateLimit.Redis.Address), "ratelimit.redis.address",
-		"must be host:port when the backend is redis; got %q", c.RateLimit.Redis.Address)
+	errs = append(errs, c.RateLimit.validateRedis()...)
 	check(oneOf(c.RateLimit.OnBackendError, "deny", "local"), "ratelimit.onBackendError", "must be deny or local; got %q", c.RateLimit.OnBackendError)
+	check(c.RateLimit.DefaultMaxTokens > 0 && c.RateLimit.DefaultMaxTokens <= math.MaxInt32, "ratelimit.defaultMaxTokens",
+		"must be between 1 and %d, got %d", math.MaxInt32, c.RateLimit.DefaultMaxTokens)
 	check(c.RateLimit.Redis.Timeout > 0, "ratelimit.redis.timeout", "must be positive")
 	check(c.Policy.ReloadInterval >= 100*time.Millisecond, "policy.reloadInterval", "must be at least 100ms, got %s", c.Policy.ReloadInterval)
 	for name, ch := range c.Checks {
@@ -522,6 +561,45 @@ func (c *Config) validate() error {
 		return errs[0] // the first, with its line; fix and re-run
 	}
 	return nil
+}
+
+// maxHashTag bounds ratelimit.redis.hashTag: it is part of every counter
+// id.
+const maxHashTag = 64
+
+// validateRedis checks ratelimit.redis: the mode, and the addresses it
+// takes when the backend is redis.
+func (rl *RateLimit) validateRedis() []error {
+	var errs []error
+	check := func(ok bool, path, format string, args ...any) {
+		if !ok {
+			errs = append(errs, &Error{Path: path, Msg: fmt.Sprintf(format, args...)})
+		}
+	}
+	r := &rl.Redis
+	check(oneOf(r.Mode, "standalone", "cluster"), "ratelimit.redis.mode", "must be standalone or cluster; got %q", r.Mode)
+	if rl.Backend == "redis" {
+		switch r.Mode {
+		case "standalone":
+			check(validAddr(r.Address), "ratelimit.redis.address", "must be host:port when the backend is redis; got %q", r.Address)
+			check(len(r.Addresses) == 0, "ratelimit.redis.addresses", "is for mode: cluster; a standalone Redis is one address")
+		case "cluster":
+			check(r.Address == "", "ratelimit.redis.address", "mode: cluster takes addresses (nodes to learn the cluster from), not address")
+			check(len(r.Addresses) > 0, "ratelimit.redis.addresses", "at least one host:port is required with mode: cluster")
+			seen := map[string]bool{}
+			for i, a := range r.Addresses {
+				at := fmt.Sprintf("ratelimit.redis.addresses.%d", i)
+				check(validAddr(a), at, "%q is not host:port", a)
+				check(!seen[a], at, "%q is listed twice", a)
+				seen[a] = true
+			}
+			check(r.DB == 0, "ratelimit.redis.db", "must be 0 with mode: cluster (a Redis Cluster has database 0 only); got %d", r.DB)
+		}
+	}
+	check(r.HashTag == "" || r.Mode == "cluster", "ratelimit.redis.hashTag", "is for mode: cluster (a standalone Redis has no slots)")
+	check(!strings.ContainsAny(r.HashTag, "{}"), "ratelimit.redis.hashTag", "must not contain { or }: it is written between braces; got %q", r.HashTag)
+	check(len(r.HashTag) <= maxHashTag, "ratelimit.redis.hashTag", "must be at most %d bytes, got %d", maxHashTag, len(r.HashTag))
+	return errs
 }
 
 // tidyYAMLError keeps yaml.v3's line-numbered messages but drops the Go type

@@ -34,7 +34,7 @@ func defaults() *Config {
 			PolicyHeaders: []string{"user-agent", "x-request-id"},
 		},
 		Policy:        Policy{ReloadInterval: time.Second, Memoize: ptr(true)},
-		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", Redis: Redis{Timeout: 250 * time.Millisecond}},
+		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Addresses: []string{}, Timeout: 250 * time.Millisecond}},
 		Checks:        map[string]Check{},
 		VirtualModels: []VirtualModel{},
 		XDS:           XDS{Listen: ":18000", RouteConfigName: "infergate"},
@@ -120,7 +120,7 @@ func TestValidFile(t *testing.T) {
 			PolicyHeaders: []string{"user-agent"},
 		},
 		Policy: Policy{Dir: "/etc/infergate/policies", ReloadInterval: 2 * time.Second, Shadow: true, Memoize: ptr(false)},
-		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", Redis: Redis{Address: "redis:6379",
+		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Address: "redis:6379", Addresses: []string{},
 			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
 		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
 		VirtualModels: []VirtualModel{{
@@ -218,6 +218,30 @@ func TestParsePartial(t *testing.T) {
 			name:   "an empty tls section is plaintext",
 			doc:    "extproc:\n  tls: {}\n",
 			modify: func(c *Config) {},
+		},
+		{
+			name: "a Redis Cluster",
+			doc:  "ratelimit:\n  backend: redis\n  redis:\n    mode: cluster\n    addresses: [redis-0:6379, \"[fd00::1]:6379\"]\n    hashTag: budgets\n",
+			modify: func(c *Config) {
+				c.RateLimit.Backend = "redis"
+				c.RateLimit.Redis.Mode = "cluster"
+				c.RateLimit.Redis.Addresses = []string{"redis-0:6379", "[fd00::1]:6379"}
+				c.RateLimit.Redis.HashTag = "budgets"
+			},
+		},
+		{
+			name: "a Redis Cluster with the default hash tag",
+			doc:  "ratelimit:\n  backend: redis\n  redis: {mode: cluster, addresses: [redis-0:6379]}\n",
+			modify: func(c *Config) {
+				c.RateLimit.Backend = "redis"
+				c.RateLimit.Redis.Mode = "cluster"
+				c.RateLimit.Redis.Addresses = []string{"redis-0:6379"}
+			},
+		},
+		{
+			name:   "a cluster's addresses are not checked with the memory backend",
+			doc:    "ratelimit:\n  redis: {mode: cluster}\n",
+			modify: func(c *Config) { c.RateLimit.Redis.Mode = "cluster" },
 		},
 		{
 			name:   "profiler on the admin port",
@@ -375,6 +399,11 @@ func checkBounds(t *testing.T, c *Config) {
 	}
 	if c.Meter.MaxTrackedGaps < 1 {
 		t.Errorf("meter.maxTrackedGaps = %d < 1", c.Meter.MaxTrackedGaps)
+	}
+	if r := c.RateLimit.Redis; !oneOf(r.Mode, "standalone", "cluster") || strings.ContainsAny(r.HashTag, "{}") ||
+		(c.RateLimit.Backend == "redis" && r.Mode == "cluster" && (len(r.Addresses) == 0 || r.Address != "" || r.DB != 0)) ||
+		(c.RateLimit.Backend == "redis" && r.Mode == "standalone" && (len(r.Addresses) != 0 || r.Address == "")) {
+		t.Errorf("ratelimit = %+v", c.RateLimit)
 	}
 	if !oneOf(c.Log.Level, "debug", "info", "warn", "error") {
 		t.Errorf("log.level = %q", c.Log.Level)

@@ -45,17 +45,17 @@ func (e *Engine) answer(b *bindings, i int) (ast.Value, error) {
 	return arr.Elem(0).Value, nil
 }
 
-func (e *Engine) decision(b *bindings) (Decision, *reserveSpec, error) {
+func (e *Engine) decision(b *bindings) (Decision, error) {
 	d, err := e.decisionAnswers(b)
 	if err != nil {
-		return d, nil, err
+		return d, err
 	}
 	v, err := e.answer(b, ansReserve)
 	if err != nil {
-		return d, nil, err
+		return d, err
 	}
-	r, err := parseReserve(v)
-	return d, r, err
+	d.Reserve, err = parseReserve(v)
+	return d, err
 }
 
 func (e *Engine) decisionAnswers(b *bindings) (Decision, error) {
@@ -106,6 +106,19 @@ func (e *Engine) decisionAnswers(b *bindings) (Decision, error) {
 	}
 	if d.Checks, err = parseChecks(v); err != nil {
 		return d, err
+	}
+	if v, err = e.answer(b, ansMaxTokens); err != nil {
+		return d, err
+	}
+	if v != nil {
+		// A client's max_tokens is at most MaxInt32 (internal/openai): so
+		// is a cap, and a reservation of it times the choices stays far
+		// from overflowing.
+		n, ok := integer(v)
+		if !ok || n < 1 || n > math.MaxInt32 {
+			return d, fmt.Errorf("infergate.authz.max_tokens must be a positive integer up to %d, got %v", math.MaxInt32, v)
+		}
+		d.MaxTokens = int(n)
 	}
 	if v, err = e.answer(b, ansLimits); err != nil {
 		return d, err
@@ -243,13 +256,12 @@ func parseLimit(v ast.Value) (ratelimit.Limit, error) {
 	return l, nil
 }
 
-// reserveSpec is what infergate.ratelimit.reserve says; a field it leaves
-// out (-1) keeps its default, taken from the input.
-type reserveSpec struct{ input, output int64 }
-
 // parseReserve reads {"input_tokens": n, "output_tokens": m}; nil when the
-// policy leaves reserve undefined.
-func parseReserve(v ast.Value) (*reserveSpec, error) {
+// policy leaves reserve undefined, Unset for a field it leaves out. The
+// defaults are the gate's (internal/admission): the output default
+// depends on its configuration, and leaving both to it keeps a memoized
+// decision free of input fields the policy never read.
+func parseReserve(v ast.Value) (*ratelimit.Cost, error) {
 	if v == nil {
 		return nil, nil
 	}
@@ -260,11 +272,11 @@ func parseReserve(v ast.Value) (*reserveSpec, error) {
 	if err := onlyKeys(obj, keyInputTokens, keyOutputTokens); err != nil {
 		return nil, fmt.Errorf("infergate.ratelimit.reserve: %w", err)
 	}
-	r := &reserveSpec{input: -1, output: -1}
+	r := &ratelimit.Cost{Requests: 1, InputTokens: Unset, OutputTokens: Unset}
 	for _, f := range []struct {
 		key *ast.Term
 		dst *int64
-	}{{keyInputTokens, &r.input}, {keyOutputTokens, &r.output}} {
+	}{{keyInputTokens, &r.InputTokens}, {keyOutputTokens, &r.OutputTokens}} {
 		t := obj.Get(f.key)
 		if t == nil {
 			continue
@@ -276,22 +288,6 @@ func parseReserve(v ast.Value) (*reserveSpec, error) {
 		*f.dst = n
 	}
 	return r, nil
-}
-
-// cost is the reservation for in: the policy's numbers, the estimated
-// prompt and max_tokens where it gave none; nil without a reserve.
-func (r *reserveSpec) cost(in *Input) *ratelimit.Cost {
-	if r == nil {
-		return nil
-	}
-	c := &ratelimit.Cost{Requests: 1, InputTokens: r.input, OutputTokens: r.output}
-	if r.input < 0 {
-		c.InputTokens = int64(in.Request.EstimatedPromptTokens)
-	}
-	if r.output < 0 {
-		c.OutputTokens = int64(in.Request.MaxTokens) * int64(max(in.Request.Choices, 1))
-	}
-	return c
 }
 
 func onlyKeys(obj ast.Object, keys ...*ast.Term) error {

@@ -14,6 +14,7 @@ var answers = [...]struct{ name, ref string }{
 	{"reason", "data.infergate.authz.reason"},
 	{"status", "data.infergate.authz.status"},
 	{"checks", "data.infergate.authz.checks"},
+	{"max_tokens", "data.infergate.authz.max_tokens"},
 	{"limits", "data.infergate.ratelimit.limits"},
 	{"reserve", "data.infergate.ratelimit.reserve"},
 }
@@ -23,6 +24,7 @@ const (
 	ansReason
 	ansStatus
 	ansChecks
+	ansMaxTokens
 	ansLimits
 	ansReserve
 )

@@ -65,8 +65,10 @@ func (e *Engine) MemoStats() (hits, misses uint64) {
 // error") and the error.
 //
 // A denial without status or reason gets 403 and "denied by policy". The
-// limits, reserve and checks are returned (and validated) whether or not
-// the request is allowed, for shadow mode.
+// limits, max_tokens cap, reserve and checks are returned (and validated)
+// whether or not the request is allowed, for shadow mode. A decision may
+// be a memoized one: its slices and Reserve are shared, never to be
+// written to.
 func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 	if in == nil {
 		return errorDecision, errors.New("policy: nil input")
@@ -79,20 +81,18 @@ func (e *Engine) Decide(ctx context.Context, in *Input) (Decision, error) {
 			return d, nil
 		}
 	}
-	d, r, err := e.evaluate(ctx, in)
+	d, err := e.evaluate(ctx, in)
 	if err != nil {
 		return errorDecision, err
 	}
 	if e.memo != nil {
-		e.memo.put(in, d, r)
+		e.memo.put(in, d)
 	}
-	d.Reserve = r.cost(in)
 	return d, nil
 }
 
-// evaluate runs the query for in: the decision, less its reservation, and
-// what the policy said of the reservation.
-func (e *Engine) evaluate(ctx context.Context, in *Input) (Decision, *reserveSpec, error) {
+// evaluate runs the query for in.
+func (e *Engine) evaluate(ctx context.Context, in *Input) (Decision, error) {
 	// Cancel the evaluation with ctx, without the goroutine per evaluation
 	// rego starts otherwise.
 	cancel := topdown.NewCancel()
@@ -100,7 +100,7 @@ func (e *Engine) evaluate(ctx context.Context, in *Input) (Decision, *reserveSpe
 	txn, err := e.store.NewTransaction(ctx)
 	if err != nil {
 		stop()
-		return errorDecision, nil, fmt.Errorf("policy: %w", err)
+		return errorDecision, fmt.Errorf("policy: %w", err)
 	}
 	vc := vcaches.Get().(*vcache)
 	var (
@@ -131,16 +131,16 @@ func (e *Engine) evaluate(ctx context.Context, in *Input) (Decision, *reserveSpe
 	e.store.Abort(ctx, txn)
 	stop()
 	if err != nil {
-		return errorDecision, nil, fmt.Errorf("policy: %w", err)
+		return errorDecision, fmt.Errorf("policy: %w", err)
 	}
 	if results != 1 {
 		// Only an answer bound directly can be undefined, and only if the
 		// evaluation went wrong without an error.
-		return errorDecision, nil, fmt.Errorf("policy: query %q returned %d results", e.query, results)
+		return errorDecision, fmt.Errorf("policy: query %q returned %d results", e.query, results)
 	}
-	d, r, err := e.decision(&b)
+	d, err := e.decision(&b)
 	if err != nil {
-		return errorDecision, nil, fmt.Errorf("policy: %w", err)
+		return errorDecision, fmt.Errorf("policy: %w", err)
 	}
-	return d, r, nil
+	return d, nil
 }

@@ -120,6 +120,7 @@ func TestQueryForDefaultPolicies(t *testing.T) {
 reason := [x | x := data.infergate.authz.reason]
 status := [x | x := data.infergate.authz.status]
 checks := data.infergate.authz.checks
+max_tokens := [x | x := data.infergate.authz.max_tokens]
 limits := data.infergate.ratelimit.limits
 reserve := [x | x := data.infergate.ratelimit.reserve]`
 	if got := loadDefault(t).Query(); got != want {
@@ -267,17 +268,30 @@ func TestDecideDefaultPolicies(t *testing.T) {
 	}
 }
 
-func TestDecideReservesTierCapWithoutMaxTokens(t *testing.T) {
+// The shipped policies name each tier's cap, with or without a client
+// max_tokens, and leave the reservation to the gate's default (which
+// reserves the cap when max_tokens is unset).
+func TestDecideNamesTierCap(t *testing.T) {
 	e := loadDefault(t)
-	in := chat("globex", "llama-3.1-8b-instruct")
-	in.Request.MaxTokens = 0
-	d, err := e.Decide(context.Background(), in)
-	if err != nil || !d.Allow {
-		t.Fatalf("Decide = %+v, %v", d, err)
+	for _, tc := range []struct {
+		tenant    string
+		maxTokens int
+		want      int
+	}{{"globex", 0, 4096}, {"globex", 256, 4096}, {"initech", 0, 1024}, {"acme", 0, 16384}} {
+		in := chat(tc.tenant, "llama-3.1-8b-instruct")
+		in.Request.MaxTokens = tc.maxTokens
+		d, err := e.Decide(context.Background(), in)
+		if err != nil || !d.Allow {
+			t.Fatalf("Decide = %+v, %v", d, err)
+		}
+		if d.MaxTokens != tc.want || d.Reserve != nil {
+			t.Errorf("%s, max_tokens %d: cap %d, reserve %+v; want cap %d, the default reserve", tc.tenant, tc.maxTokens, d.MaxTokens, d.Reserve, tc.want)
+		}
 	}
-	want := ratelimit.Cost{Requests: 1, InputTokens: 40, OutputTokens: 4096}
-	if d.Reserve == nil || *d.Reserve != want {
-		t.Errorf("reserve = %+v, want %+v", d.Reserve, want)
+	in := chat("initech", "")
+	in.Request.Method, in.Request.Path, in.Request.MaxTokens = "GET", "/v1/models", 0
+	if d, err := e.Decide(context.Background(), in); err != nil || !d.Allow || d.MaxTokens != 0 {
+		t.Errorf("model listing: %+v, %v; want no cap", d, err)
 	}
 }
 
@@ -315,9 +329,9 @@ func TestDecideReserveOverride(t *testing.T) {
 		want    ratelimit.Cost
 	}{
 		{`{"input_tokens": 7, "output_tokens": 9}`, ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 9}},
-		{`{"output_tokens": 5}`, ratelimit.Cost{Requests: 1, InputTokens: 40, OutputTokens: 5}},
-		{`{"input_tokens": input.request.estimated_prompt_tokens * 2}`, ratelimit.Cost{Requests: 1, InputTokens: 80, OutputTokens: 256}},
-		{`{}`, ratelimit.Cost{Requests: 1, InputTokens: 40, OutputTokens: 256}},
+		{`{"output_tokens": 5}`, ratelimit.Cost{Requests: 1, InputTokens: Unset, OutputTokens: 5}},
+		{`{"input_tokens": input.request.estimated_prompt_tokens * 2}`, ratelimit.Cost{Requests: 1, InputTokens: 80, OutputTokens: Unset}},
+		{`{}`, ratelimit.Cost{Requests: 1, InputTokens: Unset, OutputTokens: Unset}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.reserve, func(t *testing.T) {
@@ -399,7 +413,7 @@ func TestDecideDefaults(t *testing.T) {
 				t.Fatal(err)
 			}
 			if d.Allow != tt.want.Allow || d.Status != tt.want.Status || d.Reason != tt.want.Reason ||
-				d.Limits != nil || d.Reserve != nil || d.Checks != nil {
+				d.Limits != nil || d.Reserve != nil || d.Checks != nil || d.MaxTokens != 0 {
 				t.Errorf("got %+v, want %+v", d, tt.want)
 			}
 		})
@@ -442,6 +456,10 @@ func TestDecideFailsClosed(t *testing.T) {
 		{"reserve not object", allowAll, "package infergate.ratelimit\n\nreserve := 5\n", "reserve must be an object"},
 		{"reserve negative", allowAll, "package infergate.ratelimit\n\nreserve := {\"input_tokens\": -1}\n", "non-negative integer"},
 		{"reserve unknown field", allowAll, "package infergate.ratelimit\n\nreserve := {\"tokens\": 1}\n", `unknown field "tokens"`},
+		{"max_tokens zero", "allow := true\nmax_tokens := 0", "", "max_tokens must be a positive integer"},
+		{"max_tokens fractional", "allow := true\nmax_tokens := 10.5", "", "max_tokens must be a positive integer"},
+		{"max_tokens string", "allow := true\nmax_tokens := \"1024\"", "", "max_tokens must be a positive integer"},
+		{"max_tokens too large", "allow := true\nmax_tokens := 4294967296", "", "max_tokens must be a positive integer"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -460,7 +478,7 @@ func TestDecideFailsClosed(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("err = %v, want %q", err, tt.wantErr)
 			}
-			if d.Allow || d.Status != 500 || d.Limits != nil || d.Reserve != nil || d.Checks != nil {
+			if d.Allow || d.Status != 500 || d.Limits != nil || d.Reserve != nil || d.Checks != nil || d.MaxTokens != 0 {
 				t.Errorf("decision = %+v, want a bare denial", d)
 			}
 		})

@@ -50,11 +50,10 @@ type memo struct {
 	hits, misses atomic.Uint64
 }
 
-// memoEntry is a decision less what depends on input the key may not hold:
-// the reservation defaults (see evaluate).
+// memoEntry is a decision. It holds nothing computed from input the key
+// may not hold: the reservation defaults are the gate's (see parseReserve).
 type memoEntry struct {
-	d       Decision
-	reserve *reserveSpec
+	d Decision
 }
 
 var keyBufs = sync.Pool{New: func() any { b := make([]byte, 0, 256); return &b }}
@@ -78,11 +77,11 @@ func (m *memo) get(in *Input) (Decision, bool) {
 		return Decision{}, false
 	}
 	m.hits.Add(1)
-	return e.decision(in), true
+	return e.d, true // the slices are shared, and never written to
 }
 
 // put memoizes a decision evaluated for in.
-func (m *memo) put(in *Input, d Decision, r *reserveSpec) {
+func (m *memo) put(in *Input, d Decision) {
 	b := appendKey(nil, in, m.paths)
 	if len(b) > maxMemoKey {
 		return
@@ -92,7 +91,7 @@ func (m *memo) put(in *Input, d Decision, r *reserveSpec) {
 	}
 	key := string(b)
 	m.mu.Lock()
-	m.insert(key, &memoEntry{d: d, reserve: r})
+	m.insert(key, &memoEntry{d: d})
 	m.mu.Unlock()
 }
 
@@ -101,12 +100,6 @@ func (m *memo) insert(key string, e *memoEntry) {
 		m.old, m.cur = m.cur, make(map[string]*memoEntry, memoSize/2)
 	}
 	m.cur[key] = e
-}
-
-func (e *memoEntry) decision(in *Input) Decision {
-	d := e.d // the slices are shared, and never written to
-	d.Reserve = e.reserve.cost(in)
-	return d
 }
 
 // newMemo analyses the rules the query can reach; nil when the policy's

@@ -20,7 +20,7 @@ func TestMemoKeysOnWhatThePolicyReads(t *testing.T) {
 	for _, p := range e.memo.paths {
 		got = append(got, strings.Join(p, "."))
 	}
-	want := []string{"labels.tier", "principal.id", "principal.type", "request.estimated_prompt_tokens",
+	want := []string{"labels.tier", "principal.id", "principal.type",
 		"request.max_tokens", "request.method", "request.model", "request.path", "tenant"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("memo keys on %q, want %q", got, want)

@@ -60,12 +60,22 @@ type Decision struct {
 	// Limits are the budgets that apply (from infergate.ratelimit.limits),
 	// validated: known unit, positive amount, window of at least 1s.
 	Limits []ratelimit.Limit
+	// MaxTokens is the cap on a completion's max_tokens
+	// (infergate.authz.max_tokens, a positive integer); 0 when the policy
+	// names none. The gate reserves it for, and sends it upstream with, a
+	// request that sets no max_tokens or a larger one.
+	MaxTokens int
 	// Reserve overrides the tokens reserved at admission, when the policy
-	// sets infergate.ratelimit.reserve; nil means estimated prompt +
-	// max_tokens. A field the policy leaves out keeps that default;
+	// sets infergate.ratelimit.reserve; nil means the gate's default
+	// (estimated prompt + effective max_tokens × choices). A field the
+	// policy leaves out is Unset and keeps the gate's default for it;
 	// Requests is 1.
 	Reserve *ratelimit.Cost
 	// Checks are external checks the request must pass
 	// (infergate.authz.checks), sorted, without duplicates; nil if none.
 	Checks []string
 }
+
+// Unset marks a field of Decision.Reserve the policy left out: the gate
+// fills it in (it alone knows the configured default output).
+const Unset = -1

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
 // backend makes limiters for the conformance suite. newStore starts an
@@ -48,9 +50,31 @@ func redisBackend(t *testing.T) backend {
 	}
 }
 
+// redisClusterBackend runs every store on one Redis Cluster (three
+// primaries), each under its own prefix and, one store in two, its own
+// hash tag (so that stores land on different primaries), each limiter
+// with its own cluster client.
+func redisClusterBackend(t *testing.T) backend {
+	c := redisserver.StartCluster(t, redisserver.ClusterOptions{NoReplicas: true})
+	var stores atomic.Int64
+	return backend{
+		name: "redis-cluster",
+		newStore: func(t *testing.T, clock Clock) func() Limiter {
+			n := stores.Add(1)
+			opts := RedisOptions{Prefix: fmt.Sprintf("test%d:", n)}
+			if n%2 == 0 {
+				opts.HashTag = fmt.Sprintf("tag%d", n)
+			}
+			return func() Limiter { return NewRedis(c.NewClient(t), clock, opts) }
+		},
+	}
+}
+
 func TestMemoryConformance(t *testing.T) { runConformance(t, memoryBackend()) }
 
 func TestRedisConformance(t *testing.T) { runConformance(t, redisBackend(t)) }
+
+func TestRedisClusterConformance(t *testing.T) { runConformance(t, redisClusterBackend(t)) }
 
 // runConformance is the behaviour every Limiter backend must have.
 func runConformance(t *testing.T, b backend) {
@@ -339,8 +363,8 @@ func testSettle(t *testing.T, b backend) {
 
 // testSettleAfterWindow settles reservations whose window has ended by
 // the time the settlement lands (a stream longer than the rest of its
-// window): the excess is charged to the window in force, nothing is
-// refunded anywhere.
+// window): the excess is charged to the window in force, a shortfall is
+// refunded to the ended window (never to the one in force).
 func testSettleAfterWindow(t *testing.T, b backend) {
 	tpmK := tpm("tpm", "k", 1000)
 	tphK := Limit{Name: "tph", Key: "k", Unit: TotalTokens, Amount: 10000, Window: time.Hour}
@@ -365,7 +389,7 @@ func testSettleAfterWindow(t *testing.T, b backend) {
 			want: []int64{300}, // 100 reserved in this window + 600 carried over
 		},
 		{
-			name: "shortfall refunded nowhere", limits: []Limit{tpmK},
+			name: "shortfall not refunded to the window in force", limits: []Limit{tpmK},
 			reserve: req(100, 100), before: req(100, 0), settleAt: 70 * time.Second, actual: req(10, 10),
 			want: []int64{900},
 		},
@@ -392,7 +416,7 @@ func testSettleAfterWindow(t *testing.T, b backend) {
 		{
 			name: "each unit carries its own excess", limits: units,
 			reserve: req(100, 500), settleAt: 70 * time.Second, actual: req(40, 800),
-			// input: 60 less, refunded nowhere; output: 300 more; total: 240 more;
+			// input: 60 less, refunded to the ended window; output: 300 more; total: 240 more;
 			// requests: final.
 			want: []int64{10, 1000, 700, 760},
 		},
@@ -404,7 +428,7 @@ func testSettleAfterWindow(t *testing.T, b backend) {
 		{
 			name: "a window in force and an ended one: shortfall", limits: []Limit{tpmK, tphK},
 			reserve: req(100, 100), settleAt: 70 * time.Second, actual: req(10, 10),
-			want: []int64{1000, 9980}, // the hour is refunded 180, the ended minute nothing
+			want: []int64{1000, 9980}, // the hour is refunded 180, the ended minute too
 		},
 	}
 	for _, tc := range tests {
@@ -431,9 +455,9 @@ func testSettleAfterWindow(t *testing.T, b backend) {
 		})
 	}
 
-	// A shortfall settled at the window's end does not touch the ended
-	// window either (what it still holds is what was reserved).
-	t.Run("no refund to the ended window", func(t *testing.T) {
+	// A shortfall settled at the window's end is refunded to the ended
+	// window's counter: it then records what its requests really used.
+	t.Run("refund to the ended window", func(t *testing.T) {
 		clock := newFakeClock(t0.Add(50 * time.Second))
 		l := b.newStore(t, clock.Now)()
 		limits := []Limit{tpmK}
@@ -446,8 +470,8 @@ func testSettleAfterWindow(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 		clock.SetOffset(time.Minute - time.Millisecond)
-		if got := remaining(t, l, limits); got[0] != 800 {
-			t.Errorf("settling at the window end refunded it: remaining = %d, want 800", got[0])
+		if got := remaining(t, l, limits); got[0] != 1000 {
+			t.Errorf("settling at the window end: remaining = %d, want 1000 (the reservation refunded)", got[0])
 		}
 	})
 }

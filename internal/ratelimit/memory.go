@@ -196,7 +196,8 @@ func (m *Memory) apply(adj []adjustment, nowMs int64) error {
 			m.byID[c.id] = c
 			m.expiry.push(c)
 		}
-		if c != nil && c.end > nowMs {
+		// An ended window's counter, while still held, takes refunds only.
+		if c != nil && (c.end > nowMs || a.delta < 0) {
 			c.used = max(0, c.used+a.delta)
 		}
 	}

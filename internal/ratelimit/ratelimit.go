@@ -13,8 +13,10 @@
 // from the limiter's Clock. Each limit has one counter per window,
 // identified by the limit's Key, Unit and Window and the window's start:
 // <prefix>{<key>}:<unit>:<windowMs>:<windowStartUnixMs>, e.g.
-// ig:rl:{tenant=acme}:total_tokens:60000:1700006400000. Limits with the
-// same Key, Unit and Window share a counter, which a request charges once.
+// ig:rl:{tenant=acme}:total_tokens:60000:1700006400000 (on a Redis
+// Cluster, one hash tag for all: ig:rl:{infergate}:tenant=acme:...).
+// Limits with the same Key, Unit and Window share a counter, which a
+// request charges once.
 //
 // Reserve admits a request only if, for every limit,
 // used + cost.Of(limit.Unit) <= limit.Amount; it then increments every
@@ -56,8 +58,11 @@
 // # Backends
 //
 // Memory keeps counters in the process; Redis shares them between
-// replicas through one atomic Lua script per call; WithFallback chooses
-// between failing closed and limiting locally while Redis is down.
+// replicas through one atomic Lua script per call, on one server or on a
+// Redis Cluster (where every counter carries one hash tag, so that no
+// script ever spans two slots: see RedisOptions.HashTag); WithFallback
+// chooses between failing closed and limiting locally while Redis is down
+// (or, on a cluster, while the primary holding the counters fails over).
 //
 // # Metrics
 //

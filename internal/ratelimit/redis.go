@@ -17,12 +17,19 @@ type RedisOptions struct {
 	Prefix string
 	// HashTag, when set, makes every counter key
 	// <Prefix>{<HashTag>}:<limit key>:... so that all counters live in one
-	// Redis Cluster slot. By default the limit key itself is the hash tag,
-	// which spreads counters over a cluster but requires all limits of one
-	// Reserve call to share a slot (a cross-slot call fails with CROSSSLOT).
-	// Irrelevant for a standalone or Sentinel-managed Redis. (A limit key
-	// holding '{' or '}' changes which part Redis Cluster hashes, not the
-	// counter's identity.)
+	// Redis Cluster slot: every script call (a Reserve over any limits, the
+	// Settle or Release of its reservation, a charge carried into a later
+	// window) then touches one slot, whatever the limit keys hold. Neither
+	// it nor Prefix may then contain '{' or '}'.
+	//
+	// Empty means DefaultClusterHashTag when the client is a
+	// *redis.ClusterClient, and otherwise the limit key itself
+	// (<Prefix>{<limit key>}:...), the layout of a standalone or
+	// Sentinel-managed Redis, where slots do not matter. (That layout
+	// would spread counters over a cluster, but a Reserve over limits with
+	// different keys, such as the shipped policy's per-credential,
+	// per-tenant and per-model budgets, would span slots and fail with
+	// CROSSSLOT; so a cluster always gets one tag.)
 	HashTag string
 	// Grace is how long counters outlive their window in Redis, so that
 	// replicas whose clocks lag a little still find them. Zero means one
@@ -30,7 +37,9 @@ type RedisOptions struct {
 	Grace time.Duration
 }
 
-// Redis is a Limiter whose counters live in Redis, shared by all replicas.
+// Redis is a Limiter whose counters live in Redis, shared by all replicas:
+// a standalone server, or a Redis Cluster through a *redis.ClusterClient
+// (every counter then in one slot; see RedisOptions.HashTag).
 //
 // Each Reserve is one round trip running reserveScript, which reads every
 // counter, decides, and increments all of them or none inside Redis, so
@@ -61,13 +70,23 @@ type Redis struct {
 	grace   time.Duration
 }
 
+// DefaultClusterHashTag is the hash tag of every counter on a Redis
+// Cluster unless RedisOptions.HashTag names another: all counters live in
+// the slot of "infergate" (CLUSTER KEYSLOT infergate), on one primary.
+const DefaultClusterHashTag = "infergate"
+
 // NewRedis returns a limiter using client; a nil clock means time.Now.
+// With a *redis.ClusterClient every counter gets a hash tag (see
+// RedisOptions.HashTag).
 func NewRedis(client redis.UniversalClient, clock Clock, opts RedisOptions) *Redis {
 	if clock == nil {
 		clock = time.Now
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultCounterPrefix
+	}
+	if _, cluster := client.(*redis.ClusterClient); cluster && opts.HashTag == "" {
+		opts.HashTag = DefaultClusterHashTag
 	}
 	return &Redis{client: client, clock: clock, prefix: opts.Prefix, hashTag: opts.HashTag, grace: opts.Grace}
 }

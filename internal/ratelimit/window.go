@@ -188,7 +188,8 @@ type adjustment struct {
 //     on its own counter;
 //   - an entry whose window has ended: actual - reserved when positive,
 //     on the counter of the same limit key, unit and window length in the
-//     window in force when the settlement lands; nothing when negative.
+//     window in force when the settlement lands; when negative, on its own
+//     (ended) counter if it is still held.
 //
 // Why the window in force: a response longer than the rest of its window
 // used tokens the reservation did not cover, and charging them to the
@@ -197,10 +198,11 @@ type adjustment struct {
 // tokens beyond its reservation for free. Those tokens were produced
 // after the window ended, that is, in the window now in force: charging
 // them there is where they belong and is what keeps the next admissions
-// honest. Nothing is refunded to an ended window, since it gates nothing
-// any more, and nothing is refunded to the current one either: unused
-// budget of a past window is lost like any unused budget, and crediting it
-// to the current window would let a tenant exceed that window's limit.
+// honest. A shortfall is refunded to the ended window, not the current
+// one: crediting the current window would let a tenant exceed its limit,
+// while the ended window gates nothing any more and its counter is then
+// the record of what the window's requests really used (a ledger checked
+// against the pools' own usage balances).
 //
 // Entries whose counter id cannot be read (not written by this package)
 // are skipped and reported, wrapping ErrInvalid, after the others.
@@ -225,6 +227,8 @@ func settlePlan(entries []Entry, actual Cost, nowMs int64, buf []adjustment) ([]
 			}
 			a.delta = d
 			buf = append(buf, a)
+		case d < 0:
+			buf = append(buf, adjustment{counter: e.Counter, delta: d})
 		}
 	}
 	return buf, errors.Join(errs...)

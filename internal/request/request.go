@@ -43,7 +43,13 @@ type Verdict struct {
 	Metadata map[string]any
 	// Reservation is settled by the meter when the response ends.
 	Reservation string
-	Timings     Timings
+	// MaxTokens, when positive, is the max_tokens the request must go
+	// upstream with: the policy's cap, for a completion that set none or a
+	// larger one. Its reservation counted this much output per choice, so
+	// the body carries it and the pool cannot write more. 0 leaves the
+	// body's max_tokens as the client sent it.
+	MaxTokens int
+	Timings   Timings
 }
 
 // Timings split the gate's time by stage. Checks (e.g. moderation) are
@@ -52,7 +58,8 @@ type Timings struct {
 	Auth, Policy, RateLimit, Checks time.Duration
 }
 
-// Settlement is what the meter reports when an admitted response ends.
+// Settlement is what the meter reports when an admitted response ends:
+// once per request, with the answering attempt's usage when Envoy retried.
 type Settlement struct {
 	RequestID        string
 	Tenant           string
@@ -64,6 +71,11 @@ type Settlement struct {
 	UsageReported bool
 	// Complete is false when the meter lost the stream before its end.
 	Complete bool
+	// Cut is true for a response cut short that the meter saw end: the
+	// client or the pool reset it and Envoy closed the meter's stream, so
+	// the events counted are what passed. A stream lost any other way (the
+	// meter's own stream broke) may have carried on unseen.
+	Cut bool
 }
 
 // Policy decides whether a request may reach an upstream, and settles what

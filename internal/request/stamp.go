@@ -19,6 +19,10 @@ type Stamp struct {
 	Pool          string // the pool (Envoy cluster) that served it
 	// PoolsTried are the pools the attempts went to, in order; the last
 	// is Pool. More than one when a retry fell back to the next pool.
+	// The tokens below, and the charge settled, are the last attempt's
+	// (the one that answered, on Pool): Envoy retries only before any
+	// response reached the client, and a failed attempt charges nothing
+	// (see extproc's meter).
 	PoolsTried       []string
 	Upstream         string // upstream host:port
 	Status           int

@@ -17,6 +17,17 @@ func TestPublishSubscribe(t *testing.T) {
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
+	testPublishSubscribe(t, rdb)
+}
+
+// The stream is one key: on a Redis Cluster it lives on one primary, and
+// the publisher's pipelines and the subscribers' XREADs go there.
+func TestPublishSubscribeCluster(t *testing.T) {
+	c := redisserver.StartCluster(t, redisserver.ClusterOptions{NoReplicas: true})
+	testPublishSubscribe(t, c.NewClient(t))
+}
+
+func testPublishSubscribe(t *testing.T, rdb redis.UniversalClient) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)

@@ -1,0 +1,57 @@
+package extproc
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/infergate/infergate/internal/openai"
+)
+
+func TestWithMaxTokens(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"model":"m","messages":[]}`, `{"model":"m","messages":[],"max_tokens":64}`},
+		{`{"model":"m"}` + "\n", `{"model":"m","max_tokens":64}` + "\n"},
+		{`{"model":"m","max_tokens":null}`, `{"model":"m","max_tokens":64}`},
+		{`{"model":"m","max_tokens":5000,"stream":true}`, `{"model":"m","max_tokens":64,"stream":true}`},
+		{`{"model":"m","max_completion_tokens": 5000 }`, `{"model":"m","max_completion_tokens": 64 }`},
+		// only what is above the cap is lowered; nested keys are not the request's
+		{`{"max_tokens":10,"max_completion_tokens":5000,"model":"m"}`, `{"max_tokens":10,"max_completion_tokens":64,"model":"m"}`},
+		{`{"model":"m","metadata":{"max_tokens":9999}}`, `{"model":"m","metadata":{"max_tokens":9999},"max_tokens":64}`},
+		{`{"model":"m","max\u005ftokens":5000}`, `{"model":"m","max\u005ftokens":64}`},
+	} {
+		got, err := withMaxTokens([]byte(tc.in), 64)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("withMaxTokens(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
+			continue
+		}
+		if r, err := openai.ParseRequest(got); err != nil || r.MaxTokens > 64 || r.MaxTokens == 0 {
+			t.Errorf("%s: parsed back as max_tokens %d, %v", got, r.MaxTokens, err)
+		}
+	}
+	if _, err := withMaxTokens([]byte(`[1]`), 64); err == nil {
+		t.Error("an array body was rewritten")
+	}
+}
+
+func FuzzWithMaxTokens(f *testing.F) {
+	f.Add([]byte(`{"model":"m","max_tokens":5000,"messages":[]}`), 64)
+	f.Add([]byte(`{"model":"m","max_completion_tokens":null}`), 1)
+	f.Fuzz(func(t *testing.T, body []byte, n int) {
+		n = 1 + int(uint(n)%(1<<31-1))
+		r, err := openai.ParseRequest(body)
+		if err != nil {
+			return // the gate rewrites only what it validated
+		}
+		got, err := withMaxTokens(body, n)
+		if err != nil {
+			t.Fatalf("validated body %q: %v", body, err)
+		}
+		if !json.Valid(got) {
+			t.Fatalf("rewrote %q into invalid JSON %q", body, got)
+		}
+		back, err := openai.ParseRequest(got)
+		if err != nil || back.MaxTokens < 1 || back.MaxTokens > n || back.Model != r.Model {
+			t.Fatalf("%q -> %q: parsed %+v, %v", body, got, back, err)
+		}
+	})
+}

@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/testutil/redisserver"
+)
+
+func TestRedisClientModes(t *testing.T) {
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := redisClient(config.Redis{Mode: "standalone", Address: "redis:6379", DB: 3, PasswordFile: pw, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if s, ok := c.(*redis.Client); !ok || s.Options().Addr != "redis:6379" || s.Options().DB != 3 || s.Options().Password != "secret" {
+		t.Errorf("standalone: %T %+v", c, c)
+	}
+	c, err = redisClient(config.Redis{Mode: "cluster", Addresses: []string{"a:1", "b:2"}, PasswordFile: pw, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("cluster: %T", c)
+	}
+	if o := cc.Options(); len(o.Addrs) != 2 || o.Password != "secret" || o.ReadTimeout != time.Second || o.DialerRetries != 1 {
+		t.Errorf("cluster options %+v", o)
+	}
+	if _, err := redisClient(config.Redis{Mode: "cluster", PasswordFile: filepath.Join(t.TempDir(), "nope")}); err == nil {
+		t.Error("a missing password file is not an error")
+	}
+}
+
+// On a Redis Cluster the replicas share one reservation key, and the
+// client follows a primary's crash as soon as its replica has taken over
+// (go-redis alone would keep sending to the dead address until its next
+// periodic reload): the reservation key and the rate-limit counters are
+// served again within a second of the promotion.
+func TestRedisClusterFollowsFailover(t *testing.T) {
+	c := redisserver.StartCluster(t, redisserver.ClusterOptions{})
+	cfg := config.Redis{Mode: "cluster", Addresses: c.Addrs(), Timeout: 250 * time.Millisecond}
+	ctx := context.Background()
+	log := slog.New(slog.DiscardHandler)
+	var keys [][]byte
+	var clients []redis.UniversalClient
+	for range 2 {
+		rdb, err := redisClient(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rdb.Close()
+		clients = append(clients, rdb)
+		keys = append(keys, sharedReservationKey(ctx, rdb, log))
+	}
+	if len(keys[0]) < 32 || string(keys[0]) != string(keys[1]) {
+		t.Fatalf("two replicas sealed with different keys (%d and %d bytes)", len(keys[0]), len(keys[1]))
+	}
+
+	limits := []ratelimit.Limit{
+		{Name: "rpm", Key: "tenant=a/principal=p", Unit: ratelimit.Requests, Amount: 1000, Window: time.Hour},
+		{Name: "tpm", Key: "tenant=a", Unit: ratelimit.TotalTokens, Amount: 1_000_000, Window: time.Hour},
+	}
+	lim := ratelimit.NewRedis(clients[0], nil, ratelimit.RedisOptions{})
+	cost := ratelimit.Cost{Requests: 1, InputTokens: 1, OutputTokens: 1}
+	if res, err := lim.Reserve(ctx, limits, cost); err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	counters := c.PrimaryFor("{" + ratelimit.DefaultClusterHashTag + "}")
+	keyHolder := c.PrimaryFor(reservationKeyName)
+	victim := counters
+	t.Logf("counters on %s, reservation key on %s", counters.Addr(), keyHolder.Addr())
+
+	promoted, took := c.KillPrimary(victim)
+	t.Logf("killed %s: %s promoted after %v", victim.Addr(), promoted.Addr(), took)
+	start := time.Now()
+	for {
+		_, rerr := lim.Reserve(ctx, limits, cost)
+		_, gerr := clients[1].Get(ctx, reservationKeyName).Result()
+		if rerr == nil && gerr == nil {
+			break
+		}
+		if time.Since(start) > 1500*time.Millisecond {
+			t.Fatalf("still failing %v after the promotion: reserve %v, reservation key %v", time.Since(start), rerr, gerr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("served again %v after the promotion", time.Since(start))
+	if k := sharedReservationKey(ctx, clients[1], log); string(k) != string(keys[0]) && keyHolder != victim {
+		t.Error("the reservation key changed")
+	}
+}
