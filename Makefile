@@ -25,9 +25,11 @@ test: deps ## Run every test: Rego (opa test), unit and layout (race detector on
 	$(GO) vet ./...
 	$(GO) tool opa test policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos)
 	@# End to end last and alone: real processes share the two cores.
 	$(GO) test -race -count=1 ./test/e2e/
+	@# Faults under load, and the ledger after each (make chaos prints the table).
+	$(GO) test -count=1 -timeout 20m ./test/chaos/
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: chart-test
@@ -39,6 +41,16 @@ chart-test: ## Helm chart: lint, render, strict decode, golden files, Envoy Gate
 .PHONY: e2e
 e2e: deps ## Run only the end-to-end tests (real Envoy + infergate + mock pools + SDKs), verbosely
 	$(GO) test -count=1 -v ./test/e2e/
+
+.PHONY: chaos
+chaos: deps ## Kill, freeze and restart infergate, Envoy, Redis, the controller and a pool under load; check every byte and the ledger; print the table
+	$(GO) test -count=1 -timeout 20m -run 'TestChaos$$' -v ./test/chaos/
+
+# SOAK_DURATION=3m (say) for a shorter run; make test runs 3 minutes.
+SOAK_DURATION ?= 30m
+.PHONY: soak
+soak: deps ## Hold a mixed load for SOAK_DURATION (default 30m) with reloads and a fault every few minutes; watch memory, goroutines, fds and Redis; report in bin/soak.html
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -timeout 0 -run 'TestSoak$$' -v ./test/chaos/
 
 .PHONY: demo
 demo: build ## Run the demo: Envoy + infergate + two mock pools + a benchmark, then stop

@@ -368,7 +368,7 @@ virtualModels:
 		"EXTPROC_PORT": port(extprocAddr), "POOL_A_PORT": port(r.pools[0].addr), "POOL_B_PORT": port(r.pools[1].addr),
 		"JWKS_FILE": filepath.Join(repoRoot, "envoy", "demo-jwks.json"), "XDS_PORT": port(xdsAddr), "OTLP_PORT": port(freeAddr(t)),
 	})
-	r.envoy = envoytest.Start(t, r.envoyConfig)
+	r.envoy = envoytest.Start(t, r.envoyConfig, envoyDrain...)
 	r.ledger = newLedger(t, r)
 	// The first request proves the whole path, routes from the controller
 	// included.
@@ -392,15 +392,22 @@ virtualModels:
 func (r *rig) restartEnvoy() {
 	r.t.Helper()
 	old := r.envoy
-	r.envoy = envoytest.Start(r.t, r.envoyConfig)
+	r.envoy = envoytest.Start(r.t, r.envoyConfig, envoyDrain...)
 	post(r.t, old.AdminURL+"/drain_listeners?graceful")
-	// Wait for the old one's streams (bounded: a stream is ~0.5 s long).
+	// Wait until the old one holds no connection: HTTP/1.1 clients were
+	// told to close, HTTP/2 ones sent a GOAWAY (bounded: a stream is under
+	// a second long).
 	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) && gauge(old.AdminURL, "http.llm.downstream_rq_active") > 0 {
+	for time.Now().Before(deadline) && gauge(old.AdminURL, "http.llm.downstream_cx_active") != 0 {
 		time.Sleep(50 * time.Millisecond)
 	}
 	old.Kill()
 }
+
+// envoyDrain is how a rolling restart drains: every connection is asked
+// to close at once (Connection: close, GOAWAY), and the listener stops
+// accepting 3 s later.
+var envoyDrain = []string{"--drain-strategy", "immediate", "--drain-time-s", "3"}
 
 func post(t *testing.T, url string) {
 	t.Helper()

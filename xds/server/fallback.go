@@ -4,6 +4,8 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -78,11 +80,25 @@ func aggregateClusters(r Route) []*clusterv3.Cluster {
 				Name:        "envoy.clusters.aggregate",
 				TypedConfig: cfg,
 			}},
-			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MetadataNamespace: md}},
+			Metadata:        &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MetadataNamespace: md}},
+			CircuitBreakers: retryEveryFailure,
 		})
 	}
 	return out
 }
+
+// retryEveryFailure lets every request of an aggregate retry at once. A
+// pool that dies fails all the streams routed to it together, and Envoy's
+// default (3 retries in flight per cluster) would answer all but three of
+// them 503 instead of trying the next pool. A retry here goes to another
+// pool and each request retries at most retry.attempts times, so the cap
+// is Envoy's default cap on requests in flight per cluster. (Not a retry
+// budget: it is a share of the aggregate's own active requests, which
+// Envoy counts on the pools' clusters, leaving the aggregate at its
+// minimum.)
+var retryEveryFailure = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{{
+	MaxRetries: wrapperspb.UInt32(1024),
+}}}
 
 // connectTimeout is required on every cluster; an aggregate never connects
 // (its pools do, with their own timeouts).

@@ -53,6 +53,10 @@ func TestFallbackAggregates(t *testing.T) {
 	if !slices.Equal(meta, cfg.GetClusters()) {
 		t.Errorf("metadata order %v, aggregate %v", meta, cfg.GetClusters())
 	}
+	// Every stream of a pool that dies may retry on the next one at once.
+	if got := b.GetCircuitBreakers().GetThresholds()[0].GetMaxRetries().GetValue(); got < 1024 {
+		t.Errorf("at most %d retries in flight, want Envoy's cap on requests (1024)", got)
+	}
 	if _, err := srv.SetRoutes([]Route{r}); err != nil {
 		t.Fatal(err)
 	}

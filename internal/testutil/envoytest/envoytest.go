@@ -71,12 +71,19 @@ func Render(t testing.TB, rel string, vars map[string]string) string {
 type Envoy struct {
 	URL      string // its first listener
 	AdminURL string
+	Pid      int
+
+	stop func() // kills the process and waits for it (idempotent)
 }
 
+// Kill ends Envoy at once (SIGKILL) and waits for it to exit; killing it
+// again does nothing. Tests that restart Envoy drain the old one first.
+func (e *Envoy) Kill() { e.stop() }
+
 // Start runs Envoy on a rendered config whose listener and admin ports are
-// 0: it waits until Envoy is ready and has bound its listener, and stops it
-// when the test ends.
-func Start(t testing.TB, config string) *Envoy {
+// 0 (or fixed): it waits until Envoy is ready and has bound its listener,
+// and stops it when the test ends. args are more command-line flags.
+func Start(t testing.TB, config string, args ...string) *Envoy {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "envoy.yaml")
@@ -85,22 +92,24 @@ func Start(t testing.TB, config string) *Envoy {
 		t.Fatal(err)
 	}
 	logs := &testutil.Buffer{}
-	cmd := exec.Command(Binary(t), "-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
-		"-l", "warning", "--concurrency", "2")
+	cmd := exec.Command(Binary(t), append([]string{"-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
+		"-l", "warning", "--concurrency", "2"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(exited) }()
+	var once sync.Once
+	e := &Envoy{Pid: cmd.Process.Pid, stop: func() {
+		once.Do(func() { _ = cmd.Process.Kill(); <-exited })
+	}}
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
+		e.stop()
 		if t.Failed() {
 			t.Logf("envoy log:\n%s", logs.String())
 		}
 	})
-	e := &Envoy{}
 	deadline := time.Now().Add(30 * time.Second)
 	for time.Now().Before(deadline) {
 		select {
