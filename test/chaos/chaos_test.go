@@ -7,7 +7,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"text/tabwriter"
 	"time"
 )
 
@@ -147,14 +146,13 @@ func TestChaos(t *testing.T) {
 		rows = append(rows, row{f, run, diff, lo, hi, run.after.billed - run.before.billed})
 	}
 
+	// A Markdown table: readable in the log, pasted as is into docs.
 	var b strings.Builder
-	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, "fault\texpected\tobserved\tlost\tcharged − billed\tbound")
+	b.WriteString("| fault | expected | observed | lost | charged − billed (tokens) | bound |\n|---|---|---|---|---|---|\n")
 	for _, row := range rows {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%+d of %d\t[%d, %d]\n", row.fault.name, row.fault.expected, row.run.observed(),
+		fmt.Fprintf(&b, "| %s | %s | %s | %d | %+d of %d | [%d, %d] |\n", row.fault.name, row.fault.expected, row.run.observed(),
 			len(row.run.lost), row.diff, row.billed, row.lo, row.hi)
 	}
-	w.Flush()
 	t.Logf("chaos results (%d bench users + %d probe clients, %s of load per fault):\n%s", 3, 3, 6*time.Second, b.String())
 	if path := os.Getenv("CHAOS_TABLE"); path != "" {
 		_ = os.WriteFile(path, []byte(b.String()), 0o644)

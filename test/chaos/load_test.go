@@ -2,13 +2,16 @@ package chaos
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -289,12 +292,27 @@ func (run *run) observed() string {
 		}
 	}
 	if len(codes) > 0 {
-		counts = append(counts, fmt.Sprintf("refusals %v", codes))
+		counts = append(counts, "refusals: "+tally(codes))
 	}
 	if slowest := run.slowestRefusal(); slowest > 0 {
 		counts = append(counts, fmt.Sprintf("refused in ≤ %s", slowest.Round(time.Millisecond)))
 	}
 	bt := run.bench.Metrics
-	return fmt.Sprintf("probes: %s; bench: %d ok, %d failed %v; %d reached a pool undecided",
-		strings.Join(counts, ", "), bt.Requests.Succeeded, bt.Requests.Failed, bt.Errors.ByClass, run.undecided)
+	failed := ""
+	if bt.Requests.Failed > 0 {
+		failed = " (" + tally(bt.Errors.ByClass) + ")"
+	}
+	return fmt.Sprintf("probes: %s; bench: %d ok, %d failed%s; %d reached a pool undecided",
+		strings.Join(counts, ", "), bt.Requests.Succeeded, bt.Requests.Failed, failed, run.undecided)
+}
+
+// tally writes counts by name, largest first.
+func tally(m map[string]int) string {
+	names := slices.Collect(maps.Keys(m))
+	slices.SortFunc(names, func(a, b string) int { return cmp.Or(m[b]-m[a], strings.Compare(a, b)) })
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%d %s", m[n], n)
+	}
+	return strings.Join(parts, ", ")
 }
