@@ -219,36 +219,32 @@ func TestChecks(t *testing.T) {
 }
 
 // A stream the meter lost before its usage keeps its reservation: what was
-// counted is only a lower bound.
-func TestLostStreamKeepsReservation(t *testing.T) {
-	c := newController(t)
-	now := time.Unix(1_700_000_000, 0)
-	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
-	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
-		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute}}}}
-	ctx := context.Background()
-	hdr := map[string]string{"x-api-key": secretKey}
-	v := c.Decide(ctx, chat(hdr)) // 120 reserved
-	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Complete: false})
-	if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != "60" {
-		t.Errorf("remaining %v, want 60: the lost stream's 120 must stay charged", got)
-	}
-}
-
-// A stream cut short that the meter saw end (the client or the pool reset
-// it) is charged what was counted: nothing more passed.
-func TestCutStreamChargesWhatWasCounted(t *testing.T) {
-	c := newController(t)
-	now := time.Unix(1_700_000_000, 0)
-	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
-	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
-		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute}}}}
-	ctx := context.Background()
-	hdr := map[string]string{"x-api-key": secretKey}
-	v := c.Decide(ctx, chat(hdr)) // 120 reserved
-	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Cut: true})
-	if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != "157" {
-		t.Errorf("remaining %v, want 157 (300 − 23 counted − 120 reserved now)", got)
+// counted is only a lower bound. One cut short that the meter saw end (the
+// client or the pool reset it) is charged what was counted: nothing more
+// passed.
+func TestSettlingAnIncompleteStream(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cut  bool
+		want string // remaining once a second request reserved its 120
+	}{
+		{"lost: the reservation stays", false, "60"}, // 300 − 120 − 120
+		{"cut: what was counted", true, "157"},       // 300 − 23 − 120
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newController(t)
+			now := time.Unix(1_700_000_000, 0)
+			c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
+			c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
+				{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute}}}}
+			ctx := context.Background()
+			hdr := map[string]string{"x-api-key": secretKey}
+			v := c.Decide(ctx, chat(hdr)) // 120 reserved
+			c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Cut: tc.cut})
+			if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != tc.want {
+				t.Errorf("remaining %v, want %s", got, tc.want)
+			}
+		})
 	}
 }
 

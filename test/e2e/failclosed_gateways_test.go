@@ -66,6 +66,25 @@ const (
 	gwMute                  // accept, read, never write a byte
 )
 
+// gwFailure is one way an ext_proc backend fails.
+type gwFailure struct {
+	how    string
+	mode   gwMode
+	target string
+}
+
+// gwFailures are the ways the gate or the meter (role) fails: mute at the
+// TCP level, mute at the gRPC level (muteAddr's server takes the stream and
+// never answers), and, for the meter, refused (the gate's refusal comes
+// last, with infergate stopped).
+func gwFailures(role, muteAddr string) []gwFailure {
+	f := []gwFailure{{role + " mute TCP", gwMute, ""}, {role + " mute gRPC", gwForward, muteAddr}}
+	if role == "meter" {
+		f = append(f, gwFailure{"meter refused", gwRefuse, ""})
+	}
+	return f
+}
+
 // gwEndpoint is an address Envoy's ext_proc cluster points at, switchable at
 // run time. Switching cuts every open connection, so Envoy reconnects and
 // meets the new behaviour.
@@ -402,15 +421,7 @@ spec:
 	gwExpectStream(t, "Envoy Gateway, infergate up", s.URL, poolA, "llama", key)
 
 	// The meter unreachable, three ways: streams unaffected.
-	for _, m := range []struct {
-		how    string
-		mode   gwMode
-		target string
-	}{
-		{"meter mute TCP", gwMute, ""},
-		{"meter mute gRPC", gwForward, muteAddr},
-		{"meter refused", gwRefuse, ""},
-	} {
+	for _, m := range gwFailures("meter", muteAddr) {
 		meter.set(m.mode, m.target)
 		gwExpectStream(t, "Envoy Gateway, "+m.how, s.URL, poolA, "llama", key)
 	}
@@ -431,14 +442,7 @@ spec:
 		{"rule 1, GET /v1/models", "GET", "/v1/models", "", key},
 		{"rule 0, GET /v1/models", "GET", "/v1/models", "", map[string]string{"x-infergate-model": "llama"}},
 	}
-	for _, down := range []struct {
-		how    string
-		mode   gwMode
-		target string
-	}{
-		{"gate mute TCP", gwMute, ""},
-		{"gate mute gRPC", gwForward, muteAddr},
-	} {
+	for _, down := range gwFailures("gate", muteAddr) {
 		gate.set(down.mode, down.target)
 		accepted, streams := gate.accepted.Load(), mute.streams.Load()
 		gwExpectClosed(t, "Envoy Gateway, "+down.how, s.URL, gwStatusTimeout, probes, poolA, poolB)

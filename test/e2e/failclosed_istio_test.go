@@ -777,15 +777,7 @@ func istioFailClosed(t *testing.T, proxy istioProxy) {
 
 	// The meter unreachable (the meter-down proxy): streams unaffected.
 	gwExpectStream(t, proxy.name+", meter up (own cluster)", split.url, poolA, "pool-a", nil)
-	for _, m := range []struct {
-		how    string
-		mode   gwMode
-		target string
-	}{
-		{"meter mute TCP", gwMute, ""},
-		{"meter mute gRPC", gwForward, muteAddr},
-		{"meter refused", gwRefuse, ""},
-	} {
+	for _, m := range gwFailures("meter", muteAddr) {
 		meter.set(m.mode, m.target)
 		gwExpectStream(t, proxy.name+", "+m.how, split.url, poolA, "pool-a", nil)
 	}
@@ -812,14 +804,7 @@ func istioFailClosed(t *testing.T, proxy istioProxy) {
 			{"inbound|8000||, another path", "POST", "/v2/anything", `{}`, map[string]string{"x-infergate-model": "pool-a"}},
 		}
 	}
-	for _, down := range []struct {
-		how    string
-		mode   gwMode
-		target string
-	}{
-		{"gate mute TCP", gwMute, ""},
-		{"gate mute gRPC", gwForward, muteAddr},
-	} {
+	for _, down := range gwFailures("gate", muteAddr) {
 		gate.set(down.mode, down.target)
 		accepted, streams := gate.accepted.Load(), mute.streams.Load()
 		gwExpectClosed(t, proxy.name+", "+down.how, exact.url, gwStatusTimeout, probes, poolA, poolB)
