@@ -166,6 +166,28 @@ var reservedUnderscorePrefix = strings.ReplaceAll(request.ReservedHeaderPrefix, 
 // them); they are removed before the request leaves for a pool.
 var credentialHeaders = []string{"authorization", "x-api-key"}
 
+// GateHeaders are the request headers the shipped gate filters forward to
+// the gate (forward_rules in envoy/snippet.yaml; a test keeps them equal):
+// what the gate reads (the route's, the body's type, the request id, the
+// credential) and the policy input's by default (auth.policyHeaders), with
+// every header named request.ReservedHeaderPrefix* under either spelling (a
+// client's are removed). A header outside them never reaches the gate.
+var GateHeaders = []string{":method", ":path", "content-type", "x-request-id", "authorization", "x-api-key", "user-agent"}
+
+// UnforwardedHeaders returns the headers of names that the shipped gate
+// filters do not forward (see GateHeaders).
+func UnforwardedHeaders(names []string) []string {
+	var out []string
+	for _, n := range names {
+		n = strings.ToLower(n)
+		if !slices.Contains(GateHeaders, n) && !strings.HasPrefix(n, request.ReservedHeaderPrefix) &&
+			!strings.HasPrefix(n, reservedUnderscorePrefix) && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // MaxModelBytes bounds the model name a request may carry: it becomes a
 // routing header, a stamp field, a policy input and a cache key, so a
 // longer one is refused (400) before anything stores it. Model ids in use
@@ -289,8 +311,10 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	}
 	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &request.Stamp{RequestID: adm.RequestID, Model: req.Model,
 		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: request.GatewayTime{Timings: v.Timings}})
+	traceparent := ""
 	if sc.IsValid() {
-		f.str(request.TraceparentKey, formatTraceparent(sc))
+		traceparent = formatTraceparent(sc)
+		f.str(request.TraceparentKey, traceparent)
 	}
 	for k, val := range v.Metadata {
 		pv, err := structpb.NewValue(val)
@@ -308,7 +332,31 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
 		return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
 	}
-	md := &structpb.Struct{Fields: map[string]*structpb.Value{request.MetadataNamespace: structpb.NewStructValue(&f.s)}}
+	// What the meter needs, as one string in a namespace of its own (see
+	// meterfield.go). Sent is now: the request leaves the gateway with
+	// these answers, and a meter that skips the request headers times the
+	// response from here.
+	mf := gateField{
+		sent: s.now().UnixMicro(), stream: req.Stream, promptTokens: int64(adm.PromptTokens),
+		gateUS: gateTime.Microseconds(), authUS: v.Timings.Auth.Microseconds(), policyUS: v.Timings.Policy.Microseconds(),
+		rateLimitUS: v.Timings.RateLimit.Microseconds(), checksUS: v.Timings.Checks.Microseconds(),
+		decision: fieldString(decision, maxStampField), requestID: fieldString(adm.RequestID, maxStampField),
+		model: fieldString(req.Model, maxStampField), tenant: fieldString(v.Tenant, maxStampField),
+		principal: fieldString(v.Principal, maxStampField), reason: fieldString(v.Reason, maxStampReason),
+		traceparent: traceparent, reservation: v.Reservation,
+	}
+	field := mf.encode()
+	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
+		s.log.Error("gate metadata", "err", "the meter's field is "+strconv.Itoa(len(field))+" bytes; the limit is "+strconv.Itoa(maxMeterField))
+		s.unreserve(ctx, adm, v)
+		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
+		return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
+	}
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
+		request.MetadataNamespace: structpb.NewStructValue(&f.s),
+		request.MeterNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			request.MeterKey: structpb.NewStringValue(field)}}),
+	}}
 	return g.admit(mutation, newBody, md)
 }
 

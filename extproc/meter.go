@@ -26,9 +26,14 @@ const settleTimeout = 2 * time.Second
 // meterRequest is the meter's per-request state. Everything it holds is
 // bounded: the SSE carry-over, the kept gaps, the JSON body.
 type meterRequest struct {
-	stamp      request.Stamp
-	sentAt     time.Time // request headers reached the meter: the request left the gateway
-	envoyStart time.Time // Envoy's request.time
+	stamp  request.Stamp
+	sentAt time.Time // the request left the gateway (see departure)
+	// seen: this stream is a request's, to be stamped: the meter saw its
+	// request headers or what the gate decided.
+	seen       bool
+	gate       gateSource // where what the gate decided came from
+	gateSent   time.Time  // when the gate answered (its clock), from its field
+	envoyStart time.Time  // Envoy's request.time
 	sse        bool
 	parser     sse.Parser
 	emit       func(sse.Event) // bound once: no closure per chunk
@@ -94,31 +99,60 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 	}
 }
 
+// gateSource ranks where the meter learnt what the gate decided: the gate's
+// field (as an attribute, or in its forwarded namespace) over the
+// namespace of one key per field that older Envoy configs forward.
+type gateSource uint8
+
+const (
+	fromNothing gateSource = iota
+	fromStruct
+	fromField
+)
+
 // observe takes one message; it reports true when the response is complete.
+//
+// What the meter reads, and where Envoy puts it (envoy/snippet.yaml): with
+// the request headers, the gate's field and request.time as request
+// attributes, and the request id and model headers (used only without the
+// field); with the response headers, the status, the upstream, the cluster
+// and its pool order and the attempts as response attributes, content-type
+// (and a route's x-infergate-pool) as headers. No metadata is forwarded
+// (Envoy copies a forwarded namespace into every message); Envoy Gateway,
+// which takes no metadata expression as an attribute, forwards the field's
+// own namespace, read here from the first message that has it. An older
+// config that forwards the gate's namespace of one key per field is read as
+// before. A config that skips the request headers (the field then a
+// response attribute) is timed from the gate's answer (see departure).
 func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) bool {
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		m.sentAt = at
+		m.sentAt, m.seen = at, true
 		hm := r.RequestHeaders.GetHeaders()
 		m.stamp.RequestID = header(hm, "x-request-id")
 		m.stamp.Model = header(hm, request.ModelHeader)
-		attrs := attributes(msg)
-		m.envoyStart = attrTime(attrs, "request.time")
-		m.fromGate(msg.GetMetadataContext().GetFilterMetadata()[request.MetadataNamespace])
+		m.fromGateOf(msg)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		hm := r.ResponseHeaders.GetHeaders()
 		var h headers // only what clusterOf reads
 		if p := header(hm, request.PoolHeader); p != "" {
 			h = headers{request.PoolHeader: p}
 		}
-		attrs := attributes(msg)
+		attrs := m.fromGateOf(msg)
+		if m.sentAt.IsZero() {
+			m.sentAt = m.departure(at)
+		}
 		m.stamp.Status = clampInt(attrFloat(attrs, "response.code"), 100, 599)
 		if m.stamp.Status == 0 {
 			m.stamp.Status = clampInt(float64(atoi(header(hm, ":status"))), 100, 599)
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
 		m.stamp.Attempts = clampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, maxAttempts)
-		m.stamp.PoolsTried = m.orders.servingPools(clusterOf(attrs, h), attrString(attrs, "xds.cluster_metadata"), m.stamp.Attempts)
+		order := attrString(attrs, request.PoolOrderAttribute)
+		if order == "" {
+			order = attrString(attrs, "xds.cluster_metadata") // an older config's whole cluster metadata
+		}
+		m.stamp.PoolsTried = m.orders.servingPools(clusterOf(attrs, h), order, m.stamp.Attempts)
 		if n := len(m.stamp.PoolsTried); n > 0 {
 			m.stamp.Pool = m.stamp.PoolsTried[n-1]
 		}
@@ -162,12 +196,68 @@ func passThrough(msg *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
 	return nil
 }
 
-// fromGate reads what the gate decided, passed as dynamic metadata.
+// fromGateOf reads what msg carries of the request and of the gate's
+// decision: request.time, and the gate's field (a response or request
+// attribute, else its forwarded namespace, else the older namespace of one
+// key per field), until the field is found. It returns msg's attributes.
+func (m *meterRequest) fromGateOf(msg *extprocv3.ProcessingRequest) map[string]*structpb.Value {
+	attrs := attributes(msg)
+	if t := attrTime(attrs, "request.time"); !t.IsZero() {
+		m.envoyStart = t
+	}
+	if m.gate == fromField {
+		return attrs
+	}
+	field := attrString(attrs, request.MeterAttribute)
+	fm := msg.GetMetadataContext().GetFilterMetadata()
+	if field == "" {
+		// Envoy Gateway cannot name it as an attribute: its meter forwards
+		// the field's namespace (one key) instead.
+		field = fm[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()
+	}
+	if f, ok := parseGateField(field); ok {
+		m.fromField(&f)
+		return attrs
+	}
+	if m.gate == fromNothing {
+		m.fromGate(fm[request.MetadataNamespace])
+	}
+	return attrs
+}
+
+// fromField takes what the gate decided from its field.
+func (m *meterRequest) fromField(f *gateField) {
+	m.gate, m.seen = fromField, true
+	if f.requestID != "" {
+		m.stamp.RequestID = f.requestID
+	}
+	if f.model != "" {
+		m.stamp.Model = f.model
+	}
+	m.stamp.Stream = f.stream
+	m.stamp.Decision, m.stamp.Reason = f.decision, f.reason
+	m.stamp.Principal, m.stamp.Tenant = f.principal, f.tenant
+	// What the gate wrote, range-checked all the same: a meter stream
+	// may come from anything that reaches the port.
+	m.stamp.Gateway.Gate = clampMicros(float64(f.gateUS))
+	m.stamp.Gateway.Auth = clampMicros(float64(f.authUS))
+	m.stamp.Gateway.Policy = clampMicros(float64(f.policyUS))
+	m.stamp.Gateway.RateLimit = clampMicros(float64(f.rateLimitUS))
+	m.stamp.Gateway.Checks = clampMicros(float64(f.checksUS))
+	m.reservation, m.gateTraceparent = f.reservation, f.traceparent
+	m.stamp.PromptTokens = clampInt(float64(f.promptTokens), 0, maxTokens)
+	m.gateSent = f.sentTime()
+}
+
+// fromGate reads what the gate decided from the older namespace of one key
+// per field (an Envoy config that forwards it to the meter; kept for one
+// release).
 func (m *meterRequest) fromGate(md *structpb.Struct) {
 	f := md.GetFields()
 	if f == nil {
 		return
 	}
+	m.gate, m.seen = fromStruct, true
 	if v := f["model"].GetStringValue(); v != "" {
 		m.stamp.Model = v
 	}
@@ -176,8 +266,7 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.stamp.Reason = f["reason"].GetStringValue()
 	m.stamp.Principal = f["principal"].GetStringValue()
 	m.stamp.Tenant = f["tenant"].GetStringValue()
-	// What the gate wrote, range-checked all the same: a meter stream
-	// may come from anything that reaches the port.
+	// Range-checked as the field's values are.
 	us := func(k string) time.Duration { return clampMicros(f[k].GetNumberValue()) }
 	m.stamp.Gateway.Gate = us("gate_us")
 	m.stamp.Gateway.Auth = us("auth_us")
@@ -187,6 +276,39 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.reservation = f["reservation"].GetStringValue()
 	m.gateTraceparent = f[request.TraceparentKey].GetStringValue()
 	m.stamp.PromptTokens = clampInt(f["prompt_tokens"].GetNumberValue(), 0, maxTokens)
+}
+
+// departure is when the request left the gateway, for a meter that did not
+// get its request headers (a filter with request_header_mode SKIP), seen at
+// `at`, the response headers' arrival.
+//
+// With the request headers the meter stamps their arrival: Envoy sends them
+// once the gate has answered, as the request goes upstream, and TTFT and
+// E2E are then two arrivals on one stream, one clock. Without them it takes
+// the moment the gate answered, from its field: earlier by Envoy's handling
+// of the answer and its routing (measured at 0.4–0.9 ms on a loaded
+// 2-CPU machine, moved from the gateway's time into TTFT), and on the gate's
+// clock, another replica's when gate and meter streams land on different
+// ones. Skipping them saved nothing measurable (Envoy 1.40, non-streamed and
+// streamed, ±5 % run to run), so the shipped configs send them, with no
+// metadata and only the headers the meter reads. The time is bounded by
+// what the meter knows: never before Envoy received the request
+// (request.time) nor after the response reached the meter, and within the
+// hour before that (as every duration the gate reports). Without the
+// gate's field (a gate that wrote none), Envoy's request.time: the
+// gateway's time then counts as the upstream's.
+func (m *meterRequest) departure(at time.Time) time.Time {
+	t := m.gateSent
+	if t.IsZero() {
+		t = m.envoyStart
+	}
+	if !m.envoyStart.IsZero() && t.Before(m.envoyStart) {
+		t = m.envoyStart
+	}
+	if t.IsZero() || t.After(at) || t.Before(at.Add(-time.Hour)) {
+		t = at
+	}
+	return t
 }
 
 // onEvent is the per-event hot path: decode the few fields needed, time
@@ -225,8 +347,13 @@ func (m *meterRequest) onEvent(ev sse.Event) {
 
 // finish computes the stamp and hands it to the sinks.
 func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, complete bool) {
-	if m.sentAt.IsZero() {
-		return // never saw the request: nothing to stamp
+	if !m.seen {
+		// Neither the request headers nor the gate's decision: a response
+		// the gate answered itself (stamped there), or not a request's.
+		return
+	}
+	if m.sentAt.IsZero() { // the stream ended before the response headers
+		m.sentAt = m.departure(end)
 	}
 	st := &m.stamp
 	st.Complete = complete

@@ -4,8 +4,10 @@ import (
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"github.com/infergate/infergate/internal/request"
+	"github.com/tidwall/gjson"
 	"google.golang.org/protobuf/encoding/prototext"
+
+	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -15,8 +17,11 @@ import (
 // virtual model that falls back across pools that is an aggregate cluster
 // (see xds/server AggregateName) whose metadata lists its pools in the
 // order attempts try them: attempt k goes to the k-th pool (wrapping when
-// retries outnumber pools). Envoy hands the metadata over as the text
-// form of the Metadata proto.
+// retries outnumber pools). The meter asks Envoy for that one field
+// (request.PoolOrderAttribute: a JSON array in a string, as CEL cannot pass
+// a list); an older config asks for the whole cluster metadata
+// (xds.cluster_metadata), which Envoy hands over as the text form of the
+// Metadata proto.
 
 // clusterOf names what served the request: Envoy's cluster; where the
 // cluster name is not available (Envoy Gateway does not let ext_proc ask
@@ -54,22 +59,36 @@ type poolOrders struct {
 	m  map[string][]string
 }
 
-// maxPoolOrders bounds the cache; it is cleared when full.
-const maxPoolOrders = 1024
+// maxPoolOrders bounds the cache; it is cleared when full. maxPoolOrderText
+// bounds what is parsed and kept (a longer text is no order): an
+// aggregate's pools take a few hundred bytes.
+const (
+	maxPoolOrders    = 1024
+	maxPoolOrderText = 16 << 10
+)
 
-// poolOrder returns the pools listed in cluster metadata text, or nil.
-func (c *poolOrders) order(metadataText string) []string {
-	if metadataText == "" || metadataText == "NULL" {
+// order returns the pools listed in a pool order (a JSON array of strings)
+// or in cluster metadata text, or nil.
+func (c *poolOrders) order(text string) []string {
+	if text == "" || text == "NULL" || len(text) > maxPoolOrderText {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if order, ok := c.m[metadataText]; ok {
+	if order, ok := c.m[text]; ok {
 		return order
 	}
-	var md corev3.Metadata
 	var order []string
-	if prototext.Unmarshal([]byte(metadataText), &md) == nil {
+	if text[0] == '[' {
+		if gjson.Valid(text) {
+			gjson.Parse(text).ForEach(func(_, v gjson.Result) bool {
+				if v.Type == gjson.String && v.Str != "" {
+					order = append(order, v.Str)
+				}
+				return true
+			})
+		}
+	} else if md := (corev3.Metadata{}); prototext.Unmarshal([]byte(text), &md) == nil {
 		for _, v := range md.GetFilterMetadata()[request.MetadataNamespace].GetFields()[request.PoolsKey].GetListValue().GetValues() {
 			if s := v.GetStringValue(); s != "" {
 				order = append(order, s)
@@ -79,15 +98,15 @@ func (c *poolOrders) order(metadataText string) []string {
 	if c.m == nil || len(c.m) >= maxPoolOrders {
 		c.m = make(map[string][]string)
 	}
-	c.m[metadataText] = order
+	c.m[text] = order
 	return order
 }
 
 // servingPools returns the pools a request's attempts went to, in order;
 // the last one served the response. Without a pool order every attempt
 // went to the cluster itself.
-func (c *poolOrders) servingPools(cluster, metadataText string, attempts int) []string {
-	order := c.order(metadataText)
+func (c *poolOrders) servingPools(cluster, orderText string, attempts int) []string {
+	order := c.order(orderText)
 	if len(order) == 0 {
 		if cluster == "" {
 			return nil

@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/infergate/infergate/internal/request"
@@ -27,6 +28,12 @@ func TestServingPools(t *testing.T) {
 		{"infergate-fallback/llama/pool-a", aggregateMetadata, 3, []string{"pool-a", "pool-b", "pool-a"}},
 		{"other", `filter_metadata { key: "someone-else" value { } }`, 1, []string{"other"}},
 		{"broken", `filter_metadata {{{`, 1, []string{"broken"}},
+		// The one field (request.PoolOrderAttribute): a JSON array.
+		{"infergate-fallback/llama/pool-b", `["pool-b","pool-a"]`, 2, []string{"pool-b", "pool-a"}},
+		{"infergate-fallback/llama/pool-b", `["pool-b","pool-a"]`, 3, []string{"pool-b", "pool-a", "pool-b"}},
+		{"x", `["",1,{"a":2}]`, 1, []string{"x"}},
+		{"x", `[broken`, 1, []string{"x"}},
+		{"x", `["pool-a"` + strings.Repeat(`,"p"`, maxPoolOrderText/4) + `]`, 1, []string{"x"}}, // too long to read
 	} {
 		if got := new(poolOrders).servingPools(tc.cluster, tc.md, tc.attempts); !slices.Equal(got, tc.want) {
 			t.Errorf("servingPools(%q, %.20q, %d) = %v, want %v", tc.cluster, tc.md, tc.attempts, got, tc.want)
@@ -37,6 +44,7 @@ func TestServingPools(t *testing.T) {
 func FuzzServingPools(f *testing.F) {
 	f.Add("pool-a", aggregateMetadata, 2)
 	f.Add("x", "NULL", 0)
+	f.Add("y", `["a","b"]`, 5)
 	f.Fuzz(func(t *testing.T, cluster, md string, attempts int) {
 		attempts %= 16
 		got := new(poolOrders).servingPools(cluster, md, attempts)

@@ -62,7 +62,7 @@ func (s *script) number() float64 {
 var fuzzKeys = []string{":method", ":path", "content-type", "x-request-id", request.ModelHeader, request.PoolHeader,
 	":status", "authorization", "x_infergate_model", "traceparent"}
 var fuzzAttrs = []string{"response.code", "upstream.request_attempt_count", "request.time", "upstream.address",
-	"xds.cluster_name", "xds.cluster_metadata", "upstream.locality"}
+	"xds.cluster_name", "xds.cluster_metadata", "upstream.locality", request.MeterAttribute, request.PoolOrderAttribute}
 var fuzzMeta = []string{"model", "stream", "prompt_tokens", "gate_us", "auth_us", "reservation", "tenant", request.TraceparentKey}
 
 func (s *script) headers() *corev3.HeaderMap {
@@ -75,8 +75,15 @@ func (s *script) headers() *corev3.HeaderMap {
 }
 
 func (s *script) value() *structpb.Value {
-	if s.byte()%2 == 0 {
+	switch s.byte() % 3 {
+	case 0:
 		return structpb.NewNumberValue(s.number())
+	case 1:
+		// The gate's field, well-formed, with hostile values.
+		f := gateField{sent: int64(s.number()), stream: s.byte()%2 == 0, promptTokens: int64(s.number()), gateUS: int64(s.number()),
+			checksUS: int64(s.number()), requestID: strings.ToValidUTF8(s.str(), ""), model: strings.ToValidUTF8(s.str(), ""),
+			tenant: strings.ToValidUTF8(s.str(), ""), reservation: strings.ToValidUTF8(s.str(), "")}
+		return structpb.NewStringValue(f.encode())
 	}
 	return structpb.NewStringValue(strings.ToValidUTF8(s.str(), ""))
 }
@@ -96,7 +103,8 @@ func (s *script) message() *extprocv3.ProcessingRequest {
 			fields[fuzzMeta[int(s.byte())%len(fuzzMeta)]] = s.value()
 		}
 		msg.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-			request.MetadataNamespace: {Fields: fields}}}
+			request.MetadataNamespace: {Fields: fields},
+			request.MeterNamespace:    {Fields: map[string]*structpb.Value{request.MeterKey: s.value()}}}}
 	}
 	if s.byte()%2 == 0 {
 		msg.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: modes.ProcessingMode_BodySendMode(s.byte() % 6),
@@ -174,6 +182,11 @@ func FuzzProtocol(f *testing.F) {
 			}
 			if st.Attempts < 0 || st.Attempts > maxAttempts || len(st.PoolsTried) > maxPoolsTried || st.PromptTokens < 0 {
 				t.Fatalf("stamp out of range: attempts %d, pools tried %d, prompt tokens %d", st.Attempts, len(st.PoolsTried), st.PromptTokens)
+			}
+			// Whatever time the gate's field claims, the meter's own
+			// timings stay within what it saw (messages arrive now).
+			if st.E2E < 0 || st.TTFT < 0 || st.Gateway.Total < 0 || st.E2E > time.Hour+time.Minute {
+				t.Fatalf("timings out of range: E2E %v, TTFT %v, gateway %v", st.E2E, st.TTFT, st.Gateway.Total)
 			}
 		}
 	})

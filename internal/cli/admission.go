@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
@@ -54,6 +55,11 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		Checks:  map[string]*admission.Check{},
 	}}
 	c := p.controller
+	if extra := extproc.UnforwardedHeaders(cfg.Auth.PolicyHeaders); len(extra) > 0 {
+		// Envoy sends the gate only the headers its forward_rules name.
+		log.Warn("auth.policyHeaders names headers the shipped gate filter does not forward: add them to its "+
+			"forward_rules.allowed_headers (the Helm chart does), or no policy sees them", "headers", extra)
+	}
 	c.DefaultMaxTokens = cfg.RateLimit.DefaultMaxTokens
 	if cfg.Auth.Keys != "" {
 		last, _ := watch.Fingerprint(cfg.Auth.Keys, nil) // before loading: a change meanwhile is seen

@@ -18,10 +18,12 @@ const (
 	ErrorHeader = "x-infergate-error"
 )
 
-// MetadataNamespace is the dynamic-metadata namespace the gate writes (read
-// by the meter, access logs and response-header formatters such as
-// %DYNAMIC_METADATA(infergate:x-ratelimit-remaining-tokens)%), and the
-// cluster-metadata namespace infergate's xDS server writes.
+// MetadataNamespace is the dynamic-metadata namespace the gate writes, one
+// key per field of its decision (read by access logs and response-header
+// formatters such as
+// %DYNAMIC_METADATA(infergate:x-ratelimit-remaining-tokens)%, and by a meter
+// whose Envoy filter still forwards it), and the cluster-metadata namespace
+// infergate's xDS server writes.
 const MetadataNamespace = "infergate"
 
 // Keys in MetadataNamespace.
@@ -29,9 +31,29 @@ const (
 	// PoolsKey lists, in cluster metadata of a fallback aggregate cluster,
 	// its pools in the order attempts try them.
 	PoolsKey = "pools"
+	// PoolOrderKey is PoolsKey's list as one string (a JSON array), in the
+	// same cluster metadata: Envoy's CEL attributes carry a string, not a
+	// list (a list arrives as the text "CelList value").
+	PoolOrderKey = "pool_order"
 	// TraceparentKey carries the gate's span to the meter when Envoy sends
 	// no trace context of its own.
 	TraceparentKey = "traceparent"
+)
+
+// The meter's wire. The gate also writes what the meter needs as one
+// compact, versioned string (MeterKey in MeterNamespace, its own namespace
+// so that it can be forwarded alone), which Envoy hands to the meter once
+// per request as an attribute (MeterAttribute), instead of copying a
+// forwarded namespace into every message, body chunks included.
+const (
+	MeterNamespace = "infergate.meter"
+	MeterKey       = "m"
+	// MeterAttribute is the CEL expression naming it, as the meter
+	// filter's request_attributes list it; Envoy keys the value by this
+	// text.
+	MeterAttribute = "metadata.filter_metadata['" + MeterNamespace + "']['" + MeterKey + "']"
+	// PoolOrderAttribute names PoolOrderKey of the route's cluster.
+	PoolOrderAttribute = "xds.cluster_metadata.filter_metadata['" + MetadataNamespace + "']['" + PoolOrderKey + "']"
 )
 
 // AggregatePrefix starts the name of the aggregate cluster a virtual model

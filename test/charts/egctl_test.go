@@ -186,24 +186,26 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 	}
 
 	// The gate: blocking, fail-closed, the whole request body, nothing of
-	// the response, may write the infergate metadata namespace.
+	// the response, may write the infergate metadata namespaces (one key
+	// per field, and the meter's one field).
 	pm := gate.GetProcessingMode()
 	if gate.GetObservabilityMode() || gate.GetFailureModeAllow() ||
 		pm.GetRequestHeaderMode().String() != "SEND" || pm.GetRequestBodyMode().String() != "BUFFERED" ||
 		pm.GetResponseHeaderMode().String() != "SKIP" || pm.GetResponseBodyMode().String() != "NONE" ||
 		gate.GetStatusOnError().GetCode().String() != "ServiceUnavailable" || gate.GetMessageTimeout().AsDuration().String() != "1s" ||
-		!equal(gate.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(), "infergate") {
+		!equal(gate.GetMetadataOptions().GetReceivingNamespaces().GetUntyped(), "infergate", "infergate.meter") {
 		t.Errorf("gate filter is not blocking/fail-closed/buffered-request as intended:\n%v", gate)
 	}
 	// The meter: observability mode, streamed response, its attributes,
-	// reads what the gate wrote.
+	// gets the gate's field (its namespace alone: Envoy Gateway takes no
+	// metadata expression as an attribute).
 	pm = meter.GetProcessingMode()
 	if !meter.GetObservabilityMode() || !meter.GetFailureModeAllow() ||
 		pm.GetRequestHeaderMode().String() != "SEND" || pm.GetRequestBodyMode().String() != "NONE" ||
 		pm.GetResponseHeaderMode().String() != "SEND" || pm.GetResponseBodyMode().String() != "STREAMED" ||
 		!equal(meter.GetRequestAttributes(), "request.time") ||
 		!equal(meter.GetResponseAttributes(), "response.code", "upstream.address", "upstream.request_attempt_count") ||
-		!equal(meter.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(), "infergate") {
+		!equal(meter.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(), "infergate.meter") {
 		t.Errorf("meter filter is not observability-mode/streamed-response as intended:\n%v", meter)
 	}
 	for _, f := range []*extprocv3.ExternalProcessor{gate, meter} {

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -126,6 +127,46 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 	for _, c := range []string{"GATEWAY", "SIDECAR_INBOUND"} {
 		if !contexts[c] {
 			t.Errorf("no EnvoyFilter patch for context %s (have %v)", c, contexts)
+		}
+	}
+}
+
+// The gate is forwarded only the request headers it reads (forward_rules):
+// those of envoy/snippet.yaml, plus config.auth.policyHeaders, lower-cased
+// and once each, so that a policy sees every header the config names.
+func TestIstioGateForwardsPolicyHeaders(t *testing.T) {
+	vals := readValues(t, filepath.Join(chartDir, "ci", "istio-values.yaml"))
+	vals["config"] = map[string]any{"auth": map[string]any{"policyHeaders": []any{"X-Team", "user-agent", "x-tier"}}}
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A plain Envoy's snippet must be told too.
+	if !strings.Contains(r.notes, "forward_rules.allowed_headers") || !strings.Contains(r.notes, "x-team, x-tier.") {
+		t.Errorf("the notes do not name the policy headers to forward:\n%s", r.notes)
+	}
+	for _, doc := range r.docs {
+		if !strings.Contains(doc, "kind: EnvoyFilter") {
+			continue
+		}
+		_, procs, _, err := decodeEnvoyFilter([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var exact, prefix []string
+		for _, p := range procs[0].GetForwardRules().GetAllowedHeaders().GetPatterns() {
+			if e := p.GetExact(); e != "" {
+				exact = append(exact, e)
+			}
+			if e := p.GetPrefix(); e != "" {
+				prefix = append(prefix, e)
+			}
+		}
+		if want := []string{":method", ":path", "content-type", "x-request-id", "authorization", "x-api-key", "user-agent", "x-team", "x-tier"}; !slices.Equal(exact, want) {
+			t.Errorf("gate forwards %v, want %v", exact, want)
+		}
+		if !slices.Equal(prefix, []string{"x-infergate-", "x_infergate_"}) {
+			t.Errorf("gate forwards prefixes %v", prefix)
 		}
 	}
 }

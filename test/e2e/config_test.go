@@ -4,10 +4,15 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/request"
 )
 
 // The drop-in snippet users copy is exactly what the tested bootstraps run
@@ -41,6 +46,50 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 			t.Errorf("envoy/snippet.yaml tracing differs from %s's", bootstrap)
 		}
 	}
+}
+
+// The gate filter forwards the headers extproc.GateHeaders lists (what the
+// gate reads, the default policy headers) and every x-infergate-* under
+// either spelling; infergate warns about policy headers outside them.
+func TestSnippetForwardsGateHeaders(t *testing.T) {
+	var snippet struct {
+		HTTPFilters []struct {
+			Name        string `yaml:"name"`
+			TypedConfig struct {
+				ForwardRules struct {
+					AllowedHeaders struct {
+						Patterns []map[string]string `yaml:"patterns"`
+					} `yaml:"allowed_headers"`
+				} `yaml:"forward_rules"`
+			} `yaml:"typed_config"`
+		} `yaml:"http_filters"`
+	}
+	readYAML(t, "envoy/snippet.yaml", &snippet)
+	var exact, prefix []string
+	for _, p := range snippet.HTTPFilters[0].TypedConfig.ForwardRules.AllowedHeaders.Patterns {
+		if len(p) != 1 {
+			t.Fatalf("pattern %v", p)
+		}
+		exact, prefix = appendNonEmpty(exact, p["exact"]), appendNonEmpty(prefix, p["prefix"])
+	}
+	if snippet.HTTPFilters[0].Name != "infergate.gate" || !slices.Equal(exact, extproc.GateHeaders) ||
+		!slices.Equal(prefix, []string{request.ReservedHeaderPrefix, strings.ReplaceAll(request.ReservedHeaderPrefix, "-", "_")}) {
+		t.Errorf("the gate forwards %v and prefixes %v; want %v and x-infergate-, x_infergate_", exact, prefix, extproc.GateHeaders)
+	}
+	def, err := config.Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if extra := extproc.UnforwardedHeaders(def.Auth.PolicyHeaders); len(extra) > 0 {
+		t.Errorf("the default policy headers %v are not forwarded to the gate", extra)
+	}
+}
+
+func appendNonEmpty(s []string, v string) []string {
+	if v == "" {
+		return s
+	}
+	return append(s, v)
 }
 
 type bootstrapDoc struct {

@@ -193,15 +193,18 @@ func (g *gateway) stamp(t *testing.T, requestID string) Stamp {
 	return Stamp{}
 }
 
-// startEnvoy renders envoy/demo.yaml for the given ports and runs the
-// pinned Envoy on it. Its log is shown only when the test fails.
-func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, poolA, poolB string) *envoytest.Envoy {
+// startEnvoy renders envoy/demo.yaml for the given ports, applies edits,
+// and runs the pinned Envoy on it. Its log is shown only when the test fails.
+func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, poolA, poolB string, edits ...func(*testing.T, string) string) *envoytest.Envoy {
 	t.Helper()
 	rendered := renderEnvoy(t, bootstrap, map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
 		"EXTPROC_PORT": port(t, extprocAddrs[0]), "POOL_A_PORT": port(t, poolA), "POOL_B_PORT": port(t, poolB),
 		"JWKS_FILE": testIssuer(t).jwksPath, "XDS_PORT": port(t, xdsAddr), "OTLP_PORT": otlpPort(t),
 	})
+	for _, edit := range edits {
+		rendered = edit(t, rendered)
+	}
 	// More infergate replicas: more endpoints in the infergate cluster, so
 	// a request's gate and meter streams may land on different replicas.
 	first := "{address: 127.0.0.1, port_value: " + port(t, extprocAddrs[0]) + "}}}"
@@ -213,6 +216,27 @@ func startEnvoy(t *testing.T, bootstrap string, extprocAddrs []string, xdsAddr, 
 		rendered = strings.Replace(rendered, line, line+"\n"+strings.Replace(line, port(t, extprocAddrs[0]), port(t, addr), 1), 1)
 	}
 	return envoytest.Start(t, rendered)
+}
+
+// forwardToGate adds headers to the gate filter's forward_rules, as a user
+// who names them in auth.policyHeaders must (Envoy sends the gate only the
+// headers listed there).
+func forwardToGate(headers ...string) func(*testing.T, string) string {
+	return func(t *testing.T, rendered string) string {
+		t.Helper()
+		const last = "- {exact: user-agent}\n"
+		i := strings.Index(rendered, last)
+		if i < 0 {
+			t.Fatal("the gate's forward_rules: user-agent line not found")
+		}
+		indent := rendered[strings.LastIndexByte(rendered[:i], '\n')+1 : i]
+		var add strings.Builder
+		for _, h := range headers {
+			add.WriteString(indent + "- {exact: " + h + "}\n")
+		}
+		at := i + len(last)
+		return rendered[:at] + add.String() + rendered[at:]
+	}
 }
 
 // renderEnvoy fills the port placeholders of a config under envoy/, as

@@ -54,7 +54,10 @@ policy: {dir: %s}
 checks: {moderation: {url: %s, timeout: 2s}}
 tracing: {endpoint: %q, insecure: true}
 `, dir, moderation.URL, recv.Addr)
-	s := startStackWith(t, cfg, 1)
+	// The policy reads two headers of its own: the gate must be sent them.
+	s := startStackFor(t, "", func(*stack) string { return cfg }, 1)
+	s.Envoy = startEnvoy(t, "envoy/demo.yaml", []string{s.Gateway.ExtProcAddr}, s.Gateway.XDSAddr, s.PoolA.Addr, s.PoolB.Addr,
+		forwardToGate("x-test-slow-policy", "x-test-moderate"))
 
 	send := func(hdr map[string]string) Stamp {
 		t.Helper()

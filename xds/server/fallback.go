@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"slices"
 	"time"
 
@@ -32,8 +33,11 @@ import (
 //
 // The meter sees the aggregate's name as the cluster that served the
 // request, so each aggregate carries its pool order as metadata, under
-// request.MetadataNamespace/request.PoolsKey, and the meter derives the pool each attempt
-// went to from upstream.request_attempt_count.
+// request.MetadataNamespace: request.PoolOrderKey, a JSON array in a string
+// (the one field the meter asks Envoy for, request.PoolOrderAttribute), and
+// request.PoolsKey, the same list as a list (what an older meter config
+// reads from the whole cluster metadata). The meter derives the pool each
+// attempt went to from upstream.request_attempt_count.
 
 // AggregateName is the aggregate cluster of virtualModel that tries pool first.
 func AggregateName(virtualModel, pool string) string {
@@ -68,7 +72,11 @@ func aggregateClusters(r Route) []*clusterv3.Cluster {
 		for i, name := range order {
 			values[i] = name
 		}
-		md, err := structpb.NewStruct(map[string]any{request.PoolsKey: values})
+		text, err := json.Marshal(order)
+		if err != nil {
+			panic(err) // strings only: cannot fail
+		}
+		md, err := structpb.NewStruct(map[string]any{request.PoolsKey: values, request.PoolOrderKey: string(text)})
 		if err != nil {
 			panic(err) // strings only: cannot fail
 		}

@@ -53,6 +53,10 @@ func TestFallbackAggregates(t *testing.T) {
 	if !slices.Equal(meta, cfg.GetClusters()) {
 		t.Errorf("metadata order %v, aggregate %v", meta, cfg.GetClusters())
 	}
+	// The same order as one string, for the meter's CEL attribute.
+	if got := b.GetMetadata().GetFilterMetadata()[request.MetadataNamespace].GetFields()[request.PoolOrderKey].GetStringValue(); got != `["pool-b","pool-a","pool-c"]` {
+		t.Errorf("pool order %q", got)
+	}
 	// Every stream of a pool that dies may retry on the next one at once.
 	if got := b.GetCircuitBreakers().GetThresholds()[0].GetMaxRetries().GetValue(); got < 1024 {
 		t.Errorf("at most %d retries in flight, want Envoy's cap on requests (1024)", got)

@@ -2,7 +2,9 @@
 The gate and meter ext_proc filters as raw Envoy config, for the Istio
 EnvoyFilters. The same filters as envoy/snippet.yaml (see the comments
 there); a test keeps them identical apart from the cluster name, the
-message timeout and the error status. Call with (dict "root" $ "cluster" NAME).
+message timeout, the error status and the gate's forwarded headers, which
+also name config.auth.policyHeaders (a header the gate is not sent, no
+policy sees). Call with (dict "root" $ "cluster" NAME).
 */}}
 
 {{- define "infergate.envoy.gate" -}}
@@ -21,8 +23,22 @@ typed_config:
     response_header_mode: SKIP
     response_body_mode: NONE
   send_body_without_waiting_for_header_response: true
+  forward_rules:
+    allowed_headers:
+      patterns:
+      {{- $headers := list ":method" ":path" "content-type" "x-request-id" "authorization" "x-api-key" "user-agent" }}
+      {{- range $headers }}
+      - {exact: {{ . | quote }}}
+      {{- end }}
+      {{- range (dig "auth" "policyHeaders" list .root.Values.config) }}
+      {{- if not (has (lower .) $headers) }}
+      - {exact: {{ lower . | quote }}}
+      {{- end }}
+      {{- end }}
+      - {prefix: x-infergate-}
+      - {prefix: x_infergate_}
   metadata_options:
-    receiving_namespaces: {untyped: [infergate]}
+    receiving_namespaces: {untyped: [infergate, infergate.meter]}
     forwarding_namespaces: {untyped: [envoy.filters.http.jwt_authn]}
 {{- end }}
 
@@ -40,8 +56,21 @@ typed_config:
     request_header_mode: SEND
     response_header_mode: SEND
     response_body_mode: STREAMED
-  request_attributes: [request.time]
-  response_attributes: [response.code, upstream.address, xds.cluster_name, xds.cluster_metadata, upstream.request_attempt_count]
-  metadata_options:
-    forwarding_namespaces: {untyped: [infergate]}
+  request_attributes:
+  - "metadata.filter_metadata['infergate.meter']['m']"
+  - request.time
+  response_attributes:
+  - response.code
+  - upstream.address
+  - xds.cluster_name
+  - "xds.cluster_metadata.filter_metadata['infergate']['pool_order']"
+  - upstream.request_attempt_count
+  forward_rules:
+    allowed_headers:
+      patterns:
+      - {exact: x-request-id}
+      - {exact: x-infergate-model}
+      - {exact: ":status"}
+      - {exact: content-type}
+      - {exact: x-infergate-pool}
 {{- end }}

@@ -1,0 +1,169 @@
+package extproc
+
+import (
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// The meter's field: what the meter needs of the gate's decision, as one
+// string. The gate writes it once per request (request.MeterNamespace,
+// key request.MeterKey) and Envoy hands it to the meter once, as an
+// attribute of the request headers (request.MeterAttribute), where a
+// forwarded metadata namespace would ride on every message Envoy builds,
+// each body chunk included.
+//
+// Version 1, seventeen fields separated by '|':
+//
+//	1|sent|flags|prompt_tokens|gate_us|auth_us|policy_us|ratelimit_us|checks_us|decision|request_id|model|tenant|principal|reason|traceparent|reservation
+//
+// sent is when the gate answered, in Unix microseconds of the gate's clock;
+// flags is a decimal bit set (1: the request streams); the other numbers
+// are decimal integers; the strings have '%' and '|' escaped as %25 and
+// %7C. The reader takes the first seventeen fields and ignores any after
+// them (a later writer of version 1 may append some); a value of another
+// version, longer than maxMeterField, or with fewer fields is absent. A
+// number that does not parse is absent (0); every value is range-checked
+// where it is used, as anything that reaches the port may send one.
+
+const (
+	// maxMeterField bounds the field, both ways: the gate fails closed
+	// rather than write a longer one, and the meter ignores a longer one.
+	// Its strings are cut to the stamp's bounds before they are written, so
+	// only a reservation over a hundred or so budgets could reach it.
+	maxMeterField = 16 << 10
+	meterVersion  = "1|"
+	meterFields   = 17 // the version included
+	flagStream    = 1
+)
+
+// gateField is the meter's field, decoded.
+type gateField struct {
+	sent                                            int64 // Unix µs, the gate's clock
+	stream                                          bool
+	promptTokens                                    int64
+	gateUS, authUS, policyUS, rateLimitUS, checksUS int64
+	decision, requestID, model, tenant, principal   string
+	reason, traceparent, reservation                string
+}
+
+// encode renders f in version 1.
+func (f *gateField) encode() string {
+	n := 64 + len(f.decision) + len(f.requestID) + len(f.model) + len(f.tenant) + len(f.principal) +
+		len(f.reason) + len(f.traceparent) + len(f.reservation)
+	b := make([]byte, 0, n)
+	b = append(b, meterVersion...)
+	b = strconv.AppendInt(b, f.sent, 10)
+	flags := int64(0)
+	if f.stream {
+		flags |= flagStream
+	}
+	for _, v := range [...]int64{flags, f.promptTokens, f.gateUS, f.authUS, f.policyUS, f.rateLimitUS, f.checksUS} {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, v, 10)
+	}
+	for _, v := range [...]string{f.decision, f.requestID, f.model, f.tenant, f.principal, f.reason, f.traceparent, f.reservation} {
+		b = append(b, '|')
+		b = appendEscaped(b, v)
+	}
+	return string(b)
+}
+
+// parseGateField decodes what encode wrote; ok is false for anything else
+// it cannot read (see above).
+func parseGateField(s string) (f gateField, ok bool) {
+	if len(s) > maxMeterField || !strings.HasPrefix(s, meterVersion) {
+		return f, false
+	}
+	var v [meterFields - 1]string
+	rest := s[len(meterVersion):]
+	for i := range v {
+		j := strings.IndexByte(rest, '|')
+		if j < 0 {
+			if i != len(v)-1 {
+				return gateField{}, false
+			}
+			v[i] = rest
+			break
+		}
+		v[i], rest = rest[:j], rest[j+1:]
+	}
+	num := func(s string) int64 {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return 0 // out of range included: ParseInt would give the bound
+		}
+		return n
+	}
+	f.sent = num(v[0])
+	f.stream = num(v[1])&flagStream != 0
+	f.promptTokens = num(v[2])
+	f.gateUS, f.authUS, f.policyUS, f.rateLimitUS, f.checksUS = num(v[3]), num(v[4]), num(v[5]), num(v[6]), num(v[7])
+	f.decision, f.requestID, f.model = unescape(v[8]), unescape(v[9]), unescape(v[10])
+	f.tenant, f.principal, f.reason = unescape(v[11]), unescape(v[12]), unescape(v[13])
+	f.traceparent, f.reservation = unescape(v[14]), unescape(v[15])
+	return f, true
+}
+
+// appendEscaped appends s with '%' and '|' escaped.
+func appendEscaped(b []byte, s string) []byte {
+	for {
+		i := strings.IndexAny(s, "%|")
+		if i < 0 {
+			return append(b, s...)
+		}
+		b = append(b, s[:i]...)
+		if s[i] == '%' {
+			b = append(b, "%25"...)
+		} else {
+			b = append(b, "%7C"...)
+		}
+		s = s[i+1:]
+	}
+}
+
+// unescape undoes appendEscaped; any other '%' is kept as it is. The common
+// case (no '%') is s itself, with no copy.
+func unescape(s string) string {
+	i := strings.IndexByte(s, '%')
+	if i < 0 {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s))
+	for ; i >= 0; i = strings.IndexByte(s, '%') {
+		b.WriteString(s[:i])
+		switch {
+		case strings.HasPrefix(s[i:], "%25"):
+			b.WriteByte('%')
+			s = s[i+3:]
+		case strings.HasPrefix(s[i:], "%7C"):
+			b.WriteByte('|')
+			s = s[i+3:]
+		default:
+			b.WriteByte('%')
+			s = s[i+1:]
+		}
+	}
+	b.WriteString(s)
+	return b.String()
+}
+
+// fieldString is s as the gate writes it into the field: valid UTF-8 (a
+// protobuf string; a client's request id may be any bytes) and cut to n
+// bytes, as the stamp would cut it.
+func fieldString(s string, n int) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	return truncate(s, n)
+}
+
+// sentTime is when the gate answered, or zero.
+func (f *gateField) sentTime() time.Time {
+	if f.sent <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMicro(f.sent)
+}
