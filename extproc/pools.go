@@ -6,9 +6,9 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/tidwall/gjson"
 	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/request"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // Which pool served a request.

@@ -2,7 +2,7 @@ package chaos
 
 import (
 	"context"
-	"strings"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -61,11 +61,9 @@ func (l *ledger) scan(ctx context.Context) bool {
 	defer l.mu.Unlock()
 	for i, k := range keys {
 		if s, ok := vals[i].(string); ok {
-			var n int64
-			for _, c := range strings.TrimSpace(s) {
-				n = n*10 + int64(c-'0')
+			if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+				l.counters[k] = n
 			}
-			l.counters[k] = n
 		}
 	}
 	return true
