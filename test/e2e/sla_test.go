@@ -168,10 +168,17 @@ func TestSLADegradeAndRecover(t *testing.T) {
 	t.Logf("first shift: decided %v, applied by Envoy %v after the primary slowed down (25 ms polling)",
 		decided.Round(time.Millisecond), applied.Round(time.Millisecond))
 	waitFor(t, 10*time.Second, func() bool { _, b := sample(); return b >= 98 }, "traffic to move to the backup")
+	// Envoy routes by what it applied, a push later than the decision.
+	waitFor(t, 5*time.Second, func() bool {
+		w := envoyWeight(t, s.Envoy.AdminURL, "pool-a")
+		return w >= 0 && w <= 2
+	}, "Envoy to apply the shift")
 	shifted := time.Now()
 	t.Logf("moved to the backup %v after the primary slowed down", shifted.Sub(degraded).Round(time.Millisecond))
 	// With the primary at its probe weight (and before the cooldown lets a
-	// probe step through), the client's TTFT p95 is back under the SLA.
+	// probe step through), the client's TTFT is back under the SLA but for
+	// the probe's 2%: at most 10% over it, room for chance in ~70 requests
+	// (a p95 would fail one run in fifteen on the probe alone).
 	time.Sleep(1500 * time.Millisecond)
 	mu.Lock()
 	var recent []time.Duration
@@ -182,11 +189,17 @@ func TestSLADegradeAndRecover(t *testing.T) {
 	}
 	mu.Unlock()
 	slices.Sort(recent)
-	if len(recent) < 10 {
+	if len(recent) < 20 {
 		t.Fatalf("only %d recent requests", len(recent))
 	}
-	if p95 := recent[len(recent)*95/100]; p95 > 150*time.Millisecond {
-		t.Errorf("client TTFT p95 %v after the shift, SLA 150ms", p95)
+	over := 0
+	for _, ttft := range recent {
+		if ttft > 150*time.Millisecond {
+			over++
+		}
+	}
+	if over*10 > len(recent) {
+		t.Errorf("%d of %d requests over the 150ms SLA after the shift (TTFTs %v)", over, len(recent), recent)
 	}
 
 	setTTFT(t, s.PoolA, "50")
