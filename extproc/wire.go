@@ -25,8 +25,7 @@ import (
 // fields); anything else (an unknown or repeated field, a typed metadata
 // entry, invalid UTF-8, deep nesting) goes to proto.Unmarshal, so the
 // result is always proto.Unmarshal's (FuzzDecodeProcessingRequest checks
-// it). Every other message, and every answer, is grpc-go's own proto
-// codec's, which marshals into pooled buffers.
+// it). Every other message is grpc-go's own proto codec's.
 type Codec struct{ proto encoding.CodecV2 }
 
 // NewCodec returns the codec, falling back to grpc-go's registered one.
@@ -35,7 +34,24 @@ func NewCodec() Codec { return Codec{proto: encoding.GetCodecV2("proto")} }
 // Name is the content subtype it serves: the default one.
 func (Codec) Name() string { return "proto" }
 
-func (c Codec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Marshal(v) }
+// Marshal encodes an answer into a pooled buffer, returned to the pool
+// once the transport wrote it; grpc-go's codec pools only messages over
+// 1 KiB, and the gate's answers are smaller.
+func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.proto.Marshal(v)
+	}
+	size := proto.Size(m)
+	opts := proto.MarshalOptions{UseCachedSize: true} // the size just computed
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	if _, err := opts.MarshalAppend((*buf)[:0], m); err != nil {
+		pool.Put(buf)
+		return nil, err
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
 
 func (c Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(*extprocv3.ProcessingRequest)

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
 
@@ -60,8 +61,9 @@ func TestDecodeMatchesProto(t *testing.T) {
 	}
 }
 
-// Through the gRPC codec, from a transport buffer that is reused after.
-func TestCodecCopiesOutOfTheBuffer(t *testing.T) {
+// Through the gRPC codec: a request from a transport buffer that is reused
+// after, an answer into a pooled one.
+func TestCodec(t *testing.T) {
 	msg := respBody(contentChunk, true)
 	b, _ := proto.Marshal(msg)
 	buf := append([]byte(nil), b...)
@@ -73,6 +75,17 @@ func TestCodecCopiesOutOfTheBuffer(t *testing.T) {
 	if !proto.Equal(&got, msg) {
 		t.Fatalf("decoded %v, want %v", &got, msg)
 	}
+	// Answers: into pooled buffers, as proto.Marshal encodes them.
+	answer := immediate(openai.NewError(429, "rate_limit_exceeded", "rate_limited", "", "slow down"))
+	out, err := NewCodec().Marshal(answer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back extprocv3.ProcessingResponse
+	if err := proto.Unmarshal(out.Materialize(), &back); err != nil || !proto.Equal(&back, answer) {
+		t.Fatalf("answer through the codec: %v %v", &back, err)
+	}
+	out.Free()
 	var other structpb.Struct // anything else: grpc-go's own codec
 	sb, _ := proto.Marshal(&structpb.Struct{Fields: map[string]*structpb.Value{"a": structpb.NewBoolValue(true)}})
 	if err := NewCodec().Unmarshal(mem.BufferSlice{mem.SliceBuffer(sb)}, &other); err != nil || !other.Fields["a"].GetBoolValue() {

@@ -22,6 +22,9 @@ type options struct {
 	GatewayCPUs string // taskset CPU list for Envoy and infergate; empty: unpinned
 	// InfergateCPUs moves infergate off the gateway CPUs (default: with Envoy).
 	InfergateCPUs string
+	// Previous is an earlier infergate binary, measured against this one
+	// by the variant "previous".
+	Previous string
 	// InfergateEnv is added to infergate's environment (GOMAXPROCS=2, GOGC=200, ...).
 	InfergateEnv []string
 	ClientCPUs   string // for the mock, the harness (load generator) and Redis
@@ -157,7 +160,7 @@ func run(ctx context.Context, opts options) (*Report, error) {
 		rep.PeakRSS = append(rep.PeakRSS, ProcessRSS{Name: p.name, Bytes: peakRSS(p.pid())})
 	}
 	for _, v := range variants() {
-		if !h.want(v.Key) {
+		if !h.want(v.Key) || (v.Key == "previous" && opts.Previous == "") {
 			continue
 		}
 		res, err := h.runVariant(ctx, v, gw)
@@ -208,6 +211,13 @@ func (h *harness) setup() error {
 		}
 	} else if abs, err := filepath.Abs(h.infergateBin); err == nil {
 		h.infergateBin = abs
+	}
+	if h.opts.Previous != "" {
+		abs, err := filepath.Abs(h.opts.Previous)
+		if err != nil {
+			return err
+		}
+		h.opts.Previous = abs
 	}
 	return h.writePolicies()
 }
@@ -305,6 +315,18 @@ func variants() []variant {
 					h.logf("variant own-cpu: unpinned, so the same as the default")
 				}
 				return gatewaySpec{cpus: h.opts.ClientCPUs}, nil, nil
+			}},
+		{Key: "gc", Title: "infergate's GOGC vs Go's default",
+			Baseline: "infergate's default GOGC (cli.DefaultGCPercent), or --infergate-env GOGC=N",
+			Changed:  "GOGC=100, Go's default",
+			spec: func(*harness) (gatewaySpec, func(), error) {
+				return gatewaySpec{env: []string{"GOGC=100"}}, nil, nil
+			}},
+		{Key: "previous", Title: "this build vs an earlier one (--previous)",
+			Baseline: "the infergate binary measured",
+			Changed:  "the --previous binary, same config and Envoy (before/after a change that keeps both)",
+			spec: func(h *harness) (gatewaySpec, func(), error) {
+				return gatewaySpec{bin: h.opts.Previous}, nil, nil
 			}},
 		{Key: "opa-off", Title: "Rego policies and limits on vs off",
 			Baseline: "policy.dir: the example policies (authz, per-tier budgets) and the in-memory limiter",

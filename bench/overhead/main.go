@@ -40,6 +40,7 @@ func main() {
 	opts := defaults()
 	flag.StringVar(&opts.Infergate, "infergate", "", "infergate binary (default: go build ./cmd/infergate)")
 	flag.StringVar(&opts.Mock, "mock-bin", "", "binary to run `mock --profile board` with (default: the infergate binary; for measuring an older infergate)")
+	flag.StringVar(&opts.Previous, "previous", "", "an earlier infergate binary: the variant \"previous\" measures this build against it, interleaved")
 	flag.StringVar(&opts.Envoy, "envoy", "", "Envoy binary (default: scripts/install-envoy.sh, which honours ENVOY_BIN)")
 	flag.StringVar(&opts.GatewayCPUs, "gateway-cpus", opts.GatewayCPUs, `CPUs for Envoy and infergate (taskset list; "" unpinned)`)
 	flag.StringVar(&opts.InfergateCPUs, "infergate-cpus", "", "CPUs for infergate, when not the gateway CPUs (taskset list)")

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -61,6 +62,8 @@ type gatewaySpec struct {
 	infergate func(cfg map[string]any)       // edits infergate's config
 	unix      bool                           // ext_proc over a Unix domain socket
 	cpus      string                         // infergate's CPUs, when not the gateway's
+	env       []string                       // added to infergate's environment
+	bin       string                         // infergate's binary, when not the measured one
 }
 
 // startMock runs `infergate mock --profile board` on the client CPUs.
@@ -122,7 +125,7 @@ func (h *harness) startGateway(name string, spec gatewaySpec) (*stack, error) {
 		return nil, err
 	}
 	cpus := cmp.Or(spec.cpus, h.opts.InfergateCPUs, h.opts.GatewayCPUs)
-	ig, err := startProc(h.work, name+"-infergate", cpus, h.opts.InfergateEnv, h.infergateBin, "serve", "--config", cfgPath)
+	ig, err := startProc(h.work, name+"-infergate", cpus, append(slices.Clone(h.opts.InfergateEnv), spec.env...), cmp.Or(spec.bin, h.infergateBin), "serve", "--config", cfgPath)
 	if err != nil {
 		return nil, err
 	}
