@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -56,7 +55,6 @@ type Service struct {
 	recent    *requestlog.Ring // nil when admin.recentRequests is 0
 	tracing   *telemetry.Tracing
 	certs     *tlsreload.Server // ext_proc's mTLS files; nil without extproc.tls
-	stopLogs  func()            // ends the in-Envoy meter's access-log streams
 }
 
 // NewService builds the service; stamps go to requests as JSON lines.
@@ -156,10 +154,6 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		grpc.ForceServerCodecV2(extproc.NewCodec()),
 	)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, srv)
-	// The in-Envoy meter's summaries (envoy/wasm-meter.yaml), on the same port.
-	als, stopLogs := srv.AccessLogService()
-	accesslogv3.RegisterAccessLogServiceServer(s.grpc, als)
-	s.stopLogs = stopLogs
 	return s, nil
 }
 
@@ -291,7 +285,6 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	s.ready.Store(false)
 	stopRouting()
 	drained := make(chan struct{})
-	s.stopLogs() // Envoy never ends them: a graceful stop would wait for them
 	go func() { s.grpc.GracefulStop(); close(drained) }()
 	select {
 	case <-drained:
