@@ -28,6 +28,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -66,6 +67,7 @@ func main() {
 	flag.StringVar(&opts.ProfileDir, "profile-dir", "", "write a CPU profile of infergate per phase here (perturbs the numbers a little)")
 	flag.StringVar(&opts.Work, "work", "", "keep configs and process logs in this directory")
 	flag.BoolVar(&opts.AccessLog, "envoy-access-log", false, "give every Envoy an access log in --work with its timings per request (DS_RX_BEG to US_TX_BEG, ...)")
+	variantPhases := flag.String("variant-phases", "", "the phases each variant is measured with, from the main and variant phases (default: c1,stream-c8)")
 	scale := flag.Float64("scale", 1, "multiply every warm-up and measurement window (e.g. 0.2 for a quick look; the published numbers use 1)")
 	flag.Parse()
 	if *scale <= 0 {
@@ -79,6 +81,18 @@ func main() {
 	}
 	if *only != "" {
 		opts.Only = strings.Split(*only, ",")
+	}
+	if *variantPhases != "" {
+		all := append(slices.Clone(opts.Variants), opts.Phases...) // a variant's own c1 is the shorter
+		var picked []phaseSpec
+		for _, key := range strings.Split(*variantPhases, ",") {
+			i := slices.IndexFunc(all, func(p phaseSpec) bool { return p.Key == key })
+			if i < 0 {
+				fatal(fmt.Errorf("--variant-phases: no phase %q", key))
+			}
+			picked = append(picked, all[i])
+		}
+		opts.Variants = picked
 	}
 	if opts.ClientCPUs != "" && os.Getenv(pinnedEnv) == "" {
 		pinSelf(opts.ClientCPUs)
