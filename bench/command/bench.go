@@ -21,9 +21,16 @@ import (
 	"github.com/infergate/infergate/internal/stats"
 )
 
-const benchSummary = `Send chat completions to one or more OpenAI-compatible targets and measure
-time to first token (TTFT), inter-token latency (ITL), time per output token
-(TPOT), end-to-end latency (E2E), throughput and goodput, side by side.
+const benchSummary = `Send inference requests to one or more targets and measure time to first
+token (TTFT), inter-token latency (ITL), time per output token (TPOT),
+end-to-end latency (E2E), throughput and goodput, side by side.
+
+--api picks the API: chat (OpenAI /v1/chat/completions, the default),
+completions (/v1/completions), responses (OpenAI /v1/responses), messages
+(Anthropic /v1/messages; keys go as x-api-key) or embeddings
+(/v1/embeddings: never streamed, so latency and throughput only, no TTFT
+or ITL). Streams are read in each API's own format: the content events
+time TTFT and ITL, the usage counts tokens.
 
 Load: a closed loop (--concurrency users, each sending its next request when
 the last one ended) or, with --rate, an open loop (arrivals on a seeded
@@ -83,6 +90,7 @@ type benchFlags struct {
 	prompt       string
 	dataset      string
 	stream       bool
+	api          loadgen.API
 	noHints      bool
 	seed         int64
 	timeout      time.Duration
@@ -174,7 +182,12 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
 	fs.StringVar(&f.prompt, "prompt", "", "a fixed user message instead of synthetic words")
 	fs.StringVar(&f.dataset, "dataset", "", "JSONL `file` of requests, one per line: {\"messages\":[...]} or {\"prompt\":\"...\"}, optional max_tokens and model")
 	fs.BoolVar(&f.stream, "stream", true, "stream responses (--stream=false: TTFT = E2E, no ITL)")
-	fs.BoolVar(&f.noHints, "no-length-hints", false, "do not send min_tokens and ignore_eos (output may then end before max_tokens)")
+	f.api = loadgen.APIChat
+	fs.Func("api", "the `API` to call: chat, completions, responses, messages or embeddings (default chat)", func(v string) (err error) {
+		f.api, err = loadgen.ParseAPI(v)
+		return err
+	})
+	fs.BoolVar(&f.noHints, "no-length-hints", false, "do not send min_tokens and ignore_eos (output may then end before max_tokens; only chat and completions send them)")
 	fs.Int64Var(&f.seed, "seed", 1, "seed of the schedule and the workload (same seed, same requests and arrivals)")
 	fs.DurationVar(&f.timeout, "timeout", 60*time.Second, "per-request timeout, whole stream included (0: none)")
 	fs.DurationVar(&f.sloTTFT, "slo-ttft", 0, "SLO: a request's TTFT at most this (goodput, sweep knee)")
@@ -334,6 +347,7 @@ func (f *benchFlags) config() loadgen.Config {
 			Dataset: f.datasetItems,
 			Stream:  f.stream,
 			NoHints: f.noHints,
+			API:     f.api,
 		},
 	}
 }
@@ -481,8 +495,8 @@ func (f *benchFlags) parameters(cfg loadgen.Config) result.Parameters {
 		CooldownS:        f.cooldown.Duration.Seconds(),
 		WarmupRequests:   f.warmup.Requests,
 		CooldownRequests: f.cooldown.Requests,
-		Stream:           f.stream,
-		LengthHints:      !f.noHints,
+		Stream:           f.stream && f.api != loadgen.APIEmbeddings,
+		LengthHints:      !f.noHints && (f.api == loadgen.APIChat || f.api == loadgen.APICompletions),
 		Models:           f.models,
 		InputTokens:      f.input,
 		OutputTokens:     f.output,

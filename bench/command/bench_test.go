@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -231,10 +232,34 @@ func TestBenchFailures(t *testing.T) {
 		{"--target", url, "--slo-percentile", "101"},
 		{"--target", url, "--rate", "5", "--arrival", "lumpy"},
 		{"--target", url, "--rate", "5", "--ramp-users", "2"},
+		{"--target", url, "--api", "grpc"},
 	} {
 		if _, _, err := runBench(t, args...); !errors.Is(err, flagset.ErrUsage) {
 			t.Errorf("%v: err %v, want a usage error", args, err)
 		}
+	}
+}
+
+// TestBenchAPIs runs the command against the mock for each --api: the
+// table has the API's metrics, and the mock saw that API's requests.
+func TestBenchAPIs(t *testing.T) {
+	for _, api := range []string{"completions", "responses", "messages", "embeddings"} {
+		t.Run(api, func(t *testing.T) {
+			m, url := benchMock(t, time.Millisecond)
+			stdout, stderr, err := runBench(t, "--target", url, "--api", api, "--requests", "4", "--output-tokens", "5")
+			if err != nil {
+				t.Fatalf("%v\n%s", err, stderr)
+			}
+			if m.Served() != 4 || !strings.Contains(stdout, "0/4") {
+				t.Errorf("mock served %d:\n%s", m.Served(), stdout)
+			}
+			// Embeddings have no TTFT ("-"); the others a value and tokens.
+			noTTFT := regexp.MustCompile(`TTFT p50 +-\n`).MatchString(stdout)
+			if api == "embeddings" != noTTFT || api == "embeddings" != strings.Contains(stdout, "input tok/s") ||
+				api != "embeddings" && m.Usage().CompletionTokens != 20 {
+				t.Errorf("%d tokens billed:\n%s", m.Usage().CompletionTokens, stdout)
+			}
+		})
 	}
 }
 

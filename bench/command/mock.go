@@ -17,9 +17,14 @@ import (
 
 // Mock runs `infergate mock`.
 func Mock(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flagset.New("mock", `Run a mock OpenAI-compatible upstream (/v1/chat/completions, /v1/completions,
-/v1/models, /metrics, /mock/control). Output is deterministic per request;
-tokens stream on absolute deadlines t0 + ttft + prompt_tokens*ttft-per-prompt-token + k*itl.
+	fs := flagset.New("mock", `Run a mock LLM upstream: OpenAI /v1/chat/completions, /v1/completions,
+/v1/responses and /v1/embeddings, Anthropic /v1/messages and
+/v1/messages/count_tokens, and /v1/models, /metrics, /mock/control. Output is
+deterministic per request; tokens stream on absolute deadlines
+t0 + ttft + prompt_tokens*ttft-per-prompt-token + k*itl, in each API's own
+stream format. Prompt tokens are the prompt's whitespace-separated words
+(token ids one each). An embeddings request answers after
+ttft + prompt_tokens*ttft-per-prompt-token.
 
 Capacity model (off by default): at most --max-batch requests run, later ones
 queue (beyond --max-queue they get 429); the first token is due ttft +

@@ -1,7 +1,7 @@
-// Package loadgen is a load generator for OpenAI-compatible chat
-// completion endpoints. It measures what a client sees: time to first token
-// (TTFT), the gaps between content events (inter-token latency, ITL),
-// end-to-end latency (E2E) and throughput, in a closed loop (a number of
+// Package loadgen is a load generator for LLM inference APIs (OpenAI chat
+// completions by default; see API for the others). It measures what a
+// client sees: time to first token (TTFT), the gaps between content events
+// (inter-token latency, ITL), end-to-end latency (E2E) and throughput, in a closed loop (a number of
 // users) or an open loop (arrivals on a seeded schedule), with latency also
 // measured from each request's intended send time so that an overloaded
 // target cannot hide behind coordinated omission.
@@ -32,7 +32,7 @@ import (
 // Target is one endpoint under test.
 type Target struct {
 	Name string `json:"name"` // label in results; must be unique within a run
-	URL  string `json:"url"`  // base URL, e.g. http://127.0.0.1:10000; requests go to URL+ChatPath
+	URL  string `json:"url"`  // base URL, e.g. http://127.0.0.1:10000; requests go to URL+Workload.API.Path()
 }
 
 // Phase is the part of a run a request was sent in. Only Measure requests
@@ -194,7 +194,7 @@ func Run(ctx context.Context, cfg Config) (*Recording, error) {
 	}
 	defer r.client.CloseIdleConnections()
 	for i, t := range cfg.Targets {
-		r.urls[i] = strings.TrimSuffix(t.URL, "/") + ChatPath
+		r.urls[i] = strings.TrimSuffix(t.URL, "/") + cfg.Workload.API.Path()
 		r.rec.itl[i] = newHist()
 	}
 	r.coolCtx, r.endCooldown = context.WithCancel(ctx)

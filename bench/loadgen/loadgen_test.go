@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -538,6 +539,58 @@ func TestTokenSource(t *testing.T) {
 	}{{[4]int{0, 3, 0, 0}, "usage"}, {[4]int{0, 0, 2, 0}, "events"}, {[4]int{0, 1, 1, 0}, "mixed"}, {[4]int{}, ""}} {
 		if got := tokenSource(tc.n); got != tc.want {
 			t.Errorf("%v: %q, want %q", tc.n, got, tc.want)
+		}
+	}
+}
+
+// TestAPIsAgainstMock runs each API against the mock, streamed and not:
+// the generator must find each stream's content events and usage, and its
+// token counts must be the mock's own ledger.
+func TestAPIsAgainstMock(t *testing.T) {
+	for _, api := range APIs {
+		for _, stream := range []bool{true, false} {
+			if api == APIEmbeddings && !stream {
+				continue // never streams: one run covers it
+			}
+			t.Run(fmt.Sprintf("%s stream=%v", api, stream), func(t *testing.T) {
+				m, url, _ := newMock(t, mock.Config{TTFT: 5 * time.Millisecond, ITL: time.Millisecond}, nil)
+				cfg := baseConfig(url)
+				cfg.Workload.API, cfg.Workload.Stream = api, stream
+				cfg.Workload.Keys = []Key{{Name: "acme", Key: "sk-acme", Weight: 1}}
+				mt := run(t, cfg).Result(0, result.SLO{}).Metrics
+				if mt.Requests != (result.Counts{Sent: 8, Succeeded: 8}) {
+					t.Fatalf("requests %+v: %v", mt.Requests, mt.Errors.Examples)
+				}
+				usage := m.Usage()
+				if mt.InputTokens != usage.PromptTokens || mt.OutputTokens != usage.CompletionTokens || mt.TokenSource != "usage" {
+					t.Errorf("tokens in %d out %d (%s), mock billed %+v", mt.InputTokens, mt.OutputTokens, mt.TokenSource, usage)
+				}
+				if mt.E2EMs.N != 8 {
+					t.Errorf("E2E n %d", mt.E2EMs.N)
+				}
+				switch {
+				case api == APIEmbeddings:
+					if mt.TTFTMs.N != 0 || mt.ITLMs.N != 0 || mt.OutputTokens != 0 || mt.InputTokens != 8*8 {
+						t.Errorf("embeddings: ttft n %d, itl n %d, tokens %d/%d", mt.TTFTMs.N, mt.ITLMs.N, mt.InputTokens, mt.OutputTokens)
+					}
+				case stream:
+					if mt.TTFTMs.N != 8 || mt.ITLMs.N != 8*7 || mt.TPOTMs.N != 8 || mt.OutputTokens != 64 {
+						t.Errorf("ttft n %d, itl n %d, tpot n %d, output %d", mt.TTFTMs.N, mt.ITLMs.N, mt.TPOTMs.N, mt.OutputTokens)
+					}
+				default:
+					if mt.TTFTMs != mt.E2EMs || mt.ITLMs.N != 0 || mt.OutputTokens != 64 {
+						t.Errorf("ttft %+v, e2e %+v, itl n %d", mt.TTFTMs, mt.E2EMs, mt.ITLMs.N)
+					}
+				}
+				h, _ := m.LastRequest()
+				key := h.Get("Authorization")
+				if api == APIMessages {
+					key = "Bearer " + h.Get("x-api-key")
+				}
+				if key != "Bearer sk-acme" {
+					t.Errorf("key not sent: %v", h)
+				}
+			})
 		}
 	}
 }

@@ -143,8 +143,10 @@ func (rec *Recording) Result(i int, slo result.SLO) result.TargetResult {
 			continue
 		}
 		m.Requests.Succeeded++
-		ttft.record(s.TTFT)
-		ttftInt.record(s.TTFT + s.Lag())
+		if s.TTFT > 0 { // embeddings have no first token
+			ttft.record(s.TTFT)
+			ttftInt.record(s.TTFT + s.Lag())
+		}
 		e2e.record(s.E2E)
 		e2eInt.record(s.E2E + s.Lag())
 		if d, ok := s.TPOT(); ok {
@@ -273,7 +275,9 @@ func (rec *Recording) timeline(i int) []result.Bucket {
 			continue
 		}
 		buckets[at(end)].Completed++
-		ttfts[at(s.Start)] = append(ttfts[at(s.Start)], stats.Ms(s.TTFT))
+		if s.TTFT > 0 {
+			ttfts[at(s.Start)] = append(ttfts[at(s.Start)], stats.Ms(s.TTFT))
+		}
 		spread(tokens, s.Start.Add(s.TTFT).Sub(rec.Start), end.Sub(rec.Start), float64(s.OutputTokens))
 	}
 	for b := range buckets {

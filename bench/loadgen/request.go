@@ -14,7 +14,7 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// ChatPath is appended to each Target's URL.
+// ChatPath is the chat API's path (see API.Path for the others).
 const ChatPath = "/v1/chat/completions"
 
 // maxErrorBody bounds how much of a non-2xx body is read for its message.
@@ -67,7 +67,7 @@ type Sample struct {
 	Intended     time.Time
 	Start        time.Time
 	Queue        time.Duration // intended → free concurrency slot (open loop with a cap)
-	TTFT         time.Duration // to the first event carrying content (= E2E without streaming)
+	TTFT         time.Duration // to the first event carrying content (= E2E without streaming; 0 for embeddings)
 	E2E          time.Duration // to data: [DONE] or the end of the body
 	Gaps         int           // gaps between content events
 	GapSum       time.Duration
@@ -178,19 +178,22 @@ func do(ctx context.Context, client *http.Client, url string, req *Request, time
 		return
 	}
 	if !req.Stream {
-		readWhole(s, cr, timeout, sr.raw)
+		readWhole(s, req.API.orDefault(), cr, timeout, sr.raw)
 		return
 	}
-	if err := sr.read(s, cr); err != nil {
+	if err := sr.read(s, req.API, cr); err != nil {
 		s.fail(transportClass(err, ClassStream), "reading stream: "+describe(err, timeout))
 	}
 }
 
-// readWhole reads a non-streaming response: TTFT is E2E, there are no gaps.
-func readWhole(s *Sample, r io.Reader, timeout time.Duration, raw *Raw) {
+// readWhole reads a non-streaming response: TTFT is E2E, there are no
+// gaps. Embeddings have no tokens out: their TTFT stays zero (none).
+func readWhole(s *Sample, api API, r io.Reader, timeout time.Duration, raw *Raw) {
 	b, err := io.ReadAll(io.LimitReader(r, maxBody))
 	s.E2E = time.Since(s.Start)
-	s.TTFT = s.E2E
+	if api != APIEmbeddings {
+		s.TTFT = s.E2E
+	}
 	if raw != nil {
 		raw.Body = append(raw.Body, b...)
 	}
@@ -206,14 +209,18 @@ func readWhole(s *Sample, r io.Reader, timeout time.Duration, raw *Raw) {
 		s.fail(ClassStream, "error in response: "+truncate(msg.String(), 200))
 		return
 	}
-	content := gjson.GetBytes(b, "choices.0.message.content").String()
-	if u := gjson.GetBytes(b, "usage"); u.IsObject() {
-		s.OutputTokens, s.TokenSource = int(u.Get("completion_tokens").Int()), TokensUsage
-		if n := int(u.Get("prompt_tokens").Int()); n > 0 {
-			s.InputTokens = n
+	content, u := api.whole(b)
+	if u.IsObject() {
+		in, out := usageTokens(u)
+		s.OutputTokens, s.TokenSource = out, TokensUsage
+		if in > 0 {
+			s.InputTokens = in
 		}
 	} else {
 		s.OutputTokens, s.TokenSource = len(strings.Fields(content)), TokensWords
+	}
+	if api == APIEmbeddings {
+		s.OutputTokens = 0 // vectors, not tokens
 	}
 	if content == "" && s.OutputTokens == 0 {
 		s.fail(ClassStream, "response carried no content")

@@ -52,15 +52,18 @@ func newStreamReader() *streamReader {
 // event is what the client needs from one chunk.
 type event struct {
 	content      bool // carries output: content, reasoning or a tool call
-	usage        bool
+	usage        bool // carries the output tokens' count
 	outputTokens int
 	inputTokens  int
-	errMsg       string // an {"error":...} event
+	done         bool   // ends the stream (Responses and Anthropic: no [DONE])
+	errMsg       string // an error event
 }
 
-// inspect reads data (one event's payload) without allocating except for an
-// error event. ok is false when data is not a JSON object.
-func inspect(data []byte) (ev event, ok bool) {
+// inspect reads data (one event's payload) of an api stream without
+// allocating except for an error event. ok is false when data is not a
+// JSON object. This is the one place that knows which events of each API
+// carry content, usage, the end or an error.
+func inspect(api API, data []byte) (ev event, ok bool) {
 	if len(data) == 0 || !gjson.ValidBytes(data) {
 		return ev, false
 	}
@@ -69,10 +72,16 @@ func inspect(data []byte) (ev event, ok bool) {
 	if !doc.IsObject() {
 		return ev, false
 	}
+	switch api {
+	case APIResponses:
+		return inspectResponses(doc), true
+	case APIMessages:
+		return inspectMessages(doc), true
+	}
 	doc.ForEach(func(key, v gjson.Result) bool {
 		switch key.Str {
 		case "choices":
-			ev.content = firstDeltaHasContent(v)
+			ev.content = firstChoiceHasContent(v)
 		case "usage":
 			if v.IsObject() {
 				ev.usage = true
@@ -81,10 +90,7 @@ func inspect(data []byte) (ev event, ok bool) {
 			}
 		case "error":
 			if v.Type != gjson.Null {
-				ev.errMsg = strings.Clone(v.Get("message").String())
-				if ev.errMsg == "" {
-					ev.errMsg = strings.Clone(v.Raw)
-				}
+				ev.errMsg = errorMessage(v)
 			}
 		}
 		return true
@@ -92,17 +98,82 @@ func inspect(data []byte) (ev event, ok bool) {
 	return ev, true
 }
 
-// firstDeltaHasContent reports whether choices[0].delta carries output:
-// non-empty content or reasoning, or a tool call. One pass, no lookups by
-// path: this is most of the per-event cost.
-func firstDeltaHasContent(choices gjson.Result) bool {
+// inspectResponses reads a Responses API event: any "*.delta" event with
+// a non-empty delta is output (text, refusal, reasoning, tool arguments);
+// response.completed and response.incomplete end the stream with usage.
+func inspectResponses(doc gjson.Result) (ev event) {
+	typ := doc.Get("type").Str
+	switch {
+	case strings.HasSuffix(typ, ".delta"):
+		d := doc.Get("delta")
+		ev.content = d.Type == gjson.String && len(d.Raw) > 2
+	case typ == "response.completed" || typ == "response.incomplete":
+		ev.done = true
+		if u := doc.Get("response.usage"); u.IsObject() {
+			ev.usage = true
+			ev.inputTokens, ev.outputTokens = usageTokens(u)
+		}
+	case typ == "response.failed":
+		ev.errMsg = errorMessage(doc.Get("response.error"))
+	case typ == "error":
+		ev.errMsg = errorMessage(doc)
+	}
+	return ev
+}
+
+// inspectMessages reads an Anthropic event: content_block_delta carries
+// output (text, thinking or tool input), message_start the input tokens,
+// message_delta the output tokens so far, message_stop the end.
+func inspectMessages(doc gjson.Result) (ev event) {
+	switch doc.Get("type").Str {
+	case "content_block_delta":
+		doc.Get("delta").ForEach(func(field, v gjson.Result) bool {
+			switch field.Str {
+			case "text", "thinking", "partial_json":
+				ev.content = v.Type == gjson.String && len(v.Raw) > 2 // not ""
+			}
+			return !ev.content
+		})
+	case "message_start":
+		ev.inputTokens = int(doc.Get("message.usage.input_tokens").Int())
+	case "message_delta":
+		if u := doc.Get("usage"); u.IsObject() {
+			ev.usage = true
+			ev.inputTokens, ev.outputTokens = usageTokens(u)
+		}
+	case "message_stop":
+		ev.done = true
+	case "error":
+		ev.errMsg = errorMessage(doc.Get("error"))
+	}
+	return ev
+}
+
+// errorMessage is an error object's message, else its JSON.
+func errorMessage(v gjson.Result) string {
+	if msg := v.Get("message").String(); msg != "" {
+		return strings.Clone(msg)
+	}
+	return strings.Clone(v.Raw)
+}
+
+// firstChoiceHasContent reports whether choices[0] carries output: in its
+// delta, non-empty content or reasoning, or a tool call; or a non-empty
+// text (legacy completions). One pass, no lookups by path: this is most of
+// the per-event cost.
+func firstChoiceHasContent(choices gjson.Result) bool {
 	content := false
 	choices.ForEach(func(_, choice gjson.Result) bool {
-		choice.ForEach(func(key, delta gjson.Result) bool {
-			if key.Str != "delta" {
+		choice.ForEach(func(key, v gjson.Result) bool {
+			switch key.Str {
+			case "text":
+				content = v.Type == gjson.String && len(v.Raw) > 2 // not ""
+				return !content
+			case "delta":
+			default:
 				return true
 			}
-			delta.ForEach(func(field, v gjson.Result) bool {
+			v.ForEach(func(field, v gjson.Result) bool {
 				switch field.Str {
 				case "content", "reasoning_content", "reasoning":
 					content = v.Type == gjson.String && len(v.Raw) > 2 // not ""
@@ -118,27 +189,31 @@ func firstDeltaHasContent(choices gjson.Result) bool {
 	return content
 }
 
-// read parses the stream from r into s, timing each event when the blank
-// line that ends it arrives. Gaps between content events go to sr.gaps.
-func (sr *streamReader) read(s *Sample, r io.Reader) error {
+// read parses the api stream from r into s, timing each event when the
+// blank line that ends it arrives. Gaps between content events go to
+// sr.gaps.
+func (sr *streamReader) read(s *Sample, api API, r io.Reader) error {
 	sr.br.Reset(r)
 	sr.gaps = sr.gaps[:0]
+	api = api.orDefault()
+	openAI := api == APIChat || api == APICompletions
 	var (
 		pending, done bool
 		last          time.Time
 		events        int
-		usage         event
+		usage         bool // seen: output tokens from the server
+		input, output int
 		err           error
 	)
 	dispatch := func() bool { // reports whether to keep reading
 		pending = false
 		now := time.Now()
-		if string(sr.data) == "[DONE]" {
+		if openAI && string(sr.data) == "[DONE]" {
 			done = true
 			s.E2E = now.Sub(s.Start)
 			return false
 		}
-		ev, ok := inspect(sr.data)
+		ev, ok := inspect(api, sr.data)
 		switch {
 		case !ok:
 			s.fail(ClassStream, "malformed stream event: "+truncate(string(sr.data), 200))
@@ -146,8 +221,17 @@ func (sr *streamReader) read(s *Sample, r io.Reader) error {
 		case ev.errMsg != "":
 			s.fail(ClassStream, "error event in stream: "+truncate(ev.errMsg, 200))
 			return false
-		case ev.usage:
-			usage = ev
+		}
+		if ev.inputTokens > 0 {
+			input = ev.inputTokens
+		}
+		if ev.usage {
+			usage, output = true, ev.outputTokens
+		}
+		if ev.done {
+			done = true
+			s.E2E = now.Sub(s.Start)
+			return false
 		}
 		if ev.content {
 			if events == 0 {
@@ -196,7 +280,7 @@ func (sr *streamReader) read(s *Sample, r io.Reader) error {
 		dispatch() // a last event without its blank line
 	}
 	if done {
-		// Drain the little that follows [DONE] so the connection is reused.
+		// Drain the little that follows the end so the connection is reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(sr.br, maxErrorBody))
 	} else if s.E2E == 0 {
 		s.E2E = time.Since(s.Start)
@@ -204,18 +288,18 @@ func (sr *streamReader) read(s *Sample, r io.Reader) error {
 
 	s.Gaps = len(sr.gaps)
 	s.OutputTokens, s.TokenSource = events, TokensEvents
-	if usage.usage {
-		s.OutputTokens, s.TokenSource = usage.outputTokens, TokensUsage
-		if usage.inputTokens > 0 {
-			s.InputTokens = usage.inputTokens
-		}
+	if usage {
+		s.OutputTokens, s.TokenSource = output, TokensUsage
+	}
+	if input > 0 {
+		s.InputTokens = input
 	}
 	switch {
 	case s.Err != "":
 	case err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, errStop):
 		return err // the caller classifies read errors
 	case !done:
-		s.fail(ClassStream, "stream ended without data: [DONE]")
+		s.fail(ClassStream, "stream ended without "+api.streamEnd())
 	case events == 0:
 		s.fail(ClassStream, "stream carried no content")
 	}

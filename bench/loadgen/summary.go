@@ -77,9 +77,14 @@ func writeTargets(w io.Writer, r *result.Report) {
 		rows = append(rows, always("sent req/s (asked "+num(r.Parameters.RatePerS, 1, false)+")",
 			func(m *result.Metrics) float64 { return m.Throughput.SentPerS }, fmtRate))
 	}
+	tokens := always("output tok/s", func(m *result.Metrics) float64 { return m.Throughput.OutputTokensPerS }, fmtRate)
+	if !slices.ContainsFunc(r.Targets, func(t result.TargetResult) bool { return t.Metrics.OutputTokens > 0 }) {
+		// Embeddings: no tokens out, the prompt tokens are the work.
+		tokens = always("input tok/s", func(m *result.Metrics) float64 { return m.Throughput.TotalTokensPerS }, fmtRate)
+	}
 	rows = append(rows,
 		always("req/s", func(m *result.Metrics) float64 { return m.Throughput.RequestsPerS }, fmtRate),
-		always("output tok/s", func(m *result.Metrics) float64 { return m.Throughput.OutputTokensPerS }, fmtRate),
+		tokens,
 		always("peak in flight", func(m *result.Metrics) float64 { return float64(m.Throughput.PeakConcurrency) }, fmtInt))
 	slo := r.Parameters.SLO
 	if slo.TTFTMs > 0 || slo.ITLMs > 0 || slo.E2EMs > 0 {

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/infergate/infergate/bench/result"
 )
 
@@ -28,7 +30,7 @@ import (
 // server-side count. The server's usage chunk reports the real count.
 type Workload struct {
 	Models  []result.Weight // model names; one drawn per request by weight
-	Keys    []Key           // API keys (Authorization: Bearer); none = no header
+	Keys    []Key           // API keys (Authorization: Bearer; x-api-key for messages); none = no header
 	Headers map[string]string
 	Mixes   []HeaderChoice // per header name, one value drawn per request
 	Input   result.Range   // prompt words, shared prefix included
@@ -36,8 +38,9 @@ type Workload struct {
 	Prefix  result.Prefix  // share of requests starting with one shared prefix
 	Prompt  string         // fixed user message instead of synthetic words
 	Dataset []DatasetEntry // requests from a JSONL file instead of synthetic ones
-	Stream  bool
-	NoHints bool // omit min_tokens and ignore_eos (for servers that reject them)
+	Stream  bool           // ignored by embeddings, which never stream
+	NoHints bool           // omit min_tokens and ignore_eos (for servers that reject them)
+	API     API            // the API spoken; zero: chat
 	Seed    int64
 	prefix  string // built by prepare, read-only afterwards
 }
@@ -73,8 +76,9 @@ type Request struct {
 	Model        string
 	Tenant       string
 	InputTokens  int // words sent (an estimate of prompt tokens)
-	OutputTokens int // max_tokens asked for
+	OutputTokens int // max_tokens asked for (0 for embeddings)
 	Stream       bool
+	API          API
 }
 
 type chatBody struct {
@@ -85,6 +89,39 @@ type chatBody struct {
 	IgnoreEOS     bool            `json:"ignore_eos,omitempty"`
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options,omitempty"`
+}
+
+// Bodies of the other APIs. Length hints (min_tokens, ignore_eos) are
+// vLLM's sampling parameters for its OpenAI chat and completions servers;
+// the Responses and Anthropic APIs reject unknown fields.
+type completionsBody struct {
+	Model         string         `json:"model"`
+	Prompt        string         `json:"prompt"`
+	MaxTokens     int            `json:"max_tokens"`
+	MinTokens     int            `json:"min_tokens,omitempty"`
+	IgnoreEOS     bool           `json:"ignore_eos,omitempty"`
+	Stream        bool           `json:"stream"`
+	StreamOptions *streamOptions `json:"stream_options,omitempty"`
+}
+
+type responsesBody struct {
+	Model           string          `json:"model"`
+	Input           json.RawMessage `json:"input"`
+	MaxOutputTokens int             `json:"max_output_tokens"`
+	Stream          bool            `json:"stream"`
+}
+
+type messagesBody struct {
+	Model     string          `json:"model"`
+	MaxTokens int             `json:"max_tokens"`
+	System    string          `json:"system,omitempty"`
+	Messages  json.RawMessage `json:"messages"`
+	Stream    bool            `json:"stream"`
+}
+
+type embeddingsBody struct {
+	Model string `json:"model"`
+	Input string `json:"input"`
 }
 
 type chatMessage struct {
@@ -123,6 +160,9 @@ func (w *Workload) validate() error {
 			return fmt.Errorf("loadgen: %s tokens: %w", r.name, err)
 		}
 	}
+	if _, err := ParseAPI(string(w.API.orDefault())); err != nil {
+		return fmt.Errorf("loadgen: %w", err)
+	}
 	if w.Prefix.Share < 0 || w.Prefix.Share > 1 || w.Prefix.Tokens < 0 {
 		return fmt.Errorf("loadgen: prefix share must be in [0,1] and its length not negative")
 	}
@@ -157,14 +197,22 @@ func (w *Workload) prepare() {
 // (seed, k) alone, so items do not depend on which goroutine builds them.
 func (w *Workload) Item(k int) (*Request, error) {
 	rng := rand.New(rand.NewPCG(uint64(w.Seed), streamItem^uint64(k)))
-	r := &Request{Item: k, Header: make(http.Header, 4+len(w.Headers)), Stream: w.Stream}
+	api := w.API.orDefault()
+	r := &Request{Item: k, Header: make(http.Header, 4+len(w.Headers)), Stream: w.Stream && api != APIEmbeddings, API: api}
 	if len(w.Models) > 0 {
 		r.Model = w.Models[pick(rng, len(w.Models), func(i int) float64 { return w.Models[i].Weight })].Value
 	}
 	if len(w.Keys) > 0 {
 		key := w.Keys[pick(rng, len(w.Keys), func(i int) float64 { return w.Keys[i].Weight })]
 		r.Tenant = key.Name
-		r.Header.Set("Authorization", "Bearer "+key.Key)
+		if api == APIMessages {
+			r.Header.Set("x-api-key", key.Key) // as Anthropic's clients send it
+		} else {
+			r.Header.Set("Authorization", "Bearer "+key.Key)
+		}
+	}
+	if api == APIMessages {
+		r.Header.Set("anthropic-version", "2023-06-01")
 	}
 	for k, v := range w.Headers {
 		if strings.EqualFold(k, "Host") {
@@ -220,25 +268,111 @@ func (w *Workload) Item(k int) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	body := chatBody{Model: r.Model, Messages: messages, MaxTokens: r.OutputTokens, Stream: w.Stream}
-	if !w.NoHints {
-		// Ask for exactly max_tokens, so output lengths are the ones drawn
-		// (vLLM's extra sampling parameters; OpenAI's API rejects them).
-		body.MinTokens, body.IgnoreEOS = r.OutputTokens, true
-	}
-	if w.Stream {
-		body.StreamOptions = &streamOptions{IncludeUsage: true}
-	}
-	if r.Body, err = json.Marshal(body); err != nil {
+	if r.Body, err = w.body(r, messages); err != nil {
 		return nil, err
 	}
 	r.Header.Set("Content-Type", "application/json")
-	if w.Stream {
+	if r.Stream {
 		r.Header.Set("Accept", "text/event-stream")
 	} else {
 		r.Header.Set("Accept", "application/json")
 	}
 	return r, nil
+}
+
+// body is r's request body in w's API, for the chat messages given.
+func (w *Workload) body(r *Request, messages json.RawMessage) ([]byte, error) {
+	hints := !w.NoHints
+	var opts *streamOptions
+	if r.Stream {
+		opts = &streamOptions{IncludeUsage: true}
+	}
+	switch r.API {
+	case APICompletions:
+		b := completionsBody{Model: r.Model, Prompt: messagesText(messages, ""), MaxTokens: r.OutputTokens,
+			Stream: r.Stream, StreamOptions: opts}
+		if hints {
+			b.MinTokens, b.IgnoreEOS = r.OutputTokens, true
+		}
+		return json.Marshal(b)
+	case APIResponses:
+		input, err := responsesInput(messages)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(responsesBody{Model: r.Model, Input: input, MaxOutputTokens: r.OutputTokens, Stream: r.Stream})
+	case APIMessages:
+		system, rest, err := splitSystem(messages)
+		if err != nil {
+			return nil, err
+		}
+		return json.Marshal(messagesBody{Model: r.Model, MaxTokens: r.OutputTokens, System: system, Messages: rest, Stream: r.Stream})
+	case APIEmbeddings:
+		r.OutputTokens = 0
+		return json.Marshal(embeddingsBody{Model: r.Model, Input: messagesText(messages, "")})
+	}
+	b := chatBody{Model: r.Model, Messages: messages, MaxTokens: r.OutputTokens, Stream: r.Stream, StreamOptions: opts}
+	if hints {
+		// Ask for exactly max_tokens, so output lengths are the ones drawn
+		// (vLLM's extra sampling parameters; OpenAI's API rejects them).
+		b.MinTokens, b.IgnoreEOS = r.OutputTokens, true
+	}
+	return json.Marshal(b)
+}
+
+// messagesText joins the text of chat messages (of the given role, or all
+// when role is empty) by newlines: the prompt of the APIs that take text.
+func messagesText(messages json.RawMessage, role string) string {
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	_ = json.Unmarshal(messages, &msgs) // validated by LoadDataset or built here
+	var parts []string
+	for _, m := range msgs {
+		if role == "" || m.Role == role {
+			parts = append(parts, contentText(m.Content))
+		}
+	}
+	return strings.Join(parts, "\n")
+}
+
+// responsesInput turns chat messages into Responses input items: the same
+// roles, each content as its text (the Responses API calls text parts
+// input_text, not text).
+func responsesInput(messages json.RawMessage) (json.RawMessage, error) {
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(messages, &msgs); err != nil {
+		return nil, err
+	}
+	items := make([]chatMessage, len(msgs))
+	for i, m := range msgs {
+		items[i] = chatMessage{Role: m.Role, Content: contentText(m.Content)}
+	}
+	return json.Marshal(items)
+}
+
+// splitSystem moves chat system messages to Anthropic's system prompt.
+func splitSystem(messages json.RawMessage) (system string, rest json.RawMessage, err error) {
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(messages, &msgs); err != nil {
+		return "", nil, err
+	}
+	kept := msgs[:0]
+	for _, m := range msgs {
+		if gjson.GetBytes(m, "role").Str == "system" {
+			continue
+		}
+		kept = append(kept, m)
+	}
+	if len(kept) == len(msgs) {
+		return "", messages, nil
+	}
+	rest, err = json.Marshal(kept)
+	return messagesText(messages, "system"), rest, err
 }
 
 // mixGroups groups header choices by name, in name order, so each request
@@ -393,21 +527,27 @@ func LoadDataset(path string) ([]DatasetEntry, error) {
 // contentWords counts the words of a message's content: a string, or an
 // array of parts whose "text" fields count.
 func contentWords(raw json.RawMessage) int {
+	return len(strings.Fields(contentText(raw)))
+}
+
+// contentText is a message content's text: a string, or the "text" fields
+// of an array of parts, joined by spaces.
+func contentText(raw json.RawMessage) string {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return len(strings.Fields(s))
+		return s
 	}
 	var parts []struct {
 		Text string `json:"text"`
 	}
 	if json.Unmarshal(raw, &parts) != nil {
-		return 0
+		return ""
 	}
-	n := 0
-	for _, p := range parts {
-		n += len(strings.Fields(p.Text))
+	texts := make([]string, len(parts))
+	for i, p := range parts {
+		texts[i] = p.Text
 	}
-	return n
+	return strings.Join(texts, " ")
 }
 
 // ParseRange reads a token-count distribution: "N" (fixed), "MIN:MAX"

@@ -250,3 +250,48 @@ func TestParseWeighted(t *testing.T) {
 		}
 	}
 }
+
+// TestWorkloadAPIs checks each API's request body and headers, with the
+// first dataset line's system message.
+func TestWorkloadAPIs(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "d.jsonl")
+	line := `{"messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]}],"max_tokens":7}`
+	if err := os.WriteFile(path, []byte(line+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := LoadDataset(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[API]string{
+		APIChat:        `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]}],"max_tokens":7,"stream":true,"stream_options":{"include_usage":true}}`,
+		APICompletions: `{"model":"m","prompt":"be brief\none two","max_tokens":7,"stream":true,"stream_options":{"include_usage":true}}`,
+		APIResponses:   `{"model":"m","input":[{"role":"system","content":"be brief"},{"role":"user","content":"one two"}],"max_output_tokens":7,"stream":true}`,
+		APIMessages:    `{"model":"m","max_tokens":7,"system":"be brief","messages":[{"role":"user","content":[{"type":"text","text":"one"},{"type":"text","text":"two"}]}],"stream":true}`,
+		APIEmbeddings:  `{"model":"m","input":"be brief\none two"}`,
+	}
+	for _, api := range APIs {
+		w := &Workload{Models: []result.Weight{{Value: "m", Weight: 1}}, Input: fixed(1), Output: fixed(16), Dataset: ds,
+			Stream: true, NoHints: true, API: api, Keys: []Key{{Name: "k", Key: "sk-1", Weight: 1}}}
+		if err := w.validate(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := w.Item(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(r.Body) != want[api] {
+			t.Errorf("%s body\n got %s\nwant %s", api, r.Body, want[api])
+		}
+		if r.API != api || r.Stream != (api != APIEmbeddings) || (r.OutputTokens == 0) != (api == APIEmbeddings) || r.InputTokens != 4 {
+			t.Errorf("%s request %+v", api, r)
+		}
+		anthropic := r.Header.Get("x-api-key") == "sk-1" && r.Header.Get("anthropic-version") != "" && r.Header.Get("Authorization") == ""
+		if openAI := r.Header.Get("Authorization") == "Bearer sk-1"; anthropic != (api == APIMessages) || openAI == anthropic {
+			t.Errorf("%s headers %v", api, r.Header)
+		}
+	}
+	if err := (&Workload{Models: []result.Weight{{Value: "m", Weight: 1}}, Input: fixed(1), Output: fixed(1), API: "grpc"}).validate(); err == nil {
+		t.Error("unknown API accepted")
+	}
+}

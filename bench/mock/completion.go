@@ -20,38 +20,46 @@ const maxOutputTokens = 1 << 20
 // any test need, so a typo cannot park a handler for days.
 const maxOverrideMillis = 3_600_000
 
-// kind distinguishes the chat and legacy completion endpoints, which share
-// parsing, scheduling and content but differ in wire format.
+// kind distinguishes the inference APIs, which share parsing, scheduling
+// and content but differ in wire format.
 type kind int
 
 const (
-	kindChat kind = iota
-	kindText
+	kindChat        kind = iota // OpenAI /v1/chat/completions
+	kindText                    // OpenAI /v1/completions
+	kindResponses               // OpenAI /v1/responses
+	kindMessages                // Anthropic /v1/messages
+	kindCountTokens             // Anthropic /v1/messages/count_tokens
+	kindEmbeddings              // OpenAI /v1/embeddings
 )
 
 // label is the endpoint label value of infergate_mock_requests_total.
 func (k kind) label() string {
-	if k == kindChat {
-		return "chat_completions"
-	}
-	return "completions"
+	return [...]string{"chat_completions", "completions", "responses", "messages", "count_tokens", "embeddings"}[k]
 }
 
 func (k kind) idPrefix() string {
-	if k == kindChat {
-		return "chatcmpl-"
-	}
-	return "cmpl-"
+	return [...]string{"chatcmpl-", "cmpl-", "resp_", "msg_", "", ""}[k]
 }
 
-// request holds the fields of a completion request the mock acts on; any
-// other field is ignored and, importantly, does not influence the response.
+// anthropic reports whether k answers in Anthropic's formats.
+func (k kind) anthropic() bool { return k == kindMessages || k == kindCountTokens }
+
+// request holds the fields of a request the mock acts on, for every API;
+// any other field is ignored and, importantly, does not influence the
+// response. Each API reads only its own fields (see completion.input).
 type request struct {
 	Model               string          `json:"model"`
-	Messages            json.RawMessage `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	MaxTokens           int             `json:"max_tokens"`
+	Messages            json.RawMessage `json:"messages"`     // chat, messages
+	Prompt              json.RawMessage `json:"prompt"`       // completions
+	Input               json.RawMessage `json:"input"`        // responses, embeddings
+	Instructions        json.RawMessage `json:"instructions"` // responses
+	System              json.RawMessage `json:"system"`       // messages
+	MaxTokens           int             `json:"max_tokens"`   // chat, completions, messages
 	MaxCompletionTokens int             `json:"max_completion_tokens"`
+	MaxOutputTokens     int             `json:"max_output_tokens"` // responses
+	Dimensions          int             `json:"dimensions"`        // embeddings
+	EncodingFormat      string          `json:"encoding_format"`   // embeddings
 	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -64,10 +72,13 @@ type requestError struct {
 	message string
 }
 
-func parseRequest(body []byte) (request, *requestError) {
+func parseRequest(k kind, body []byte) (request, *requestError) {
 	var req request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return request{}, &requestError{"invalid_json", "invalid JSON body: " + err.Error()}
+	}
+	if k == kindEmbeddings || k == kindCountTokens {
+		req.Stream = false // neither streams, whatever the body says
 	}
 	if req.Model == "" {
 		return req, &requestError{"missing_model", "you must provide a model parameter"}
@@ -186,6 +197,15 @@ type completion struct {
 	wordSeed       uint64
 	sched          schedule
 
+	// Echoed by the Responses API.
+	instructions    *string
+	maxOutputTokens *int
+
+	// Embeddings: each input's tokens, the vector length and base64 output.
+	embedInputs [][]string
+	dimensions  int
+	base64      bool
+
 	// Capacity model and faults; see start and Server.play.
 	ttft           time.Duration
 	perToken       time.Duration // prefill per uncached prompt token
@@ -198,32 +218,25 @@ type completion struct {
 func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*completion, *requestError) {
 	output := cfg.MaxTokens
 	switch {
+	case k == kindEmbeddings || k == kindCountTokens:
+		output = 0
 	case p.tokens > 0:
 		output = p.tokens
-	case req.MaxCompletionTokens > 0:
+	case k == kindResponses && req.MaxOutputTokens > 0:
+		output = req.MaxOutputTokens
+	case (k == kindChat || k == kindText) && req.MaxCompletionTokens > 0:
 		output = req.MaxCompletionTokens
-	case req.MaxTokens > 0:
+	case k != kindResponses && req.MaxTokens > 0: // chat, completions, messages
 		output = req.MaxTokens
 	}
 	if output > maxOutputTokens {
 		return nil, &requestError{"invalid_max_tokens", fmt.Sprintf("max tokens %d exceeds the mock's limit of %d", output, maxOutputTokens)}
 	}
 
-	var (
-		input any
-		words []string
-		ok    bool
-	)
-	if k == kindChat {
-		input, words, ok = messagesInput(req.Messages)
-		if !ok {
-			return nil, &requestError{"invalid_messages", "messages must be an array of message objects"}
-		}
-	} else {
-		input, words, ok = promptInput(req.Prompt)
-		if !ok {
-			return nil, &requestError{"invalid_prompt", "prompt must be a string, an array of strings or an array of token ids"}
-		}
+	c := &completion{kind: k, model: req.Model, outputTokens: output}
+	input, words, apiErr := c.input(req)
+	if apiErr != nil {
+		return nil, apiErr
 	}
 	prompt := max(len(words), 1)
 	var blocks []uint64
@@ -233,30 +246,104 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 
 	sum := digest(k, req.Model, input, output)
 	first := t0.Add(p.ttft + time.Duration(prompt)*cfg.TTFTPerPromptToken)
-	return &completion{
-		kind:           k,
-		id:             k.idPrefix() + hex.EncodeToString(sum[:12]),
-		created:        1_700_000_000 + int64(binary.BigEndian.Uint64(sum[0:8])%1_000_000),
-		model:          req.Model,
-		promptTokens:   prompt,
-		outputTokens:   output,
-		tokensPerEvent: p.tokensPerEvent,
-		includeUsage:   req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		wordSeed:       binary.BigEndian.Uint64(sum[8:16]),
-		sched: schedule{
-			t0:     t0,
-			first:  first,
-			itl:    p.itl,
-			jitter: cfg.Jitter,
-			seed:   binary.BigEndian.Uint64(sum[16:24]),
-		},
-		ttft:           p.ttft,
-		perToken:       cfg.TTFTPerPromptToken,
-		itlPerBatch:    cfg.ITLPerBatch,
-		blocks:         blocks,
-		faults:         p.faults,
-		emitTimestamps: p.emitTimestamps,
-	}, nil
+	c.id = k.idPrefix() + hex.EncodeToString(sum[:12])
+	c.created = 1_700_000_000 + int64(binary.BigEndian.Uint64(sum[0:8])%1_000_000)
+	c.promptTokens = prompt
+	c.tokensPerEvent = p.tokensPerEvent
+	c.includeUsage = req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
+	c.wordSeed = binary.BigEndian.Uint64(sum[8:16])
+	c.sched = schedule{
+		t0:     t0,
+		first:  first,
+		itl:    p.itl,
+		jitter: cfg.Jitter,
+		seed:   binary.BigEndian.Uint64(sum[16:24]),
+	}
+	c.ttft = p.ttft
+	c.perToken = cfg.TTFTPerPromptToken
+	c.itlPerBatch = cfg.ITLPerBatch
+	c.blocks = blocks
+	c.faults = p.faults
+	c.emitTimestamps = p.emitTimestamps
+	if k == kindEmbeddings {
+		// No output tokens: the mid-stream faults have nothing to hit.
+		c.faults = streamFaults{}
+	}
+	return c, nil
+}
+
+// input canonicalizes the request's prompt for c's API, returning what the
+// digest hashes and the prompt's words (the mock's prompt tokens: words
+// split on whitespace, token ids one each), and sets c's API-specific
+// fields.
+func (c *completion) input(req request) (canonical any, words []string, _ *requestError) {
+	var ok bool
+	switch c.kind {
+	case kindChat:
+		if canonical, words, ok = messagesInput(req.Messages); !ok {
+			return nil, nil, &requestError{"invalid_messages", "messages must be an array of message objects"}
+		}
+	case kindText:
+		if canonical, words, ok = promptInput(req.Prompt); !ok {
+			return nil, nil, &requestError{"invalid_prompt", "prompt must be a string, an array of strings or an array of token ids"}
+		}
+	case kindResponses:
+		var instructions string
+		if isPresent(req.Instructions) {
+			if json.Unmarshal(req.Instructions, &instructions) != nil {
+				return nil, nil, &requestError{"invalid_instructions", "instructions must be a string"}
+			}
+			c.instructions = &instructions
+		}
+		if req.MaxOutputTokens > 0 {
+			c.maxOutputTokens = &req.MaxOutputTokens
+		}
+		var in any
+		if in, words, ok = responsesInput(req.Input); !ok {
+			return nil, nil, &requestError{"invalid_input", "input must be a string or an array of input items"}
+		}
+		words = append(strings.Fields(instructions), words...)
+		canonical = map[string]any{"instructions": c.instructions, "input": in}
+	case kindMessages, kindCountTokens:
+		if !isPresent(req.Messages) {
+			return nil, nil, &requestError{"invalid_messages", "messages: field required"}
+		}
+		var sys, msgs any
+		if sys, words, ok = systemInput(req.System); !ok {
+			return nil, nil, &requestError{"invalid_system", "system must be a string or an array of text blocks"}
+		}
+		var more []string
+		if msgs, more, ok = messagesInput(req.Messages); !ok {
+			return nil, nil, &requestError{"invalid_messages", "messages must be an array of message objects"}
+		}
+		words = append(words, more...)
+		canonical = map[string]any{"system": sys, "messages": msgs}
+	case kindEmbeddings:
+		in, inputs, ok := embeddingInput(req.Input)
+		if !ok {
+			return nil, nil, &requestError{"invalid_input", "input must be a non-empty string, array of strings, array of token ids or array of token id arrays"}
+		}
+		switch req.EncodingFormat {
+		case "", "float":
+		case "base64":
+			c.base64 = true
+		default:
+			return nil, nil, &requestError{"invalid_encoding_format", "encoding_format must be float or base64"}
+		}
+		c.dimensions = defaultEmbeddingDimensions
+		if req.Dimensions != 0 {
+			if req.Dimensions < 1 || req.Dimensions > maxEmbeddingDimensions {
+				return nil, nil, &requestError{"invalid_dimensions", fmt.Sprintf("dimensions must be in [1, %d]", maxEmbeddingDimensions)}
+			}
+			c.dimensions = req.Dimensions
+		}
+		c.embedInputs = inputs
+		for _, in := range inputs {
+			words = append(words, in...)
+		}
+		canonical = map[string]any{"input": in, "dimensions": c.dimensions, "base64": c.base64}
+	}
+	return canonical, words, nil
 }
 
 // start anchors the schedule at the request's admission into the batch,
@@ -341,11 +428,109 @@ func appendContentWords(words []string, raw json.RawMessage) []string {
 		return words
 	}
 	for _, p := range parts {
-		if p.Type == "text" {
+		// Chat and Anthropic text parts, the Responses API's input and
+		// output text.
+		if p.Type == "text" || p.Type == "input_text" || p.Type == "output_text" {
 			words = append(words, strings.Fields(p.Text)...)
 		}
 	}
 	return words
+}
+
+// responsesInput canonicalizes a Responses API input, a string or an array
+// of items, and returns its words: those of each item's content (a string
+// or text parts); items without content (tool outputs, ...) count none.
+func responsesInput(raw json.RawMessage) (canonical any, words []string, ok bool) {
+	if !isPresent(raw) {
+		return nil, nil, true
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, strings.Fields(s), true
+	}
+	var items []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(raw, &items) != nil {
+		return nil, nil, false
+	}
+	for _, it := range items {
+		words = appendContentWords(words, it.Content)
+	}
+	if json.Unmarshal(raw, &canonical) != nil {
+		return nil, nil, false
+	}
+	return canonical, words, true
+}
+
+// systemInput canonicalizes an Anthropic system prompt, a string or an
+// array of text blocks, and returns its words.
+func systemInput(raw json.RawMessage) (canonical any, words []string, ok bool) {
+	if !isPresent(raw) {
+		return nil, nil, true
+	}
+	var blocks []json.RawMessage
+	if json.Unmarshal(raw, &blocks) == nil {
+		for _, b := range blocks {
+			var o map[string]json.RawMessage
+			if json.Unmarshal(b, &o) != nil {
+				return nil, nil, false
+			}
+		}
+	} else {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return nil, nil, false
+		}
+	}
+	if json.Unmarshal(raw, &canonical) != nil {
+		return nil, nil, false
+	}
+	return canonical, appendContentWords(nil, raw), true
+}
+
+// embeddingInput canonicalizes an embeddings input and returns each input's
+// tokens: words of a string, or the token ids themselves. An empty input,
+// or an empty string among them, is refused, as OpenAI does.
+func embeddingInput(raw json.RawMessage) (canonical any, inputs [][]string, ok bool) {
+	var s string
+	var strs []string
+	var ids []int64
+	var idss [][]int64
+	var ss []string
+	switch {
+	case !isPresent(raw):
+		return nil, nil, false
+	case json.Unmarshal(raw, &s) == nil:
+		ss = []string{s}
+	case json.Unmarshal(raw, &strs) == nil:
+		ss = strs // a failed Unmarshal may still fill its target
+	case json.Unmarshal(raw, &ids) == nil:
+		idss = [][]int64{ids}
+	case json.Unmarshal(raw, &idss) == nil:
+	default:
+		return nil, nil, false
+	}
+	for _, s := range ss {
+		if s == "" {
+			return nil, nil, false
+		}
+		inputs = append(inputs, strings.Fields(s))
+	}
+	for _, ids := range idss {
+		if len(ids) == 0 {
+			return nil, nil, false
+		}
+		tokens := make([]string, len(ids))
+		for i, id := range ids {
+			tokens[i] = strconv.FormatInt(id, 10)
+		}
+		inputs = append(inputs, tokens)
+	}
+	if len(inputs) == 0 || json.Unmarshal(raw, &canonical) != nil {
+		return nil, nil, false
+	}
+	return canonical, inputs, true
 }
 
 // promptInput canonicalizes a legacy completions prompt and returns its

@@ -38,6 +38,25 @@ var goldenCases = []struct {
 		nil, "8384546fd69c64f8b1e294bd5ecb6b0b252314c85a49c9f80802451343b0cb7c"},
 	{"injected 429", "/v1/chat/completions", `{"model":"mock-model","messages":[]}`,
 		map[string]string{"x-mock-status": "429"}, "8ed3cadb26375e0f66a0b1b7074628139560dc4ee12249f99b8af3f804af3523"},
+	// The other APIs, pinned when they were added.
+	{"responses stream", "/v1/responses",
+		`{"model":"mock-model","stream":true,"instructions":"be brief","max_output_tokens":6,"input":[{"role":"user","content":"hello there mock"}]}`,
+		nil, "9df31663535c1fe8fc4c8063a13eba41c5bfdf441866e9f2af9c4ed698a61ca5"},
+	{"response", "/v1/responses", `{"model":"mock-model","max_output_tokens":6,"input":"hello there mock"}`,
+		nil, "4931f275854187cd935bc546709c4a88001d4a8fe206c30ab664bb5957ca5f39"},
+	{"messages stream", "/v1/messages",
+		`{"model":"mock-model","stream":true,"max_tokens":6,"system":"be brief","messages":[{"role":"user","content":"hello there mock"}]}`,
+		nil, "6a2291a2924a52414ac43b6daeb6e1f7e13d8eab8040e7bebed7927498a69989"},
+	{"message", "/v1/messages", `{"model":"mock-model","max_tokens":6,"messages":[{"role":"user","content":[{"type":"text","text":"hello there mock"}]}]}`,
+		nil, "52659f545cdcf052901b3fa701895be9852c54574d1113d35c17deadab9366d2"},
+	{"count tokens", "/v1/messages/count_tokens", `{"model":"mock-model","messages":[{"role":"user","content":"hello there mock"}]}`,
+		nil, "95c2678666295e06d8daf59ad3dc0e0ab9e4675fc217bc3df67545f1eb6933a1"},
+	{"embeddings", "/v1/embeddings", `{"model":"mock-model","input":["hello there","mock"],"dimensions":8}`,
+		nil, "ebc40a828b3f70a144315249430d01d9169bfb2caf8b1f7dd44c5d5ab8211041"},
+	{"embeddings base64", "/v1/embeddings", `{"model":"mock-model","input":[[1,2],[3]],"dimensions":8,"encoding_format":"base64"}`,
+		nil, "a138898b3569a00cda89fc016fbca03006b98773df0f562ea8ef26d67122b542"},
+	{"messages injected 529", "/v1/messages", `{"model":"mock-model","messages":[]}`,
+		map[string]string{"x-mock-status": "529"}, "18a036faa2f116429ba8786571d628b637231c226588d1e2fc409426b90b2321"},
 }
 
 func TestGoldenBytes(t *testing.T) {

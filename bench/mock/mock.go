@@ -1,16 +1,40 @@
-// Package mock implements an OpenAI-compatible mock LLM upstream that emits
-// tokens on a fixed, drift-free cadence and, when asked, behaves like a GPU
-// inference pool: a bounded batch, a waiting queue and a prefix cache.
+// Package mock implements a mock LLM upstream that emits tokens on a fixed,
+// drift-free cadence and, when asked, behaves like a GPU inference pool: a
+// bounded batch, a waiting queue and a prefix cache.
 //
 // Response bytes are a pure function of the request's semantic content
-// (model, messages or prompt, and output length), so end-to-end tests can
-// compare bodies byte for byte across gateway paths. Events are scheduled on
-// absolute deadlines, and the mock exports its own achieved-cadence error, so
-// benchmarks can separate mock lateness from gateway overhead. On Linux a
+// (model, prompt, output length and, for embeddings, dimensions and
+// encoding), so end-to-end tests can compare bodies byte for byte across
+// gateway paths. Events are scheduled on absolute deadlines, and the mock
+// exports its own achieved-cadence error, so benchmarks can separate mock
+// lateness from gateway overhead. On Linux a
 // kernel high-resolution timer keeps the deadlines (bench/internal/pacer):
 // tens of microseconds late at the median rather than the half millisecond
 // of the Go runtime's timers in an idle process. Everything
 // below is off by default and changes timing or faults, never the content.
+//
+// # APIs
+//
+// Every API gets the same cadence, capacity model, faults, x-mock-* headers
+// and /mock/control, each in its own wire format and error format:
+//
+//   - OpenAI POST /v1/chat/completions and /v1/completions;
+//   - OpenAI POST /v1/responses (see responses.go for the event sequence);
+//   - Anthropic POST /v1/messages (see messages.go) and
+//     /v1/messages/count_tokens, which answers {"input_tokens": N} at once
+//     and bills nothing;
+//   - OpenAI POST /v1/embeddings (see embeddings.go): a prefill alone,
+//     answered TTFT + TTFTPerPromptToken·uncached after admission;
+//   - GET /v1/models.
+//
+// Prompt tokens are counted the same way for every API: the
+// whitespace-separated words of the prompt's text, token ids one each, at
+// least 1. The text is that of the chat messages (string contents and text
+// parts), the completions prompt, the Responses instructions and input
+// items (string contents and input_text/output_text parts), the Anthropic
+// system prompt and messages (text blocks), or the embeddings inputs; other
+// parts (images, tools) count nothing. count_tokens reports what the same
+// body sent to /v1/messages would bill.
 //
 // # Capacity model
 //
@@ -105,7 +129,7 @@ type Config struct {
 	ITL                time.Duration // gap between content events (default 20ms)
 	TokensPerEvent     int           // tokens carried per content event (default 1)
 	Jitter             time.Duration // uniform ±jitter added to each deadline (deterministic per request, default 0)
-	MaxTokens          int           // output tokens when the request sets no max_tokens / max_completion_tokens (default 64)
+	MaxTokens          int           // output tokens when the request sets no max_tokens / max_completion_tokens / max_output_tokens (default 64)
 	EmitTimestamps     bool          // precede each SSE event with a ": t=<unix ns> seq=<n>" comment
 
 	// Capacity model (see the package doc); the zero values turn it off.
@@ -212,14 +236,15 @@ func New(cfg Config, logger *slog.Logger) *Server {
 // Handler returns the HTTP handler serving every route of the mock.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Served reports how many completion requests (chat and legacy completions)
-// the server has received, whatever their outcome, including 4xx.
+// Served reports how many requests to the inference APIs (chat and legacy
+// completions, responses, messages and their count_tokens, embeddings) the
+// server has received, whatever their outcome, including 4xx.
 func (s *Server) Served() int64 { return s.served.Load() }
 
 // LastRequest returns copies of the headers and body of the most recent
-// completion request. Only completion endpoints are recorded, so that health
-// checks and metric scrapes arriving through a gateway cannot overwrite the
-// request a test wants to inspect. Both are nil before the first request.
+// request to an inference API. Only those endpoints are recorded, so that
+// health checks and metric scrapes arriving through a gateway cannot
+// overwrite the request a test wants to inspect. Both are nil before the first request.
 func (s *Server) LastRequest() (http.Header, []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -260,6 +285,11 @@ func (s *Server) routes() http.Handler {
 		mux.Handle("/v1/chat/completions", s.completionHandler(kindChat))
 		mux.Handle("/v1/completions", s.completionHandler(kindText))
 	}
+	// The other APIs have no board profile: the default mock serves them.
+	mux.Handle("/v1/responses", s.completionHandler(kindResponses))
+	mux.Handle("/v1/messages", s.completionHandler(kindMessages))
+	mux.Handle("/v1/messages/count_tokens", s.completionHandler(kindCountTokens))
+	mux.Handle("/v1/embeddings", s.completionHandler(kindEmbeddings))
 	mux.Handle("/v1/models", onlyGet(http.HandlerFunc(handleModels)))
 	mux.Handle("/healthz", onlyGet(http.HandlerFunc(handleHealth)))
 	mux.Handle("/metrics", onlyGet(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
@@ -317,9 +347,9 @@ const (
 	statusNoResponse   = 444
 )
 
-// serveCompletion handles one completion request and reports the status it
-// produced and whether the request asked to stream, for the request counter,
-// and errAbort when the connection must be cut.
+// serveCompletion handles one request to an inference API and reports the
+// status it produced and whether the request asked to stream, for the
+// request counter, and errAbort when the connection must be cut.
 func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind) (code int, stream bool, err error) {
 	body, readErr := readBody(w, r)
 	// t0 is taken after the body is read so that the configured TTFT is
@@ -328,26 +358,33 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 	t0 := time.Now()
 	s.recordRequest(r.Header, body)
 	s.served.Add(1)
+	// fail answers with an error in the API's own format.
+	fail := func(status int, typ, code, message string) int {
+		if k.anthropic() {
+			return writeAnthropicError(w, status, message)
+		}
+		return writeError(w, status, typ, code, message)
+	}
 
 	if readErr != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(readErr, &tooLarge) {
-			return writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", readErr.Error()), false, nil
+			return fail(http.StatusRequestEntityTooLarge, typeInvalidRequest, "request_too_large", readErr.Error()), false, nil
 		}
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading request body: "+readErr.Error()), false, nil
+		return fail(http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading request body: "+readErr.Error()), false, nil
 	}
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		return writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed",
+		return fail(http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed",
 			"method "+r.Method+" not allowed on "+r.URL.Path), false, nil
 	}
 	p, err := s.parseParams(r.Header)
 	if err != nil {
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_header", err.Error()), false, nil
+		return fail(http.StatusBadRequest, typeInvalidRequest, "invalid_header", err.Error()), false, nil
 	}
-	req, apiErr := parseRequest(body)
+	req, apiErr := parseRequest(k, body)
 	if apiErr != nil {
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream, nil
+		return fail(http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream, nil
 	}
 	if p.status == 0 {
 		p.status = s.injectFault()
@@ -355,20 +392,27 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 	if p.status != 0 {
 		typ, code := injectedErrorKind(p.status)
 		setRetryAfter(w.Header(), p.status, p.retryAfter)
-		return writeError(w, p.status, typ, code, "mock: injected status "+strconv.Itoa(p.status)), req.Stream, nil
+		return fail(p.status, typ, code, "mock: injected status "+strconv.Itoa(p.status)), req.Stream, nil
 	}
 	c, apiErr := newCompletion(k, req, p, *s.cfg.Load(), t0)
 	if apiErr != nil {
-		return writeError(w, http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream, nil
+		return fail(http.StatusBadRequest, typeInvalidRequest, apiErr.code, apiErr.message), req.Stream, nil
+	}
+	if k == kindCountTokens {
+		// Counting is no inference: no batch slot, no delay, nothing billed.
+		return writeJSON(w, http.StatusOK, countTokensResponse{InputTokens: c.promptTokens}), false, nil
 	}
 	t, err := s.engine.admit(t0)
 	if err != nil {
 		setRetryAfter(w.Header(), http.StatusTooManyRequests, p.retryAfter)
-		return writeError(w, http.StatusTooManyRequests, typeRateLimit, "queue_full",
+		return fail(http.StatusTooManyRequests, typeRateLimit, "queue_full",
 			"mock: the waiting queue is full, retry later"), req.Stream, nil
 	}
 	defer t.release()
-	if req.Stream {
+	switch {
+	case k == kindEmbeddings:
+		return s.embed(r.Context(), w, c, t), false, nil
+	case req.Stream:
 		return http.StatusOK, true, s.stream(r.Context(), w, c, t)
 	}
 	code, err = s.complete(r.Context(), w, c, t)
@@ -419,28 +463,18 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completio
 	w.WriteHeader(http.StatusOK)
 	sw := newSSEWriter(w, c.emitTimestamps)
 
-	// Chat streams open with a role-only chunk at t0, as OpenAI and vLLM do;
-	// legacy completions have none, so flush the headers alone so the client
-	// still sees the response start at t0. A request waiting for a batch
-	// slot gets them at t0 too, like a server that accepted it.
-	var err error
-	if c.kind == kindChat {
-		err = sw.send(c.roleChunk())
-	} else {
-		err = sw.flush()
-	}
-	if err != nil {
+	// Everything before the first token goes at t0, even for a request
+	// waiting for a batch slot, like a server that accepted it.
+	if err := c.streamOpen(sw); err != nil {
 		s.clientGone(c, 0, err)
 		return nil
 	}
 
 	words := c.words()
 	events, err := s.play(ctx, c, t, func(n int) error {
-		return sw.send(c.contentChunk(words.next(n)))
+		return c.streamContent(sw, words.next(n))
 	}, func() error {
-		// Half of a valid chunk: framed as an event, unparseable as JSON.
-		b, _ := json.Marshal(c.finishChunk())
-		return sw.event(b[:len(b)/2])
+		return c.streamMalformed(sw)
 	})
 	if err != nil {
 		if errors.Is(err, errAbort) {
@@ -449,15 +483,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completio
 		s.clientGone(c, events, err)
 		return nil
 	}
-
-	err = sw.send(c.finishChunk())
-	if err == nil && c.includeUsage {
-		err = sw.send(c.usageChunk())
-	}
-	if err == nil {
-		err = sw.event([]byte("[DONE]"))
-	}
-	if err != nil {
+	if err := c.streamClose(sw); err != nil {
 		s.clientGone(c, events, err)
 	}
 	return nil
@@ -495,20 +521,9 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 // only when the batch or a fault can move them. It returns the number of
 // content events sent.
 func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n int) error, malformed func() error) (int, error) {
-	if err := t.wait(ctx); err != nil {
+	if err := s.prefill(ctx, c, t); err != nil {
 		return 0, err
 	}
-	cached := 0
-	if hits, ok := s.engine.matchPrefix(c.blocks); ok {
-		// Like vLLM, at least the last prompt token is always computed.
-		cached = min(hits*blockTokens, c.promptTokens-1)
-		s.metrics.prefixQueries.Add(float64(c.promptTokens))
-		s.metrics.prefixHits.Add(float64(cached))
-	}
-	c.start(t.admitted, cached)
-	t.hold(c.promptTokens)
-	s.usage.prompt.Add(int64(c.promptTokens))
-
 	timer := time.NewTimer(math.MaxInt64)
 	defer timer.Stop()
 	f := c.faults
@@ -560,6 +575,25 @@ func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n
 	return events, nil
 }
 
+// prefill waits for c's admission, looks its prompt up in the prefix cache,
+// anchors its schedule and bills its prompt tokens.
+func (s *Server) prefill(ctx context.Context, c *completion, t *ticket) error {
+	if err := t.wait(ctx); err != nil {
+		return err
+	}
+	cached := 0
+	if hits, ok := s.engine.matchPrefix(c.blocks); ok {
+		// Like vLLM, at least the last prompt token is always computed.
+		cached = min(hits*blockTokens, c.promptTokens-1)
+		s.metrics.prefixQueries.Add(float64(c.promptTokens))
+		s.metrics.prefixHits.Add(float64(cached))
+	}
+	c.start(t.admitted, cached)
+	t.hold(c.promptTokens)
+	s.usage.prompt.Add(int64(c.promptTokens))
+	return nil
+}
+
 func (s *Server) clientGone(c *completion, eventsSent int, err error) {
 	s.logger.Debug("mock: client went away",
 		"endpoint", c.kind.label(), "id", c.id, "events_sent", eventsSent, "err", err)
@@ -592,7 +626,7 @@ type sseWriter struct {
 	rc    *http.ResponseController
 	buf   []byte
 	stamp bool // precede events with an emit-time comment
-	seq   int
+	seq   int  // events written so far (the Responses API's sequence_number)
 }
 
 func newSSEWriter(w http.ResponseWriter, stamp bool) *sseWriter {
@@ -600,17 +634,24 @@ func newSSEWriter(w http.ResponseWriter, stamp bool) *sseWriter {
 }
 
 // send writes v as one "data: <json>\n\n" event.
-func (s *sseWriter) send(v any) error {
+func (s *sseWriter) send(v any) error { return s.sendNamed("", v) }
+
+// sendNamed writes v as one event with an "event: <name>" line (none when
+// name is empty), as the Responses and Anthropic streams have.
+func (s *sseWriter) sendNamed(name string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return s.event(b)
+	return s.named(name, b)
 }
 
-// event writes one "data: <payload>\n\n" event, preceded by its
-// ": t=<unix ns> seq=<n>" comment when stamping.
-func (s *sseWriter) event(payload []byte) error {
+// event writes one "data: <payload>\n\n" event.
+func (s *sseWriter) event(payload []byte) error { return s.named("", payload) }
+
+// named writes one event, preceded by its ": t=<unix ns> seq=<n>" comment
+// when stamping.
+func (s *sseWriter) named(name string, payload []byte) error {
 	s.buf = s.buf[:0]
 	if s.stamp {
 		s.buf = append(s.buf, ": t="...)
@@ -618,7 +659,12 @@ func (s *sseWriter) event(payload []byte) error {
 		s.buf = append(s.buf, " seq="...)
 		s.buf = strconv.AppendInt(s.buf, int64(s.seq), 10)
 		s.buf = append(s.buf, '\n')
-		s.seq++
+	}
+	s.seq++
+	if name != "" {
+		s.buf = append(s.buf, "event: "...)
+		s.buf = append(s.buf, name...)
+		s.buf = append(s.buf, '\n')
 	}
 	s.buf = append(s.buf, "data: "...)
 	s.buf = append(s.buf, payload...)
@@ -658,7 +704,7 @@ func newMetrics(s *Server) *metrics {
 		registry: prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "infergate_mock_requests_total",
-			Help: "Completion requests received by the mock upstream.",
+			Help: "Requests to the inference APIs received by the mock upstream.",
 		}, []string{"endpoint", "stream", "code"}),
 		lateness: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "infergate_mock_emit_lateness_seconds",

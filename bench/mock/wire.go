@@ -139,20 +139,83 @@ func (c *completion) usageChunk() envelope {
 
 // fullResponse is the non-streaming body; its content is exactly the
 // concatenation of the streamed content events.
-func (c *completion) fullResponse() envelope {
+func (c *completion) fullResponse() any {
 	text := c.words().next(c.outputTokens)
 	var e envelope
-	if c.kind == kindChat {
+	switch c.kind {
+	case kindResponses:
+		return c.response("completed", text)
+	case kindMessages:
+		return c.message(text, true)
+	case kindChat:
 		e = c.envelope("chat.completion", []chatChoice{{
 			Message:      chatMessage{Role: "assistant", Content: text},
 			FinishReason: finishLength,
 		}})
-	} else {
+	default:
 		reason := finishLength
 		e = c.envelope("text_completion", []textChoice{{Text: text, FinishReason: &reason}})
 	}
 	e.Usage = c.usage()
 	return e
+}
+
+// streamOpen writes what a stream sends before its first token.
+func (c *completion) streamOpen(sw *sseWriter) error {
+	switch c.kind {
+	case kindChat:
+		// Chat streams open with a role-only chunk, as OpenAI and vLLM do.
+		return sw.send(c.roleChunk())
+	case kindResponses:
+		return c.responsesOpen(sw)
+	case kindMessages:
+		return c.messagesOpen(sw)
+	}
+	// Legacy completions open with content: flush the headers alone so
+	// the client still sees the response start at t0.
+	return sw.flush()
+}
+
+// streamContent writes one content event carrying text.
+func (c *completion) streamContent(sw *sseWriter, text string) error {
+	switch c.kind {
+	case kindResponses:
+		return c.responsesContent(sw, text)
+	case kindMessages:
+		return c.messagesContent(sw, text)
+	}
+	return sw.send(c.contentChunk(text))
+}
+
+// streamMalformed writes the malformed fault's event: half of a valid one,
+// framed as an event, unparseable as JSON.
+func (c *completion) streamMalformed(sw *sseWriter) error {
+	switch c.kind {
+	case kindResponses:
+		return c.responsesMalformed(sw)
+	case kindMessages:
+		return c.messagesMalformed(sw)
+	}
+	b, _ := json.Marshal(c.finishChunk())
+	return sw.event(b[:len(b)/2])
+}
+
+// streamClose writes what follows the last token.
+func (c *completion) streamClose(sw *sseWriter) error {
+	switch c.kind {
+	case kindResponses:
+		return c.responsesClose(sw)
+	case kindMessages:
+		return c.messagesClose(sw)
+	}
+	err := sw.send(c.finishChunk())
+	if err == nil && c.includeUsage {
+		err = sw.send(c.usageChunk())
+	}
+	if err == nil {
+		err = sw.event([]byte("[DONE]"))
+	}
+	return err
 }
 
 // writeJSON writes v with an explicit Content-Length and returns status, so
