@@ -36,6 +36,7 @@ type gateRequest struct {
 	headersOwed bool // a request_headers message awaits its answer
 	chunksOwed  int  // streamed body chunks await their answers
 	decided     bool
+	api         openai.API                // the API of an inference request, once decide knows it
 	metadata    map[string]map[string]any // forwarded dynamic metadata
 	policyAt    time.Time                 // when the policy was asked (zero: it was not)
 }
@@ -80,7 +81,7 @@ func (s *Server) safeGateStep(ctx context.Context, g *gateRequest, msg *extprocv
 		if r := recover(); r != nil {
 			err = s.recovered(ctx, "gate", r)
 			e := openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "gate_error", "", "internal gateway error")
-			out = []*extprocv3.ProcessingResponse{immediate(e)}
+			out = []*extprocv3.ProcessingResponse{g.immediate(e)}
 		}
 	}()
 	return s.gateStep(ctx, g, msg), nil
@@ -203,14 +204,20 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	path, _, _ := strings.Cut(h[":path"], "?")
 	method := h[":method"]
 
-	// Completion requests must be well-formed before anything else looks
-	// at them; every request, completion or not, then gets the policy's
-	// decision.
+	// Inference requests must be well-formed before anything else looks
+	// at them; every request, inference or not, then gets the policy's
+	// decision. A configured path that names no API is read as a chat or
+	// text completion, as every path was before the gate knew other APIs.
 	completion := slices.Contains(s.opts.CompletionPaths, path)
-	var req openai.Request
+	var (
+		api openai.API
+		req openai.Request
+	)
 	if completion {
+		api = cmp.Or(openai.APIOf(path), openai.APIChat)
+		g.api = api
 		var verr *openai.Error
-		if req, verr = s.validate(path, method, h, g.body); verr != nil {
+		if req, verr = s.validate(api, path, method, h, g.body); verr != nil {
 			return s.deny(ctx, g, req.Model, request.Verdict{Deny: verr, Reason: verr.Code})
 		}
 	}
@@ -229,6 +236,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		Path:         path,
 		Headers:      h,
 		Completion:   completion,
+		API:          api,
 		Request:      req,
 		Body:         g.body,
 		PromptTokens: req.PromptTokens,
@@ -253,14 +261,18 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	var newBody []byte
 	// Usage on every stream: a client's include_usage: false would leave
 	// the charge to infergate's own count (see Options.HonourUsageOptOut).
+	// Only chat and text completions need asking: a Responses stream ends
+	// with its usage (response.completed), an Anthropic one carries it in
+	// message_start and message_delta.
 	optedOut := req.IncludeUsage != nil && !*req.IncludeUsage
-	if req.Stream && !s.opts.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !s.opts.HonourUsageOptOut) {
+	asksUsage := api == openai.APIChat || api == openai.APICompletions
+	if asksUsage && req.Stream && !s.opts.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !s.opts.HonourUsageOptOut) {
 		if b, err := openai.WithUsage(g.body); err == nil {
 			newBody = b
 		}
 	}
 	maxTokens := req.MaxTokens
-	if v.MaxTokens > 0 && completion {
+	if v.MaxTokens > 0 && completion && api.Generates() {
 		// The reservation counted v.MaxTokens per choice: the pool must
 		// not be asked for more (a client that set none, or more than
 		// its cap). Not rewritable (it was validated): fail closed
@@ -269,7 +281,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		if body == nil {
 			body = g.body
 		}
-		b, err := withMaxTokens(body, v.MaxTokens)
+		b, err := withMaxTokens(body, v.MaxTokens, outputLimitKeys(api)...)
 		if err != nil {
 			s.log.Error("gate max_tokens", "err", err)
 			s.unreserve(ctx, adm, v)
@@ -294,6 +306,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	var f metaFields
 	f.init(16 + len(v.Metadata))
 	f.str("model", req.Model)
+	f.str("api", string(api))
 	f.set("stream", structpb.NewBoolValue(req.Stream))
 	f.num("max_tokens", int64(maxTokens)) // as sent upstream
 	f.num("prompt_tokens", int64(adm.PromptTokens))
@@ -309,7 +322,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	if v.Reservation != "" {
 		f.str("reservation", v.Reservation)
 	}
-	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &request.Stamp{RequestID: adm.RequestID, Model: req.Model,
+	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &request.Stamp{RequestID: adm.RequestID, Model: req.Model, API: api,
 		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: request.GatewayTime{Timings: v.Timings}})
 	traceparent := ""
 	if sc.IsValid() {
@@ -343,7 +356,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		decision: fieldString(decision, maxStampField), requestID: fieldString(adm.RequestID, maxStampField),
 		model: fieldString(req.Model, maxStampField), tenant: fieldString(v.Tenant, maxStampField),
 		principal: fieldString(v.Principal, maxStampField), reason: fieldString(v.Reason, maxStampReason),
-		traceparent: traceparent, reservation: v.Reservation,
+		traceparent: traceparent, reservation: v.Reservation, api: string(api),
 	}
 	field := mf.encode()
 	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
@@ -432,9 +445,10 @@ func (g *gateRequest) admit(mutation *extprocv3.HeaderMutation, newBody []byte, 
 	return out
 }
 
-// validate checks a completion request is one the gate can decide on. The
-// returned Request is partial when an error is returned.
-func (s *Server) validate(path, method string, h headers, body []byte) (openai.Request, *openai.Error) {
+// validate checks an inference request is one the gate can decide on, as
+// its API reads it. The returned Request is partial when an error is
+// returned.
+func (s *Server) validate(api openai.API, path, method string, h headers, body []byte) (openai.Request, *openai.Error) {
 	if method != http.MethodPost {
 		return openai.Request{}, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method_not_allowed", "",
 			"method "+method+" is not allowed on "+path+"; use POST")
@@ -447,7 +461,7 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 		return openai.Request{}, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
 			"request body is "+strconv.Itoa(len(body))+" bytes; the limit is "+strconv.Itoa(s.opts.MaxBodyBytes))
 	}
-	req, err := openai.ParseRequest(body)
+	req, err := openai.Parse(api, body)
 	var fe *openai.FieldError
 	switch {
 	case err == nil && len(req.Model) > MaxModelBytes:
@@ -466,7 +480,8 @@ func (s *Server) validate(path, method string, h headers, body []byte) (openai.R
 	}
 }
 
-// deny answers with an immediate OpenAI-style error and stamps the request.
+// deny answers with an immediate error, in the style the request's API
+// expects, and stamps the request.
 func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v request.Verdict) []*extprocv3.ProcessingResponse {
 	g.decided = true
 	gateTime := time.Since(g.started) - v.Timings.Checks
@@ -478,6 +493,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 	st := &request.Stamp{
 		RequestID: g.headers["x-request-id"],
 		Model:     model,
+		API:       g.api,
 		Principal: v.Principal,
 		Tenant:    v.Tenant,
 		Status:    v.Deny.Status,
@@ -497,5 +513,36 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 	for k, val := range v.Headers {
 		extra = append(extra, setHeader(k, val))
 	}
-	return []*extprocv3.ProcessingResponse{immediate(v.Deny, extra...)}
+	return []*extprocv3.ProcessingResponse{g.immediate(v.Deny, extra...)}
+}
+
+// pathAPI is the API the request's path names, whether or not the gate
+// parses it: it sets the style of the gate's errors.
+func (g *gateRequest) pathAPI() openai.API {
+	path, _, _ := strings.Cut(g.headers[":path"], "?")
+	return openai.APIOf(path)
+}
+
+// immediate answers e in the style the request's API expects: Anthropic's
+// error body on its paths, OpenAI's everywhere else.
+func (g *gateRequest) immediate(e *openai.Error, extra ...*corev3.HeaderValueOption) *extprocv3.ProcessingResponse {
+	resp := immediate(e, extra...)
+	if g.pathAPI().Anthropic() {
+		resp.GetImmediateResponse().Body = e.AnthropicJSON()
+	}
+	return resp
+}
+
+// outputLimitKeys are the body keys that cap an API's output, the first
+// the one added when none is sent (see withMaxTokens).
+func outputLimitKeys(api openai.API) []string {
+	switch api {
+	case openai.APIResponses:
+		return []string{"max_output_tokens"}
+	case openai.APIMessages:
+		return []string{"max_tokens"}
+	}
+	// Every OpenAI-compatible server and both completion endpoints know
+	// max_tokens; max_completion_tokens is chat-only.
+	return []string{"max_tokens", "max_completion_tokens"}
 }

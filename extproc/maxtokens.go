@@ -3,19 +3,19 @@ package extproc
 import (
 	"bytes"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/tidwall/gjson"
 )
 
 // withMaxTokens returns body with its output held to n, the effective
-// max_tokens the gate reserved: a max_tokens or max_completion_tokens above
-// n (or null) is set to n, and with neither present max_tokens is added
-// (every OpenAI-compatible server and both completion endpoints know it;
-// max_completion_tokens is chat-only). Other bytes stay as the client sent
-// them. body is an object the gate validated (openai.ParseRequest: each of
-// these keys at most once, a positive integer or null).
-func withMaxTokens(body []byte, n int) ([]byte, error) {
+// output cap the gate reserved: a value of one of keys (the API's output
+// caps, see outputLimitKeys) above n (or null) is set to n, and with none
+// of them present keys[0] is added. Other bytes stay as the client sent
+// them. body is an object the gate validated (openai.Parse: each of these
+// keys at most once, a positive integer or null).
+func withMaxTokens(body []byte, n int, keys ...string) ([]byte, error) {
 	doc := gjson.ParseBytes(body)
 	if !doc.IsObject() {
 		return nil, errors.New("request body is not a JSON object")
@@ -29,7 +29,7 @@ func withMaxTokens(body []byte, n int) ([]byte, error) {
 	)
 	doc.ForEach(func(k, v gjson.Result) bool {
 		empty = false
-		if k.Str != "max_tokens" && k.Str != "max_completion_tokens" {
+		if !slices.Contains(keys, k.Str) {
 			return true
 		}
 		found = true
@@ -47,12 +47,14 @@ func withMaxTokens(body []byte, n int) ([]byte, error) {
 	}
 	if !found {
 		end := bytes.LastIndexByte(body, '}')
-		out := make([]byte, 0, len(body)+len(`,"max_tokens":`)+len(num))
+		out := make([]byte, 0, len(body)+len(keys[0])+4+len(num))
 		out = append(out, body[:end]...)
 		if !empty {
 			out = append(out, ',')
 		}
-		out = append(out, `"max_tokens":`...)
+		out = append(out, '"')
+		out = append(out, keys[0]...)
+		out = append(out, `":`...)
 		out = append(out, num...)
 		return append(out, body[end:]...), nil
 	}

@@ -19,7 +19,7 @@ func TestWithMaxTokens(t *testing.T) {
 		{`{"model":"m","metadata":{"max_tokens":9999}}`, `{"model":"m","metadata":{"max_tokens":9999},"max_tokens":64}`},
 		{`{"model":"m","max\u005ftokens":5000}`, `{"model":"m","max\u005ftokens":64}`},
 	} {
-		got, err := withMaxTokens([]byte(tc.in), 64)
+		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(openai.APIChat)...)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("withMaxTokens(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
 			continue
@@ -28,28 +28,54 @@ func TestWithMaxTokens(t *testing.T) {
 			t.Errorf("%s: parsed back as max_tokens %d, %v", got, r.MaxTokens, err)
 		}
 	}
-	if _, err := withMaxTokens([]byte(`[1]`), 64); err == nil {
+	if _, err := withMaxTokens([]byte(`[1]`), 64, "max_tokens"); err == nil {
 		t.Error("an array body was rewritten")
 	}
 }
 
+// Each API's output cap is its own key: max_output_tokens for Responses,
+// max_tokens for Anthropic's Messages (never max_completion_tokens, a key
+// Anthropic refuses).
+func TestWithMaxTokensPerAPI(t *testing.T) {
+	for _, tc := range []struct {
+		api      openai.API
+		in, want string
+	}{
+		{openai.APIResponses, `{"model":"m","input":"hi"}`, `{"model":"m","input":"hi","max_output_tokens":64}`},
+		{openai.APIResponses, `{"model":"m","max_output_tokens":500,"max_tokens":500}`, `{"model":"m","max_output_tokens":64,"max_tokens":500}`},
+		{openai.APIResponses, `{"model":"m","max_output_tokens":10}`, `{"model":"m","max_output_tokens":10}`},
+		{openai.APIMessages, `{"model":"m","max_tokens":4096,"messages":[]}`, `{"model":"m","max_tokens":64,"messages":[]}`},
+		{openai.APIMessages, `{"model":"m","max_tokens":8,"messages":[]}`, `{"model":"m","max_tokens":8,"messages":[]}`},
+	} {
+		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(tc.api)...)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: withMaxTokens(%s) = %s, %v; want %s", tc.api, tc.in, got, err, tc.want)
+		}
+	}
+}
+
+var generatingAPIs = []openai.API{openai.APIChat, openai.APICompletions, openai.APIResponses, openai.APIMessages}
+
 func FuzzWithMaxTokens(f *testing.F) {
-	f.Add([]byte(`{"model":"m","max_tokens":5000,"messages":[]}`), 64)
-	f.Add([]byte(`{"model":"m","max_completion_tokens":null}`), 1)
-	f.Fuzz(func(t *testing.T, body []byte, n int) {
+	f.Add([]byte(`{"model":"m","max_tokens":5000,"messages":[]}`), 64, uint8(0))
+	f.Add([]byte(`{"model":"m","max_completion_tokens":null}`), 1, uint8(0))
+	f.Add([]byte(`{"model":"m","max_output_tokens":9000,"input":"hi"}`), 64, uint8(2))
+	f.Add([]byte(`{"model":"m","max_tokens":9000,"messages":[{"role":"user","content":"hi"}]}`), 64, uint8(3))
+	f.Fuzz(func(t *testing.T, body []byte, n int, which uint8) {
 		n = 1 + int(uint(n)%(1<<31-1))
-		r, err := openai.ParseRequest(body)
+		api := generatingAPIs[int(which)%len(generatingAPIs)]
+		r, err := openai.Parse(api, body)
 		if err != nil {
 			return // the gate rewrites only what it validated
 		}
-		got, err := withMaxTokens(body, n)
+		got, err := withMaxTokens(body, n, outputLimitKeys(api)...)
 		if err != nil {
 			t.Fatalf("validated body %q: %v", body, err)
 		}
 		if !json.Valid(got) {
 			t.Fatalf("rewrote %q into invalid JSON %q", body, got)
 		}
-		back, err := openai.ParseRequest(got)
+		back, err := openai.Parse(api, got)
 		if err != nil || back.MaxTokens < 1 || back.MaxTokens > n || back.Model != r.Model {
 			t.Fatalf("%q -> %q: parsed %+v, %v", body, got, back, err)
 		}

@@ -26,6 +26,10 @@ import (
 // version, longer than maxMeterField, or with fewer fields is absent. A
 // number that does not parse is absent (0); every value is range-checked
 // where it is used, as anything that reaches the port may send one.
+//
+// Appended since, each absent from an older writer's field:
+//
+//	api: the request's API (openai.API: chat, embeddings, responses, messages, ...)
 
 const (
 	// maxMeterField bounds the field, both ways: the gate fails closed
@@ -46,11 +50,12 @@ type gateField struct {
 	gateUS, authUS, policyUS, rateLimitUS, checksUS int64
 	decision, requestID, model, tenant, principal   string
 	reason, traceparent, reservation                string
+	api                                             string // appended: see above
 }
 
 // encode renders f in version 1.
 func (f *gateField) encode() string {
-	n := 64 + len(f.decision) + len(f.requestID) + len(f.model) + len(f.tenant) + len(f.principal) +
+	n := 64 + len(f.api) + len(f.decision) + len(f.requestID) + len(f.model) + len(f.tenant) + len(f.principal) +
 		len(f.reason) + len(f.traceparent) + len(f.reservation)
 	b := make([]byte, 0, n)
 	b = append(b, meterVersion...)
@@ -63,7 +68,7 @@ func (f *gateField) encode() string {
 		b = append(b, '|')
 		b = strconv.AppendInt(b, v, 10)
 	}
-	for _, v := range [...]string{f.decision, f.requestID, f.model, f.tenant, f.principal, f.reason, f.traceparent, f.reservation} {
+	for _, v := range [...]string{f.decision, f.requestID, f.model, f.tenant, f.principal, f.reason, f.traceparent, f.reservation, f.api} {
 		b = append(b, '|')
 		b = appendEscaped(b, v)
 	}
@@ -78,6 +83,7 @@ func parseGateField(s string) (f gateField, ok bool) {
 	}
 	var v [meterFields - 1]string
 	rest := s[len(meterVersion):]
+	appended := "" // the fields after the seventeenth
 	for i := range v {
 		j := strings.IndexByte(rest, '|')
 		if j < 0 {
@@ -88,6 +94,9 @@ func parseGateField(s string) (f gateField, ok bool) {
 			break
 		}
 		v[i], rest = rest[:j], rest[j+1:]
+		if i == len(v)-1 {
+			appended = rest
+		}
 	}
 	num := func(s string) int64 {
 		n, err := strconv.ParseInt(s, 10, 64)
@@ -103,6 +112,8 @@ func parseGateField(s string) (f gateField, ok bool) {
 	f.decision, f.requestID, f.model = unescape(v[8]), unescape(v[9]), unescape(v[10])
 	f.tenant, f.principal, f.reason = unescape(v[11]), unescape(v[12]), unescape(v[13])
 	f.traceparent, f.reservation = unescape(v[14]), unescape(v[15])
+	api, _, _ := strings.Cut(appended, "|")
+	f.api = unescape(api)
 	return f, true
 }
 

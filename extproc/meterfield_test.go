@@ -12,6 +12,7 @@ var sampleField = gateField{
 	decision: "allow", requestID: "6f1c-4e", model: "llama-3-70b", tenant: "acme", principal: "key:ci",
 	reason: "ok", traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
 	reservation: `MAC.YWNtZQ.{"e":[{"k":"acme|tok","u":"total_tokens","r":1066,"x":1796122740000}]}`,
+	api:         "chat",
 }
 
 // What the gate writes, the meter reads back exactly, whatever the strings
@@ -19,7 +20,7 @@ var sampleField = gateField{
 func TestMeterFieldRoundTrip(t *testing.T) {
 	for _, s := range []string{"", "|", "%", "%7C", "%25", "%%||%7c%2", "a|b%c", "ünï|cødé ✓", "%7C|%25|"} {
 		f := sampleField
-		f.decision, f.requestID, f.model, f.tenant, f.principal, f.reason, f.traceparent, f.reservation = s, s+"1", s+"2", s, s, s, s, s+"|r"
+		f.decision, f.requestID, f.model, f.tenant, f.principal, f.reason, f.traceparent, f.reservation, f.api = s, s+"1", s+"2", s, s, s, s, s+"|r", s+"a"
 		got, ok := parseGateField(f.encode())
 		if !ok || got != f {
 			t.Errorf("%q: round trip\n got %+v (ok %v)\nwant %+v", s, got, ok, f)
@@ -29,7 +30,7 @@ func TestMeterFieldRoundTrip(t *testing.T) {
 		t.Errorf("sample: %+v", got)
 	}
 	// The common case is plain text: nothing escaped.
-	if enc := (&gateField{decision: "allow", model: "m"}).encode(); enc != "1|0|0|0|0|0|0|0|0|allow||m|||||" {
+	if enc := (&gateField{decision: "allow", model: "m", api: "embeddings"}).encode(); enc != "1|0|0|0|0|0|0|0|0|allow||m||||||embeddings" {
 		t.Errorf("encoded %q", enc)
 	}
 }
@@ -48,11 +49,17 @@ func TestMeterFieldRefused(t *testing.T) {
 			t.Errorf("%s: read as %+v", name, f)
 		}
 	}
-	// Fields a later writer appends are ignored; a number that does not
-	// parse is absent.
+	// Fields a later writer appends are ignored, and an older writer's
+	// field lacks the appended api; a number that does not parse is absent.
 	f, ok := parseGateField(full + "|later|fields")
 	if !ok || f != sampleField {
 		t.Errorf("appended fields: %+v, %v", f, ok)
+	}
+	older := sampleField
+	older.api = ""
+	f, ok = parseGateField(strings.TrimSuffix(full, "|chat"))
+	if !ok || f != older {
+		t.Errorf("an older writer's field: %+v, %v", f, ok)
 	}
 	f, ok = parseGateField("1|x|1|-7|1e9|99999999999999999999|0|0|0|a|b|c|d|e|f|g|h")
 	if !ok || f.sent != 0 || !f.stream || f.promptTokens != -7 || f.gateUS != 0 || f.authUS != 0 || f.reservation != "h" {
@@ -70,7 +77,7 @@ func FuzzMeterField(f *testing.F) {
 	f.Add("1|"+strings.Repeat("|", 20), "ü", "%25%", int64(1<<62))
 	f.Fuzz(func(t *testing.T, raw, a, b string, n int64) {
 		if got, ok := parseGateField(raw); ok {
-			for _, s := range []string{got.decision, got.requestID, got.model, got.tenant, got.principal, got.reason, got.traceparent, got.reservation} {
+			for _, s := range []string{got.decision, got.requestID, got.model, got.tenant, got.principal, got.reason, got.traceparent, got.reservation, got.api} {
 				if len(s) > len(raw) {
 					t.Fatalf("read a %d-byte string from %d bytes", len(s), len(raw))
 				}
@@ -84,7 +91,7 @@ func FuzzMeterField(f *testing.F) {
 			return // the gate writes UTF-8 only (fieldString)
 		}
 		want := gateField{sent: n, stream: n%2 == 0, promptTokens: -n, gateUS: n, authUS: n / 3, policyUS: 1, rateLimitUS: n, checksUS: 0,
-			decision: a, requestID: b, model: a + b, tenant: b + a, principal: a, reason: b, traceparent: a, reservation: b + "|" + a}
+			decision: a, requestID: b, model: a + b, tenant: b + a, principal: a, reason: b, traceparent: a, reservation: b + "|" + a, api: a + "|"}
 		enc := want.encode()
 		if len(enc) > maxMeterField {
 			return

@@ -50,8 +50,9 @@ type Server struct {
 	orders  poolOrders
 }
 
-// DefaultCompletionPaths are the paths whose bodies the gate parses.
-var DefaultCompletionPaths = []string{"/v1/chat/completions", "/v1/completions"}
+// DefaultCompletionPaths are the paths whose bodies the gate parses: one
+// per API it knows (openai.APIOf).
+var DefaultCompletionPaths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
 
 // Options are the Server's settings and collaborators; zero fields get
 // defaults.

@@ -88,6 +88,9 @@ func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end ti
 		attribute.String("infergate.reason", st.Reason),
 		attribute.String("infergate.tenant", st.Tenant),
 	)
+	if op := st.API.Operation(); op != "" {
+		span.SetAttributes(attribute.String("gen_ai.operation.name", op))
+	}
 	if st.Decision == "deny" {
 		span.SetAttributes(attribute.Int("http.response.status_code", st.Status))
 		span.SetStatus(codes.Error, st.Reason)

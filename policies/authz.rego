@@ -25,13 +25,14 @@ reason := concat("", ["allowed on the ", tier_name, " tier"]) if {
 # The HTTP status of a denial.
 status := denial.status if not allow
 
-# The largest max_tokens a completion may ask for on its tier (a larger
-# one is denied below). It is also the *effective* max_tokens of a request
-# that sets none: the gate reserves it (times n/best_of) and sends it
-# upstream, so the model server cannot write more than was reserved.
-# Undefined (a tier without max_tokens): the gate's ratelimit.defaultMaxTokens
-# is reserved and nothing is sent.
-max_tokens := tier.max_tokens if route.model
+# The largest output a request may ask for on its tier (max_tokens,
+# max_completion_tokens, a response's max_output_tokens, a message's
+# max_tokens; a larger one is denied below). It is also the *effective*
+# output cap of a request that sets none: the gate reserves it (times
+# n/best_of) and sends it upstream, so the model server cannot write more
+# than was reserved. Undefined (a tier without max_tokens): the gate's
+# ratelimit.defaultMaxTokens is reserved and nothing is sent.
+max_tokens := tier.max_tokens if route.output
 
 # External checks (configured in the gate, e.g. moderation) that an allowed
 # completion request must also pass, per tier.
@@ -42,11 +43,16 @@ checks contains check if {
 }
 
 # The endpoints served, by path and method. model: true marks the
-# completion endpoints, which name a model and generate tokens.
+# inference endpoints, which name a model (input.request.api says which
+# API); output: true those of them that generate tokens.
 route := {
-	"/v1/chat/completions": {"POST": {"model": true}},
-	"/v1/completions": {"POST": {"model": true}},
-	"/v1/models": {"GET": {"model": false}},
+	"/v1/chat/completions": {"POST": {"model": true, "output": true}},
+	"/v1/completions": {"POST": {"model": true, "output": true}},
+	"/v1/responses": {"POST": {"model": true, "output": true}},
+	"/v1/messages": {"POST": {"model": true, "output": true}},
+	"/v1/messages/count_tokens": {"POST": {"model": true, "output": false}},
+	"/v1/embeddings": {"POST": {"model": true, "output": false}},
+	"/v1/models": {"GET": {"model": false, "output": false}},
 }[input.request.path][input.request.method]
 
 tenant := data.infergate.tenants[input.tenant]
@@ -80,6 +86,19 @@ model_allowed if {
 	"*" in tier.models
 }
 
+# The APIs a tier may use (input.request.api): every one when its apis
+# are left out; count_tokens goes with messages.
+api_allowed if {
+	not tier.apis
+} else if {
+	input.request.api in tier.apis
+} else if {
+	"*" in tier.apis
+} else if {
+	input.request.api == "count_tokens"
+	"messages" in tier.apis
+}
+
 # The denials, in order.
 denial := {"status": 401, "reason": "missing credentials"} if {
 	not identified
@@ -103,6 +122,12 @@ denial := {"status": 401, "reason": "missing credentials"} if {
 	input.request.model == ""
 } else := {
 	"status": 403,
+	"reason": sprintf("the %s API is not available on the %s tier", [input.request.api, tier_name]),
+} if {
+	route.model
+	not api_allowed
+} else := {
+	"status": 403,
 	"reason": sprintf("model %q is not available on the %s tier", [input.request.model, tier_name]),
 } if {
 	route.model
@@ -114,6 +139,6 @@ denial := {"status": 401, "reason": "missing credentials"} if {
 		[input.request.max_tokens, tier_name, tier.max_tokens],
 	),
 } if {
-	route.model
+	route.output
 	input.request.max_tokens > tier.max_tokens
 }

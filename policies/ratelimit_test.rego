@@ -10,12 +10,15 @@ chat(tenant, model) := {
 	"request": {
 		"method": "POST",
 		"path": "/v1/chat/completions",
+		"api": "chat",
 		"headers": {},
 		"model": model,
 		"virtual_model": "",
 		"stream": true,
 		"max_tokens": 256,
+		"choices": 1,
 		"estimated_prompt_tokens": 40,
+		"previous_response_id": "",
 	},
 	"usage": {"requests": 0, "tokens": 0},
 }
@@ -118,4 +121,26 @@ test_cap_without_max_tokens if {
 test_cap_follows_tier_label if {
 	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}, "request": {"max_tokens": 0}})
 	authz.max_tokens == 1024 with input as inp
+}
+
+# The search tier writes no output: no output budget, only requests and
+# (input) tokens.
+test_search_tier_limits if {
+	inp := object.union(chat("vandelay", "bge-m3"), {"request": {"path": "/v1/embeddings", "api": "embeddings", "max_tokens": 0}})
+	ratelimit.limits == {
+		{
+			"name": "requests-per-minute",
+			"key": "tenant=vandelay/principal=key-1",
+			"unit": "requests",
+			"amount": 600,
+			"window": "1m",
+		},
+		{
+			"name": "tenant-tokens-per-minute",
+			"key": "tenant=vandelay",
+			"unit": "total_tokens",
+			"amount": 1000000,
+			"window": "1m",
+		},
+	} with input as inp
 }

@@ -244,6 +244,7 @@ func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.
 		Request: policy.Request{
 			Method:                a.Method,
 			Path:                  a.Path,
+			API:                   string(a.API),
 			Headers:               hdrs,
 			Model:                 a.Request.Model,
 			VirtualModel:          a.Request.Model,
@@ -251,6 +252,7 @@ func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.
 			MaxTokens:             a.Request.MaxTokens,
 			Choices:               choices(a),
 			EstimatedPromptTokens: a.PromptTokens,
+			PreviousResponseID:    a.Request.PreviousResponseID,
 		},
 		Usage: c.Metrics.usage(p.Tenant),
 	}
@@ -288,12 +290,13 @@ const maxReservedOutput = 1 << 48
 // effectiveMaxTokens is what a request may write per choice: the client's
 // max_tokens (max_completion_tokens when both are set, see
 // internal/openai), held to the policy's cap when it names one; unset, the
-// cap, else the configured default. Only completions write tokens: other
-// requests (the model listing) reserve no output.
+// cap, else the configured default. Only APIs that generate write tokens:
+// other requests (embeddings, count_tokens, the model listing) reserve no
+// output. An Admission that names no API is a chat or text completion.
 func (c *Controller) effectiveMaxTokens(a *request.Admission, limit int) int {
 	asked := a.Request.MaxTokens
 	switch {
-	case !a.Completion:
+	case !a.Completion || a.API != "" && !a.API.Generates():
 		return 0
 	case limit > 0 && (asked <= 0 || asked > limit):
 		return limit
@@ -337,7 +340,11 @@ func choices(a *request.Admission) int { return max(a.Request.Choices, 1) }
 // reserve charges the request's budgets. It returns what was reserved
 // (nil if nothing) and whether the request is denied (v.Deny set).
 func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, maxTokens int, v *request.Verdict) (*ratelimit.Reservation, bool) {
-	cost := reservationCost(a.PromptTokens, maxTokens, choices(a), d.Reserve)
+	prompt := a.PromptTokens
+	if a.API == openai.APICountTokens {
+		prompt = 0 // counting runs the tokenizer, not the model: the request is the cost
+	}
+	cost := reservationCost(prompt, maxTokens, choices(a), d.Reserve)
 	res, err := c.Limiter.Reserve(ctx, d.Limits, cost)
 	if err != nil {
 		c.Log.Error("rate limit backend unavailable; denying", "request_id", a.RequestID, "err", err)

@@ -25,7 +25,8 @@ func TestEffectiveMaxTokens(t *testing.T) {
 		asked, choices    int
 		cap, defaultMax   int
 		reserve           *ratelimit.Cost
-		listing           bool // GET /v1/models: no output
+		listing           bool       // GET /v1/models: no output
+		api               openai.API // "": a chat completion
 		wantReserved      int64
 		wantUpstreamLimit int // Verdict.MaxTokens
 	}{
@@ -42,6 +43,16 @@ func TestEffectiveMaxTokens(t *testing.T) {
 		{name: "policy reserve with output", cap: 4096,
 			reserve: &ratelimit.Cost{Requests: 1, InputTokens: unset, OutputTokens: 50}, wantReserved: 20 + 50, wantUpstreamLimit: 4096},
 		{name: "model listing", listing: true, cap: 4096, wantReserved: 0},
+		// Each API's output cap (max_output_tokens, Anthropic's max_tokens)
+		// arrives as Request.MaxTokens and is reserved and capped alike.
+		{name: "responses, above the cap", api: openai.APIResponses, asked: 5000, cap: 4096, wantReserved: 20 + 4096, wantUpstreamLimit: 4096},
+		{name: "responses, unset, no cap", api: openai.APIResponses, wantReserved: 20 + DefaultOutputReservation},
+		{name: "messages, below the cap", api: openai.APIMessages, asked: 100, cap: 4096, wantReserved: 20 + 100},
+		// Embeddings write nothing: their input is the reservation, and no
+		// cap goes upstream.
+		{name: "embeddings", api: openai.APIEmbeddings, cap: 4096, defaultMax: 300, wantReserved: 20},
+		// Counting tokens runs no model: the request is all it costs.
+		{name: "count_tokens", api: openai.APICountTokens, cap: 4096, wantReserved: 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newController(t)
@@ -51,7 +62,7 @@ func TestEffectiveMaxTokens(t *testing.T) {
 			key := "t=" + strconv.Itoa(i)
 			c.Policy = &fakePolicy{d: policy.Decision{Allow: true, MaxTokens: tc.cap, Reserve: tc.reserve,
 				Limits: []ratelimit.Limit{{Name: "tpm", Key: key, Unit: ratelimit.TotalTokens, Amount: budget, Window: time.Minute}}}}
-			a := &request.Admission{RequestID: "r", Method: "POST", Path: "/v1/chat/completions", Completion: true,
+			a := &request.Admission{RequestID: "r", Method: "POST", Path: "/v1/chat/completions", Completion: true, API: tc.api,
 				Request: openai.Request{Model: "llama", MaxTokens: tc.asked, Choices: tc.choices}, PromptTokens: 20}
 			if tc.listing {
 				a = &request.Admission{RequestID: "r", Method: "GET", Path: "/v1/models"}

@@ -300,8 +300,10 @@ type Gate struct {
 	// alone (default false: usage is asked for on every stream, so a client
 	// cannot lower its charge by opting out).
 	HonourUsageOptOut bool `yaml:"honourUsageOptOut"`
-	// Paths are the request paths the gate treats as completion requests
-	// (JSON bodies with a model). Other paths are denied with 404.
+	// Paths are the request paths the gate treats as inference requests
+	// (JSON bodies with a model), each read as the API its last segments
+	// name (openai.APIOf; a chat or text completion when they name none).
+	// Other paths get the policy's answer (404 without a policy).
 	Paths []string `yaml:"paths"`
 }
 
@@ -403,7 +405,7 @@ func (c *Config) fillDefaults() {
 		c.Gate.InjectUsage = ptr(true)
 	}
 	if c.Gate.Paths == nil {
-		c.Gate.Paths = []string{"/v1/chat/completions", "/v1/completions"}
+		c.Gate.Paths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
 	}
 	if c.Meter.MaxEventBytes == 0 {
 		c.Meter.MaxEventBytes = 1 << 20

@@ -25,7 +25,7 @@ func defaults() *Config {
 		Gate: Gate{
 			MaxBodyBytes: 1 << 20,
 			InjectUsage:  ptr(true),
-			Paths:        []string{"/v1/chat/completions", "/v1/completions"},
+			Paths:        []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"},
 		},
 		Meter: Meter{MaxEventBytes: 1 << 20, MaxTrackedGaps: 16384},
 		Auth: Auth{

@@ -34,6 +34,43 @@ func (e *Error) JSON() []byte {
 
 func (e *Error) Error() string { return e.Message }
 
+// AnthropicJSON renders the error as Anthropic's API does, for clients of
+// its Messages API: {"type":"error","error":{"type":...,"message":...}},
+// the type by the status (Anthropic's error types are per status).
+func (e *Error) AnthropicJSON() []byte {
+	type detail struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	b, _ := json.Marshal(struct {
+		Type  string `json:"type"`
+		Error detail `json:"error"`
+	}{"error", detail{anthropicType(e.Status), e.Message}})
+	return b
+}
+
+// anthropicType is Anthropic's error type for an HTTP status.
+func anthropicType(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case 529:
+		return "overloaded_error"
+	}
+	if status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
 // NewError builds an error; param may be empty.
 func NewError(status int, typ, code, param, msg string) *Error {
 	e := &Error{Status: status, Message: msg, Type: typ, Code: code}

@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"cmp"
 	"strconv"
 	"strings"
 
@@ -52,6 +53,12 @@ type estimate struct {
 	extra   int // other text: roles, names, tool calls, tools, refusals, other message keys
 	tokens  int // counted exactly or fixed: token IDs, overheads, images
 	prompts int // prompts in a /v1/completions batch
+	// list names the array of messages in errors: "messages" when empty,
+	// "input" for a Responses request.
+	list string
+	// anthropic: content blocks are Anthropic's, where tool_use,
+	// tool_result and thinking blocks carry text of their own.
+	anthropic bool
 }
 
 // promptTokens is the estimate: all text at EstimateTokens' rate (so never
@@ -87,10 +94,11 @@ func (e *estimate) messages(msgs gjson.Result) error {
 // which may render any of them).
 func (e *estimate) message(i int, m gjson.Result) error {
 	e.tokens += TokensPerMessage
-	return eachKey(m, func() string { return messagePath(i) }, func(k string, v gjson.Result) error {
+	path := func() string { return e.itemPath(i) }
+	return eachKey(m, path, func(k string, v gjson.Result) error {
 		switch k {
 		case "content":
-			return e.content(i, v)
+			return e.content(func() string { return path() + ".content" }, v)
 		case "role":
 			if v.Type == gjson.String && standardRole(v.Str) {
 				return nil // part of TokensPerMessage
@@ -100,7 +108,7 @@ func (e *estimate) message(i int, m gjson.Result) error {
 			return e.toolCalls(i, v)
 		case "function_call": // the legacy form of one tool call
 			e.tokens += TokensPerToolCall
-			return e.function(v, func() string { return messagePath(i) + ".function_call" })
+			return e.function(v, func() string { return path() + ".function_call" })
 		default:
 			e.text(v)
 		}
@@ -116,12 +124,12 @@ func standardRole(r string) bool {
 	return false
 }
 
-// content counts a message's content: a string, or an array of parts. A
-// part is a string, or an object whose "text" (and an assistant's
-// "refusal") is read; any part that is not text (image_url, input_audio,
-// file, video_url, ...) costs TokensPerImage. PromptChars counts what it
-// always did: strings and "text".
-func (e *estimate) content(i int, c gjson.Result) error {
+// content counts a message's content (path names it in errors): a string,
+// or an array of parts. A part is a string, or an object whose "text" (and
+// an assistant's "refusal") is read; any part that is not text
+// (image_url, input_audio, file, video_url, ...) costs TokensPerImage.
+// PromptChars counts what it always did: strings and "text".
+func (e *estimate) content(path func() string, c gjson.Result) error {
 	switch {
 	case c.Type == gjson.String:
 		e.chars += len(c.Raw) - 2
@@ -137,7 +145,8 @@ func (e *estimate) content(i int, c gjson.Result) error {
 		case p.Type == gjson.String:
 			e.chars += len(p.Raw) - 2
 		case p.IsObject():
-			err = e.part(i, j, p)
+			n := j
+			err = e.part(func() string { return path() + "[" + strconv.Itoa(n) + "]" }, p)
 		default:
 			e.text(p)
 		}
@@ -147,10 +156,9 @@ func (e *estimate) content(i int, c gjson.Result) error {
 	return err
 }
 
-func (e *estimate) part(i, j int, p gjson.Result) error {
+func (e *estimate) part(path func() string, p gjson.Result) error {
 	var typ string
 	hasText := false
-	path := func() string { return messagePath(i) + ".content[" + strconv.Itoa(j) + "]" }
 	if err := eachKey(p, path, func(k string, v gjson.Result) error {
 		switch k {
 		case "type":
@@ -172,11 +180,79 @@ func (e *estimate) part(i, j int, p gjson.Result) error {
 	}); err != nil {
 		return err
 	}
-	// vLLM infers the type of an untyped part from its keys.
-	if typ != "text" && typ != "refusal" && (typ != "" || !hasText) {
+	switch {
+	case textPart(typ):
+	case typ == "" && hasText: // vLLM infers the type of an untyped part from its keys
+	case e.anthropic && typ != "image" && typ != "document":
+		return e.block(path, p)
+	default:
 		e.tokens += TokensPerImage
 	}
 	return nil
+}
+
+// textPart reports whether a content part of type typ is text: chat's
+// types, and the Responses API's (which vLLM also accepts in a chat).
+func textPart(typ string) bool {
+	switch typ {
+	case "text", "refusal", "input_text", "output_text":
+		return true
+	}
+	return false
+}
+
+// block counts an Anthropic content block that is neither text nor media
+// (tool_use, tool_result, thinking, ...): a template renders its values as
+// text, and its markup costs TokensPerToolCall.
+func (e *estimate) block(path func() string, b gjson.Result) error {
+	e.tokens += TokensPerToolCall
+	var err error
+	b.ForEach(func(k, v gjson.Result) bool { // keys already checked for repeats
+		switch k.Str {
+		case "type", "text", "cache_control", "signature":
+		case "content":
+			err = e.toolResult(path, v)
+		default:
+			e.text(v)
+		}
+		return err == nil
+	})
+	return err
+}
+
+// toolResult counts a tool result's content: a string, or blocks whose
+// text is read and whose image or document (its source) costs
+// TokensPerImage. Not through content: a walk that does not recurse keeps
+// the paths of errors off the heap.
+func (e *estimate) toolResult(path func() string, c gjson.Result) error {
+	if !c.IsArray() {
+		e.text(c)
+		return nil
+	}
+	j := 0
+	var err error
+	c.ForEach(func(_, p gjson.Result) bool {
+		if !p.IsObject() {
+			e.text(p)
+			j++
+			return true
+		}
+		n := j
+		blockPath := func() string { return path() + ".content[" + strconv.Itoa(n) + "]" }
+		err = eachKey(p, blockPath, func(k string, v gjson.Result) error {
+			switch k {
+			case "type", "cache_control":
+			case "source":
+				e.tokens += TokensPerImage
+			default:
+				e.text(v)
+			}
+			return nil
+		})
+		j++
+		return err == nil
+	})
+	return err
 }
 
 // toolCalls counts an assistant's tool calls: each call's keys but "type"
@@ -196,7 +272,8 @@ func (e *estimate) toolCalls(i int, calls gjson.Result) error {
 			j++
 			return true
 		}
-		path := func() string { return messagePath(i) + ".tool_calls[" + strconv.Itoa(j) + "]" }
+		n := j
+		path := func() string { return e.itemPath(i) + ".tool_calls[" + strconv.Itoa(n) + "]" }
 		err = eachKey(c, path, func(k string, v gjson.Result) error {
 			switch k {
 			case "type":
@@ -479,7 +556,10 @@ func (s *keySet) add(k string) bool {
 	return false
 }
 
-func messagePath(i int) string { return "messages[" + strconv.Itoa(i) + "]" }
+// itemPath names message i in errors, as in messages[3].
+func (e *estimate) itemPath(i int) string {
+	return cmp.Or(e.list, "messages") + "[" + strconv.Itoa(i) + "]"
+}
 
 // maxKeyInParam bounds how much of a client's key an error repeats.
 const maxKeyInParam = 64

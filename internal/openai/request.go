@@ -16,7 +16,9 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// Request is what the gate reads from a completion request body.
+// Request is what the gate reads from a request body of any API it parses
+// (see API): MaxTokens is the API's own output cap (max_output_tokens for
+// Responses, Anthropic's max_tokens), 0 for an API that writes no output.
 type Request struct {
 	Model     string
 	Stream    bool
@@ -68,6 +70,11 @@ type Request struct {
 	// array of strings, or of token-ID arrays, is a prompt per element,
 	// each answered with that many completions).
 	Choices int
+	// PreviousResponseID is a Responses request's previous_response_id:
+	// the stored conversation it continues; "" when unset.
+	PreviousResponseID string
+	// Dimensions is an embeddings request's dimensions; 0 when unset.
+	Dimensions int
 }
 
 // Sentinel errors for request bodies; each maps to an OpenAI error code.

@@ -70,6 +70,7 @@ func chat(tenant, model string) *Input {
 		Request: Request{
 			Method:                "POST",
 			Path:                  "/v1/chat/completions",
+			API:                   "chat",
 			Headers:               map[string]string{"user-agent": "openai-python/1.50.0", "x-request-id": "4f1c2a"},
 			Model:                 model,
 			Stream:                true,
@@ -201,8 +202,8 @@ func TestDecideDefaultPolicies(t *testing.T) {
 		},
 		{
 			name: "unknown path",
-			in:   with(chat("acme", "llama-3.1-8b-instruct"), func(in *Input) { in.Request.Path = "/v1/embeddings" }),
-			want: Decision{Status: 404, Reason: "no route for POST /v1/embeddings"},
+			in:   with(chat("acme", "llama-3.1-8b-instruct"), func(in *Input) { in.Request.Path = "/v1/audio/speech" }),
+			want: Decision{Status: 404, Reason: "no route for POST /v1/audio/speech"},
 		},
 		{
 			name: "wrong method",
@@ -234,6 +235,26 @@ func TestDecideDefaultPolicies(t *testing.T) {
 				in.Labels = map[string]string{"tier": "free"}
 			}),
 			want: Decision{Status: 403, Reason: `model "llama-3.1-70b-instruct" is not available on the free tier`},
+		},
+		{
+			name: "a response, capped like a chat",
+			in: with(chat("initech", "llama-3.1-8b-instruct"), func(in *Input) {
+				in.Request.Path, in.Request.API, in.Request.MaxTokens, in.Request.PreviousResponseID = "/v1/responses", "responses", 2048, "resp_1"
+			}),
+			want: Decision{Status: 400, Reason: "max_tokens 2048 exceeds the free tier's limit of 1024"},
+		},
+		{
+			name: "embeddings on the search tier",
+			in: with(chat("vandelay", "bge-m3"), func(in *Input) {
+				in.Request.Path, in.Request.API, in.Request.Stream, in.Request.MaxTokens = "/v1/embeddings", "embeddings", false, 0
+			}),
+			want:   Decision{Allow: true, Reason: "allowed on the search tier"},
+			limits: limits("vandelay", "key-1", "", 600, 1000000, 0),
+		},
+		{
+			name: "no chat on the search tier",
+			in:   chat("vandelay", "bge-m3"),
+			want: Decision{Status: 403, Reason: "the chat API is not available on the search tier"},
 		},
 		{
 			name: "tier label cannot raise the tier",

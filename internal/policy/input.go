@@ -23,6 +23,8 @@ var (
 	keyRequest               = ast.StringTerm("request")
 	keyMethod                = ast.StringTerm("method")
 	keyPath                  = ast.StringTerm("path")
+	keyAPI                   = ast.StringTerm("api")
+	keyPreviousResponseID    = ast.StringTerm("previous_response_id")
 	keyHeaders               = ast.StringTerm("headers")
 	keyModel                 = ast.StringTerm("model")
 	keyVirtualModel          = ast.StringTerm("virtual_model")
@@ -71,6 +73,7 @@ func (r *Request) term() *ast.Term {
 	return ast.ObjectTerm(
 		ast.Item(keyMethod, stringTerm(r.Method)),
 		ast.Item(keyPath, stringTerm(r.Path)),
+		ast.Item(keyAPI, stringTerm(r.API)),
 		ast.Item(keyHeaders, stringMapTerm(r.Headers)),
 		ast.Item(keyModel, stringTerm(r.Model)),
 		ast.Item(keyVirtualModel, stringTerm(r.VirtualModel)),
@@ -78,6 +81,7 @@ func (r *Request) term() *ast.Term {
 		ast.Item(keyMaxTokens, ast.InternedTerm(r.MaxTokens)),
 		ast.Item(keyChoices, ast.InternedTerm(r.Choices)),
 		ast.Item(keyEstimatedPromptTokens, ast.InternedTerm(r.EstimatedPromptTokens)),
+		ast.Item(keyPreviousResponseID, stringTerm(r.PreviousResponseID)),
 	)
 }
 

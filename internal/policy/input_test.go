@@ -155,8 +155,9 @@ func FuzzInputValue(f *testing.F) {
 			Principal: Principal{ID: id, Type: typ},
 			Tenant:    tenant,
 			Request: Request{
-				Method: method, Path: path, Model: model, VirtualModel: model + tenant,
-				Stream: maps, MaxTokens: maxTokens, EstimatedPromptTokens: -maxTokens,
+				Method: method, Path: path, API: lk, Model: model, VirtualModel: model + tenant,
+				PreviousResponseID: lv,
+				Stream:             maps, MaxTokens: maxTokens, EstimatedPromptTokens: -maxTokens,
 			},
 			Usage: Usage{Requests: usage, Tokens: -usage},
 		}

@@ -19,8 +19,8 @@ import (
 // policy calls a non-deterministic built-in (time.now_ns, http.send,
 // rand.intn, ...). And a policy reads only a few input fields: the example
 // policies read the tenant, the principal, the tier label, the path, the
-// method, the model, max_tokens and the estimated prompt tokens — never
-// the request id or the usage counters. So decisions are memoized per
+// API, the method, the model and max_tokens — never the request id or the
+// usage counters. So decisions are memoized per
 // policy version, keyed by exactly the input fields the rules the query
 // reaches refer to (found by walking them once at load). Requests that
 // agree on those fields get the same decision without an evaluation.
@@ -198,8 +198,8 @@ func readable(p []string) bool {
 	case "principal":
 		return len(p) == 1 || slices.Contains([]string{"id", "type", "claims"}, p[1])
 	case "request":
-		return len(p) == 1 || slices.Contains([]string{"method", "path", "headers", "model", "virtual_model",
-			"stream", "max_tokens", "choices", "estimated_prompt_tokens"}, p[1])
+		return len(p) == 1 || slices.Contains([]string{"method", "path", "api", "headers", "model", "virtual_model",
+			"stream", "max_tokens", "choices", "estimated_prompt_tokens", "previous_response_id"}, p[1])
 	}
 	return false
 }
@@ -273,6 +273,9 @@ func appendKey(b []byte, in *Input, paths [][]string) []byte {
 			if all || field == "path" {
 				str(r.Path)
 			}
+			if all || field == "api" {
+				str(r.API)
+			}
 			if all || field == "headers" {
 				if all {
 					strMap(r.Headers, nil)
@@ -297,6 +300,9 @@ func appendKey(b []byte, in *Input, paths [][]string) []byte {
 			}
 			if all || field == "estimated_prompt_tokens" {
 				num(int64(r.EstimatedPromptTokens))
+			}
+			if all || field == "previous_response_id" {
+				str(r.PreviousResponseID)
 			}
 		}
 	}

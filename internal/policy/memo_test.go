@@ -21,7 +21,7 @@ func TestMemoKeysOnWhatThePolicyReads(t *testing.T) {
 		got = append(got, strings.Join(p, "."))
 	}
 	want := []string{"labels.tier", "principal.id", "principal.type",
-		"request.max_tokens", "request.method", "request.model", "request.path", "tenant"}
+		"request.api", "request.max_tokens", "request.method", "request.model", "request.path", "tenant"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("memo keys on %q, want %q", got, want)
 	}
@@ -37,8 +37,8 @@ func TestMemoMatchesEvaluation(t *testing.T) {
 	pick := func(s ...string) string { return s[rng.IntN(len(s))] }
 	var inputs []*Input
 	for range 400 {
-		in := chat(pick("acme", "globex", "initech", "playground", "nobody"),
-			pick("llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "mixtral-8x22b-instruct", "", "gpt-x"))
+		in := chat(pick("acme", "globex", "initech", "playground", "vandelay", "nobody"),
+			pick("llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "mixtral-8x22b-instruct", "bge-m3", "", "gpt-x"))
 		in.Principal.ID = pick("key-1", "key-2", "")
 		in.Principal.Type = pick("api_key", "jwt", "anonymous")
 		in.Labels = map[string]string{"team": pick("a", "b")}
@@ -46,7 +46,9 @@ func TestMemoMatchesEvaluation(t *testing.T) {
 			in.Labels["tier"] = pick("free", "standard", "premium", "gold")
 		}
 		in.Request.Method = pick("POST", "GET")
-		in.Request.Path = pick("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings")
+		in.Request.Path = pick("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages/count_tokens")
+		in.Request.API = pick("chat", "completions", "embeddings", "count_tokens", "")
+		in.Request.PreviousResponseID = pick("", "resp_1")
 		in.Request.MaxTokens = []int{0, 16, 1024, 5000, 20000}[rng.IntN(5)]
 		in.Request.EstimatedPromptTokens = rng.IntN(3) * 100
 		in.Request.Headers["x-request-id"] = fmt.Sprint(rng.Int())
@@ -134,6 +136,42 @@ func TestMemoUsageAndMaps(t *testing.T) {
 				t.Fatalf("usage %d labels %v: %+v %v", tc.requests, tc.labels, d, err)
 			}
 		}
+	}
+}
+
+// A policy reading the API and a response's previous_response_id is
+// memoized, keyed on both.
+func TestMemoAPIFields(t *testing.T) {
+	e, err := Load(context.Background(), policyDir(t, map[string]string{
+		"authz.rego": "package infergate.authz\n\ndefault allow := false\n\n" +
+			"allow if { input.request.api == \"responses\"; input.request.previous_response_id == \"\" }\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Memoize() {
+		t.Fatal("not memoized")
+	}
+	var got []string
+	for _, p := range e.memo.paths {
+		got = append(got, strings.Join(p, "."))
+	}
+	if want := []string{"request.api", "request.previous_response_id"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("memo keys on %q, want %q", got, want)
+	}
+	in := chat("acme", "m")
+	for _, tc := range []struct {
+		api, previous string
+		allow         bool
+	}{{"responses", "", true}, {"responses", "resp_1", false}, {"chat", "", false}, {"responses", "", true}} {
+		in.Request.API, in.Request.PreviousResponseID = tc.api, tc.previous
+		for range 2 {
+			if d, err := e.Decide(context.Background(), in); err != nil || d.Allow != tc.allow {
+				t.Fatalf("api %q previous %q: %+v %v", tc.api, tc.previous, d, err)
+			}
+		}
+	}
+	if hits, _ := e.MemoStats(); hits < 4 {
+		t.Errorf("%d memo hits", hits)
 	}
 }
 

@@ -31,15 +31,22 @@ type Principal struct {
 
 // Request is what is being asked for.
 type Request struct {
-	Method                string            `json:"method"`
-	Path                  string            `json:"path"` // normalised: lower-case, no query, no duplicate slashes
+	Method string `json:"method"`
+	Path   string `json:"path"` // normalised: lower-case, no query, no duplicate slashes
+	// API is the inference API of the request (openai.API: chat,
+	// completions, embeddings, responses, messages, count_tokens); "" for
+	// other paths.
+	API                   string            `json:"api"`
 	Headers               map[string]string `json:"headers"`
 	Model                 string            `json:"model"`
 	VirtualModel          string            `json:"virtual_model"`
 	Stream                bool              `json:"stream"`
-	MaxTokens             int               `json:"max_tokens"`
-	Choices               int               `json:"choices"` // completions asked for (n, best_of, prompts in a batch); at least 1
+	MaxTokens             int               `json:"max_tokens"` // the API's output cap as the client set it; 0 when unset
+	Choices               int               `json:"choices"`    // completions asked for (n, best_of, prompts in a batch); at least 1
 	EstimatedPromptTokens int               `json:"estimated_prompt_tokens"`
+	// PreviousResponseID is a Responses request's previous_response_id:
+	// the stored conversation it continues; "" when unset.
+	PreviousResponseID string `json:"previous_response_id"`
 }
 
 // Usage is a tenant's standing in the current minute.

@@ -14,9 +14,14 @@ type Admission struct {
 	Path      string
 	// Headers have lower-case keys; client x-infergate-* headers (ReservedHeaderPrefix) are removed.
 	Headers map[string]string
-	// Completion is true for the completion endpoints (gate.paths): the body
-	// was parsed into Request. Other requests carry no parsed body.
-	Completion   bool
+	// Completion is true for the inference endpoints (gate.paths): the body
+	// was parsed into Request, as API reads it. Other requests carry no
+	// parsed body.
+	Completion bool
+	// API is the inference API of a Completion request (chat, completions,
+	// embeddings, responses, messages, count_tokens), by its path; ""
+	// otherwise. API.Operation() is its OpenTelemetry GenAI operation name.
+	API          openai.API
 	Request      openai.Request
 	Body         []byte
 	PromptTokens int // estimated from the prompt text
@@ -86,8 +91,8 @@ type Policy interface {
 	Settle(ctx context.Context, s *Settlement)
 }
 
-// AllowAll admits every well-formed completion request and answers 404 for
-// other paths.
+// AllowAll admits every well-formed inference request (gate.paths) and
+// answers 404 for other paths.
 type AllowAll struct{}
 
 // Decide implements Policy.

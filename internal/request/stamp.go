@@ -3,6 +3,8 @@ package request
 import (
 	"context"
 	"time"
+
+	"github.com/infergate/infergate/internal/openai"
 )
 
 // Stamp is the one record infergate keeps per request. Times are measured by
@@ -10,11 +12,14 @@ import (
 // between Envoy and infergate cancels; Gateway.Total compares Envoy's
 // request.time with infergate's clock and assumes they are in sync.
 type Stamp struct {
-	RequestID     string
-	TraceID       string // OpenTelemetry trace id, when traced
-	Principal     string // key id or JWT subject, never a credential
-	Tenant        string
-	Model         string // the model the client asked for
+	RequestID string
+	TraceID   string // OpenTelemetry trace id, when traced
+	Principal string // key id or JWT subject, never a credential
+	Tenant    string
+	Model     string // the model the client asked for
+	// API is the inference API the request spoke (see Admission.API);
+	// API.Operation() is its GenAI operation name (gen_ai.operation.name).
+	API           openai.API
 	ResponseModel string // the model the upstream answered as
 	Pool          string // the pool (Envoy cluster) that served it
 	// PoolsTried are the pools the attempts went to, in order; the last

@@ -66,7 +66,8 @@ func TestBadRequestsNeverReachUpstream(t *testing.T) {
 		{"no content type", "/v1/chat/completions", "", `{"model":"pool-a"}`, 415, "unsupported_media_type", "invalid_request_error"},
 		{"over the gate's limit", "/v1/chat/completions", "application/json", big, 413, "request_too_large", "invalid_request_error"},
 		{"over Envoy's buffer too", "/v1/chat/completions", "application/json", huge, 413, "request_too_large", "invalid_request_error"},
-		{"unknown path", "/v1/embeddings", "application/json", `{"model":"pool-a","input":"x"}`, 404, "unknown_url", "invalid_request_error"},
+		{"embeddings without input", "/v1/embeddings", "application/json", `{"model":"pool-a"}`, 400, "invalid_value", "invalid_request_error"},
+		{"unknown path", "/v1/audio/speech", "application/json", `{"model":"pool-a","input":"x"}`, 404, "unknown_url", "invalid_request_error"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -10,17 +10,33 @@ chat(tenant, model) := {
 	"request": {
 		"method": "POST",
 		"path": "/v1/chat/completions",
+		"api": "chat",
 		"headers": {"user-agent": "test"},
 		"model": model,
 		"virtual_model": "",
 		"stream": true,
 		"max_tokens": 256,
+		"choices": 1,
 		"estimated_prompt_tokens": 40,
+		"previous_response_id": "",
 	},
 	"usage": {"requests": 0, "tokens": 0},
 }
 
 with_request(inp, fields) := object.union(inp, {"request": fields})
+
+# The same request on another API, as the gate describes it.
+on_api(inp, path, api) := with_request(inp, {"path": path, "api": api})
+
+embeddings(tenant, model) := with_request(chat(tenant, model), {
+	"path": "/v1/embeddings", "api": "embeddings",
+	"stream": false, "max_tokens": 0,
+})
+
+count_tokens(tenant, model) := with_request(chat(tenant, model), {
+	"path": "/v1/messages/count_tokens", "api": "count_tokens",
+	"stream": false, "max_tokens": 0,
+})
 
 denied(inp, status, reason) if {
 	not authz.allow with input as inp
@@ -149,8 +165,8 @@ test_models_listing_needs_credentials if {
 
 test_unknown_path_denied if {
 	denied(
-		with_request(chat("acme", "llama-3.1-8b-instruct"), {"path": "/v1/embeddings"}), 404,
-		"no route for POST /v1/embeddings",
+		with_request(chat("acme", "llama-3.1-8b-instruct"), {"path": "/v1/audio/speech", "api": ""}), 404,
+		"no route for POST /v1/audio/speech",
 	)
 	denied(
 		with_request(chat("acme", "llama-3.1-8b-instruct"), {"path": "/admin/keys"}), 404,
@@ -285,4 +301,75 @@ test_denial_always_single_valued if {
 		authz.status >= 400 with input as inp
 		is_string(authz.reason) with input as inp
 	}
+}
+
+# APIs.
+
+test_every_api_allowed if {
+	inp := chat("globex", "llama-3.1-8b-instruct")
+	authz.allow with input as on_api(inp, "/v1/completions", "completions")
+	authz.allow with input as on_api(inp, "/v1/responses", "responses")
+	authz.allow with input as on_api(inp, "/v1/messages", "messages")
+	authz.allow with input as count_tokens("globex", "llama-3.1-8b-instruct")
+	authz.allow with input as embeddings("globex", "bge-m3")
+}
+
+test_search_tier_embeds_only if {
+	authz.allow with input as embeddings("vandelay", "bge-m3")
+	authz.reason == "allowed on the search tier" with input as embeddings("vandelay", "bge-m3")
+	denied(chat("vandelay", "bge-m3"), 403, "the chat API is not available on the search tier")
+	denied(
+		on_api(chat("vandelay", "bge-m3"), "/v1/responses", "responses"), 403,
+		"the responses API is not available on the search tier",
+	)
+	denied(count_tokens("vandelay", "bge-m3"), 403, "the count_tokens API is not available on the search tier")
+	denied(embeddings("vandelay", "llama-3.1-8b-instruct"), 403, `model "llama-3.1-8b-instruct" is not available on the search tier`)
+}
+
+# A key of any tenant labelled tier: search is held to embeddings; a
+# search tenant's key cannot label itself up to a generating tier.
+test_search_tier_label if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "search"}})
+	denied(inp, 403, "the chat API is not available on the search tier")
+	authz.allow with input as object.union(embeddings("acme", "bge-m3"), {"labels": {"tier": "search"}})
+	denied(
+		object.union(chat("vandelay", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}}), 403,
+		`tier label "free" is not allowed for this tenant`,
+	)
+}
+
+test_count_tokens_goes_with_messages if {
+	authz.allow with input as count_tokens("globex", "llama-3.1-8b-instruct")
+		with data.infergate.tiers.standard.apis as ["messages"]
+	denied(
+		on_api(chat("globex", "llama-3.1-8b-instruct"), "/v1/chat/completions", "chat"), 403,
+		"the chat API is not available on the standard tier",
+	) with data.infergate.tiers.standard.apis as ["messages"]
+}
+
+# The cap holds each API's output: a response's max_output_tokens and a
+# message's max_tokens arrive as input.request.max_tokens. Embeddings and
+# token counts write nothing: no cap.
+test_max_tokens_cap_per_api if {
+	inp := with_request(chat("initech", "llama-3.1-8b-instruct"), {"max_tokens": 4096})
+	denied(on_api(inp, "/v1/responses", "responses"), 400, "max_tokens 4096 exceeds the free tier's limit of 1024")
+	denied(on_api(inp, "/v1/messages", "messages"), 400, "max_tokens 4096 exceeds the free tier's limit of 1024")
+	authz.max_tokens == 1024 with input as on_api(chat("initech", "llama-3.1-8b-instruct"), "/v1/responses", "responses")
+	not authz.max_tokens with input as embeddings("initech", "bge-m3")
+	not authz.max_tokens with input as count_tokens("initech", "llama-3.1-8b-instruct")
+}
+
+test_api_methods if {
+	denied(
+		with_request(embeddings("acme", "bge-m3"), {"method": "GET"}), 404,
+		"no route for GET /v1/embeddings",
+	)
+}
+
+# A tier that names no apis (as before there were any) may use them all.
+test_tier_without_apis_allows_every_api if {
+	authz.allow with input as embeddings("vandelay", "bge-m3")
+		with data.infergate.tiers.search as object.remove(data.infergate.tiers.search, ["apis"])
+	authz.allow with input as chat("vandelay", "bge-m3")
+		with data.infergate.tiers.search as object.remove(data.infergate.tiers.search, ["apis"])
 }
