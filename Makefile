@@ -16,6 +16,14 @@ help: ## Show this help
 build: ## Build bin/infergate
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/infergate
 
+# The in-Envoy meter (envoy/wasm-meter.yaml): a proxy-wasm module for Envoy's
+# Wasm filter, built with Go's own wasip1 port (no TinyGo). The e2e tests
+# build it themselves.
+WASM := bin/infergate-meter.wasm
+.PHONY: wasm
+wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an option to the ext_proc meter)
+	GOOS=wasip1 GOARCH=wasm $(GO) build -trimpath -buildmode=c-shared -o $(WASM) ./cmd/infergate-meter-wasm
+
 .PHONY: deps
 deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs)
 	@scripts/install-test-deps.sh >/dev/null
@@ -79,7 +87,7 @@ lint: ## gofmt, go vet and staticcheck (pinned as a go.mod tool)
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
-	@set -e; for pkg in ./internal/sse ./internal/openai ./internal/config ./internal/policy ./extproc; do \
+	@set -e; for pkg in ./internal/sse ./internal/openai ./internal/config ./internal/policy ./internal/wasmmeter ./extproc; do \
 	  for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
 	    echo "fuzz $$pkg $$f"; $(GO) test -run='^$$' -fuzz="^$$f$$" -fuzztime=$(FUZZTIME) $$pkg; \
 	  done; done

@@ -251,6 +251,10 @@ type variant struct {
 	Baseline string // what the default does
 	Changed  string // what the variant does instead
 	spec     func(h *harness) (gatewaySpec, func(), error)
+	// withPlain measures plain Envoy in the variant's phases too; phases,
+	// when set, replaces the variants' phases (opts.Variants).
+	withPlain bool
+	phases    func(o options) []phaseSpec
 }
 
 func variants() []variant {
@@ -280,24 +284,6 @@ func variants() []variant {
 					}
 					delete(tc, "observability_mode")
 					delete(tc, "deferred_close_timeout")
-					return nil
-				}}, nil, nil
-			}},
-		{Key: "meter-lean", Title: "meter: every header vs only those it reads",
-			Baseline: "the meter gets every request and response header, and xds.cluster_metadata",
-			Changed:  "forward_rules: only x-request-id, x-infergate-model, content-type, :status and x-infergate-pool; no xds.cluster_metadata (used only by cross-pool retries)",
-			spec: func(*harness) (gatewaySpec, func(), error) {
-				return gatewaySpec{envoy: func(doc map[string]any) error {
-					tc, err := filterConfig(doc, "infergate.meter")
-					if err != nil {
-						return err
-					}
-					var patterns []any
-					for _, h := range []string{"x-request-id", "x-infergate-model", "content-type", ":status", "x-infergate-pool"} {
-						patterns = append(patterns, map[string]any{"exact": h})
-					}
-					tc["forward_rules"] = map[string]any{"allowed_headers": map[string]any{"patterns": patterns}}
-					tc["response_attributes"] = []any{"response.code", "upstream.address", "xds.cluster_name", "upstream.request_attempt_count"}
 					return nil
 				}}, nil, nil
 			}},
@@ -361,6 +347,7 @@ func variants() []variant {
 					c["tracing"] = map[string]any{"endpoint": h.otlp.addr, "insecure": true}
 				}}, nil, nil
 			}},
+		wasmMeterVariant(),
 	}
 }
 
@@ -400,7 +387,14 @@ func (h *harness) runVariant(ctx context.Context, v variant, base *stack) (*Vari
 		spans0 = h.otlp.spans.Load()
 	}
 	paths := []path{{name: gateway, url: base.url, procs: base.procs()}, {name: v.Key, url: st.url, procs: st.procs()}}
-	for _, ps := range h.opts.Variants {
+	if p := h.stackOf(plain); v.withPlain && p != nil {
+		paths = append(paths, path{name: plain, url: p.url, procs: p.procs()})
+	}
+	specs := h.opts.Variants
+	if v.phases != nil {
+		specs = v.phases(h.opts)
+	}
+	for _, ps := range specs {
 		ps.Key = v.Key + "/" + ps.Key
 		pr, err := h.runPhase(ctx, ps, paths)
 		if pr != nil {

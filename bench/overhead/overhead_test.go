@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +27,13 @@ func TestSmoke(t *testing.T) {
 	opts.Envoy = envoytest.Binary(t)
 	opts.GatewayCPUs, opts.ClientCPUs = "", ""
 	opts.Work = t.TempDir()
+	// Built once here, so the variant "previous" has a binary to compare
+	// with (itself): every variant runs.
+	opts.Infergate = filepath.Join(t.TempDir(), "infergate")
+	if out, err := exec.Command("go", "build", "-o", opts.Infergate, filepath.Join(envoytest.RepoRoot, "cmd", "infergate")).CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	opts.Previous = opts.Infergate
 	logs := &testutil.Buffer{}
 	opts.Log = logs
 	const warm, measure = 50 * time.Millisecond, 250 * time.Millisecond
@@ -76,8 +85,12 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for _, v := range rep.Variants {
-		if len(v.Phases) != len(opts.Variants) {
-			t.Errorf("variant %s: %d phases", v.Key, len(v.Phases))
+		want := len(opts.Variants)
+		if i := slices.IndexFunc(variants(), func(w variant) bool { return w.Key == v.Key }); variants()[i].phases != nil {
+			want = len(variants()[i].phases(opts))
+		}
+		if len(v.Phases) != want {
+			t.Errorf("variant %s: %d phases, want %d", v.Key, len(v.Phases), want)
 		}
 	}
 	if len(rep.PeakRSS) != 3 || rep.PeakRSS[0].Bytes == 0 {

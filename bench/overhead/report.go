@@ -177,6 +177,7 @@ func targets(r *Report) []Target {
 				ig, envoy, cpuPer1k(ph, gateway+"-envoy")))
 		break
 	}
+	out = append(out, wasmMeterTargets(r)...)
 	return out
 }
 

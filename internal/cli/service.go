@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -59,6 +60,7 @@ type Service struct {
 	recent    *requestlog.Ring // nil when admin.recentRequests is 0
 	tracing   *telemetry.Tracing
 	certs     *tlsreload.Server // ext_proc's mTLS files; nil without extproc.tls
+	stopLogs  func()            // ends the in-Envoy meter's access-log streams
 }
 
 // NewService builds the service; stamps go to requests as JSON lines.
@@ -158,6 +160,10 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		grpc.ForceServerCodecV2(extproc.NewCodec()),
 	)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, srv)
+	// The in-Envoy meter's summaries (envoy/wasm-meter.yaml), on the same port.
+	als, stopLogs := srv.AccessLogService()
+	accesslogv3.RegisterAccessLogServiceServer(s.grpc, als)
+	s.stopLogs = stopLogs
 	return s, nil
 }
 
@@ -289,6 +295,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	s.ready.Store(false)
 	stopRouting()
 	drained := make(chan struct{})
+	s.stopLogs() // Envoy never ends them: a graceful stop would wait for them
 	go func() { s.grpc.GracefulStop(); close(drained) }()
 	select {
 	case <-drained:

@@ -1,0 +1,89 @@
+package wasmmeter
+
+import (
+	"reflect"
+	"testing"
+	"time"
+)
+
+func chunk(content string) string {
+	return `data: {"id":"c","object":"chat.completion.chunk","model":"m-1","choices":[{"index":0,"delta":{"content":"` + content + `"}}]}` + "\n\n"
+}
+
+// The recorder times what extproc's meter times: the first content event
+// from the request's start, each gap between content events (events in one
+// chunk share its arrival), usage from the final chunk, unreadable events,
+// lines split across chunks.
+func TestRecorderStream(t *testing.T) {
+	t0 := time.UnixMicro(1_767_000_000_000_000)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	var r Recorder
+	r.Start(t0)
+	r.ResponseHeaders("text/event-stream; charset=utf-8")
+	role := `data: {"choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n"
+	r.Body([]byte(role), at(40))
+	r.Body([]byte(chunk("a")), at(50))
+	two := chunk("b") + chunk("c")
+	r.Body([]byte(two[:30]), at(60)) // split mid-line: the event completes at 70
+	r.Body([]byte(two[30:]), at(70))
+	r.Body([]byte("data: not json\n\n: keep-alive\n\n"), at(75))
+	r.Body([]byte(chunk("d")), at(100))
+	r.Body([]byte(`data: {"choices":[],"usage":{"prompt_tokens":6,"completion_tokens":4,"total_tokens":10}}`+"\n\ndata: [DONE]\n\n"), at(101))
+	s, ok := r.End(true, at(102))
+	if !ok {
+		t.Fatal("no summary")
+	}
+	want := []time.Duration{20 * time.Millisecond, 0, 30 * time.Millisecond}
+	if !s.Complete || !s.SSE || !s.HasFirst || s.TTFT != 50*time.Millisecond || s.E2E != 102*time.Millisecond ||
+		s.ContentEvents != 4 || s.BadEvents != 1 || s.ITLMax != 30*time.Millisecond || !reflect.DeepEqual(s.Gaps, want) ||
+		s.ResponseModel != "m-1" || s.Usage == nil || s.Usage.PromptTokens != 6 || s.Usage.CompletionTokens != 4 {
+		t.Errorf("summary %+v (usage %+v)", s, s.Usage)
+	}
+	if _, again := r.End(false, at(200)); again {
+		t.Error("a second End wrote another summary")
+	}
+	if _, err := Parse(s.Encode()); err != nil {
+		t.Error(err)
+	}
+}
+
+// A cut stream, an event with no blank line before the end, a bounded
+// number of gaps, a response the gate answered itself (never started).
+func TestRecorderCutAndBounds(t *testing.T) {
+	t0 := time.Now()
+	var r Recorder
+	r.Start(t0)
+	r.ResponseHeaders("text/event-stream")
+	for i := range MaxGaps + 5 {
+		r.Body([]byte(chunk("x")), t0.Add(time.Duration(i+1)*time.Millisecond))
+	}
+	r.Body([]byte(`data: {"choices":[{"delta":{"content":"y"}}]}`), t0.Add(time.Minute)) // no "\n\n": flushed at the end
+	s, _ := r.End(false, t0.Add(time.Minute))
+	if s.Complete || len(s.Gaps) != MaxGaps || s.ContentEvents != MaxGaps+6 || s.ITLMax < 40*time.Second || s.Usage != nil {
+		t.Errorf("cut: complete %v, %d gaps, %d events, max %v", s.Complete, len(s.Gaps), s.ContentEvents, s.ITLMax)
+	}
+	if enc := s.Encode(); len(enc) > MaxSummary {
+		t.Errorf("summary of %d bytes", len(enc))
+	}
+	var never Recorder
+	if _, ok := never.End(false, t0); ok {
+		t.Error("a request never started has a summary")
+	}
+}
+
+// A non-streamed response is read whole at its end, as extproc's jsonBody
+// reads one: usage, model, content (its one "event" at the end).
+func TestRecorderJSON(t *testing.T) {
+	t0 := time.Now()
+	var r Recorder
+	r.Start(t0)
+	r.ResponseHeaders("application/json")
+	body := `{"model":"m-2","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
+	r.Body([]byte(body[:20]), t0.Add(time.Millisecond))
+	r.Body([]byte(body[20:]), t0.Add(2*time.Millisecond))
+	s, _ := r.End(true, t0.Add(3*time.Millisecond))
+	if s.SSE || s.ContentEvents != 1 || !s.HasFirst || s.TTFT != 3*time.Millisecond || s.ResponseModel != "m-2" ||
+		s.Usage == nil || s.Usage.CompletionTokens != 1 {
+		t.Errorf("json: %+v", s)
+	}
+}

@@ -1,0 +1,252 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/internal/stats"
+	"github.com/infergate/infergate/internal/testutil/envoytest"
+)
+
+// The in-Envoy meter (envoy/wasm-meter.yaml): the same gate, the meter as a
+// proxy-wasm module in Envoy, its summaries through Envoy's gRPC access log.
+
+var wasmBuild struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// meterWasm builds the module (as make wasm does) once per test run.
+func meterWasm(t *testing.T) string {
+	t.Helper()
+	wasmBuild.once.Do(func() {
+		wasmBuild.path = filepath.Join(repoRoot, "bin", "infergate-meter.wasm")
+		cmd := exec.Command("go", "build", "-buildmode=c-shared", "-o", wasmBuild.path, "./cmd/infergate-meter-wasm")
+		cmd.Dir = repoRoot
+		cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOFLAGS=")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			wasmBuild.err = fmt.Errorf("building the Wasm meter: %v\n%s", err, out)
+		}
+	})
+	if wasmBuild.err != nil {
+		t.Fatal(wasmBuild.err)
+	}
+	return wasmBuild.path
+}
+
+// startWasmStack is startStackWith(config, 1) on envoy/wasm-meter.yaml.
+func startWasmStack(t *testing.T, config string) *stack {
+	t.Helper()
+	wasm := meterWasm(t)
+	s := startStackFor(t, "", func(*stack) string { return config }, 1)
+	s.Envoy = envoytest.Start(t, renderEnvoy(t, "envoy/wasm-meter.yaml", map[string]string{
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
+		"EXTPROC_PORT": port(t, s.Gateway.ExtProcAddr), "POOL_A_PORT": port(t, s.PoolA.Addr), "POOL_B_PORT": port(t, s.PoolB.Addr),
+		"JWKS_FILE": testIssuer(t).jwksPath, "OTLP_PORT": otlpPort(t), "WASM_FILE": wasm,
+	}))
+	return s
+}
+
+// Through the Wasm meter the body is byte-identical to the mock's own
+// answer and arrives event by event; the stamp infergate makes from the
+// summary is the ext_proc meter's.
+func TestWasmMeterStreamsByteExact(t *testing.T) {
+	s := startWasmStack(t, testConfig)
+	const tokens = 12
+	hdr := map[string]string{"x-mock-ttft-ms": "200", "x-mock-itl-ms": "30"}
+	got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", tokens, true, ""), hdr)
+	if got.Status != 200 {
+		t.Fatalf("status %d: %s", got.Status, got.Body)
+	}
+	want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+		chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr)
+	if !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
+	}
+	content := contentEvents(got.Events)
+	if len(content) != tokens {
+		t.Fatalf("got %d content events, want %d", len(content), tokens)
+	}
+	for i := 1; i < len(content); i++ {
+		if gap := content[i].At - content[i-1].At; gap < 10*time.Millisecond {
+			t.Errorf("content event %d arrived %v after the previous one: coalesced (ITL 30ms)", i, gap)
+		}
+	}
+	if len(got.Reads) < tokens {
+		t.Errorf("body arrived in %d reads for %d content events: buffered", len(got.Reads), tokens)
+	}
+
+	st := s.Gateway.stamp(t, got.RequestID)
+	t.Logf("stamp %+v", st)
+	if st.Pool != "pool-a" || st.Status != 200 || !st.Stream || !st.Complete || st.Decision != "allow" ||
+		st.Model != "pool-a" || !strings.HasPrefix(st.Upstream, "127.0.0.1:") || st.Attempts != 1 {
+		t.Errorf("stamp = %+v", st)
+	}
+	if st.CompletionTokens != tokens || st.TokenSource != "usage" || st.PromptTokens == 0 || st.ContentEvents != tokens {
+		t.Errorf("stamp tokens = %d (%s), prompt %d, %d events; want %d from usage", st.CompletionTokens, st.TokenSource,
+			st.PromptTokens, st.ContentEvents, tokens)
+	}
+	if st.Gatewayms <= 0 || st.Gatewayms > 100 || st.E2Ems < st.TTFTms {
+		t.Errorf("stamp gateway %.3fms, e2e %.3fms, ttft %.3fms", st.Gatewayms, st.E2Ems, st.TTFTms)
+	}
+	metrics := get(t, s.Gateway.AdminURL+"/metrics")
+	for _, want := range []string{
+		`gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="pool-a",infergate_pool="pool-a"} 1`,
+		`infergate_inter_token_latency_seconds_count{gen_ai_request_model="pool-a",infergate_pool="pool-a"} 11`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s; have:\n%s", want, grep(metrics, "gen_ai_"))
+		}
+	}
+}
+
+// The Wasm meter's stamped TTFT and ITL match the mock's cadence, as the
+// ext_proc meter's do (TestStampMatchesCadence).
+func TestWasmMeterStampMatchesCadence(t *testing.T) {
+	s := startWasmStack(t, testConfig)
+	for _, ttft := range []int{50, 300, 1000} {
+		for _, itl := range []int{5, 20, 50} {
+			t.Run(fmt.Sprintf("ttft=%dms/itl=%dms", ttft, itl), func(t *testing.T) {
+				hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft), "x-mock-itl-ms": fmt.Sprint(itl)}
+				r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", 16, true, ""), hdr)
+				if r.Status != 200 {
+					t.Fatalf("status %d: %s", r.Status, r.Body)
+				}
+				st := s.Gateway.stamp(t, r.RequestID)
+				t.Logf("stamp ttft=%.3fms itl p50=%.3fms p95=%.3fms max=%.3fms gateway=%.3fms",
+					st.TTFTms, st.ITLP50ms, st.ITLP95ms, st.ITLMaxms, st.Gatewayms)
+				content := contentEvents(r.Events)
+				if len(content) == 0 {
+					t.Fatal("no content events")
+				}
+				client := stats.Ms(content[0].At)
+				if st.TTFTms < float64(ttft)-0.5 || st.TTFTms > client {
+					t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
+				}
+				if d := math.Abs(st.ITLP50ms - float64(itl)); d > 2 {
+					t.Errorf("stamped ITL p50 %.3fms, configured %dms: off by %.3fms (> 2ms)", st.ITLP50ms, itl, d)
+				}
+				if st.ContentEvents != 16 || st.CompletionTokens != 16 {
+					t.Errorf("stamp counted %d events / %d tokens, want 16", st.ContentEvents, st.CompletionTokens)
+				}
+			})
+		}
+	}
+}
+
+// The summary settles the gate's reservation: the request is charged its
+// usage, and the next one sees the budget less that charge.
+func TestWasmMeterSettlesTheBudget(t *testing.T) {
+	const budget, maxTokens = 1_000_000, 10
+	s := startWasmStack(t, policyConfig(writeKeys(t), loadPolicies(t, budget), ""))
+	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 15*time.Second {
+		time.Sleep(left + 100*time.Millisecond) // one budget window
+	}
+	hdr := map[string]string{"authorization": "Bearer sk-load-0001", "x-mock-ttft-ms": "5", "x-mock-itl-ms": "1"}
+	url := s.Envoy.URL + "/v1/chat/completions"
+	remaining := func(r streamResult) int64 {
+		t.Helper()
+		var n int64
+		if _, err := fmt.Sscan(r.Header.Get("x-ratelimit-remaining-tokens"), &n); err != nil {
+			t.Fatalf("x-ratelimit-remaining-tokens %q", r.Header.Get("x-ratelimit-remaining-tokens"))
+		}
+		return n
+	}
+	first := stream(t, url, chatBody("pool-a", maxTokens, true, ""), hdr)
+	if first.Status != 200 {
+		t.Fatalf("status %d: %s", first.Status, first.Body)
+	}
+	reserved := budget - remaining(first)
+	waitFor(t, 5*time.Second, func() bool {
+		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
+	}, "the request to be settled")
+	st := s.Gateway.stamp(t, first.RequestID)
+	charged := int64(st.PromptTokens + st.CompletionTokens)
+	// The mock counts 6 prompt words and streams exactly max_tokens.
+	if st.TokenSource != "usage" || st.PromptTokens != 6 || st.CompletionTokens != maxTokens || st.Tenant != "loadtest" {
+		t.Errorf("stamp %+v: want usage 6 + %d for tenant loadtest", st, maxTokens)
+	}
+	if got := metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_tokens_total", `state="settled"`); got != float64(charged) {
+		t.Errorf("settled %v tokens, the usage was %d", got, charged)
+	}
+	second := stream(t, url, chatBody("pool-a", maxTokens, true, ""), hdr)
+	if got := budget - remaining(second); got != charged+reserved {
+		t.Errorf("after one settled request the budget is down %d, want its usage %d + the new reservation %d", got, charged, reserved)
+	}
+	t.Logf("reserved %d, charged %d (usage)", reserved, charged)
+}
+
+// A client that leaves mid-stream: the summary Envoy logs says so, the
+// stamp is incomplete with the events that passed, and the reservation is
+// charged what passed (a cut the meter saw), not kept.
+func TestWasmMeterCutStream(t *testing.T) {
+	s := startWasmStack(t, policyConfig(writeKeys(t), loadPolicies(t, 1_000_000), ""))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.Envoy.URL+"/v1/chat/completions",
+		strings.NewReader(chatBody("pool-a", 60, true, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("authorization", "Bearer sk-load-0001")
+	req.Header.Set("x-mock-ttft-ms", "20")
+	req.Header.Set("x-mock-itl-ms", "20")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	id := resp.Header.Get("x-request-id")
+	// Read about five content events, then leave.
+	var body []byte
+	buf := make([]byte, 4096)
+	seen := func() int {
+		return bytes.Count(body, []byte(`"content":"`)) - bytes.Count(body, []byte(`"content":""`))
+	}
+	for seen() < 5 {
+		n, err := resp.Body.Read(buf)
+		body = append(body, buf[:n]...)
+		if err == io.EOF {
+			t.Fatal("the stream ended before the client left")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	resp.Body.Close()
+
+	st := s.Gateway.stamp(t, id)
+	t.Logf("stamp %+v", st)
+	// At least what the client read went by the meter; less than the whole.
+	if st.Complete || st.TokenSource != "events" || st.ContentEvents < seen() || st.ContentEvents >= 60 || st.CompletionTokens != st.ContentEvents {
+		t.Errorf("cut stream's stamp: complete %v, %d events, %d tokens (%s); want incomplete, at least the %d the client read, counted by events",
+			st.Complete, st.ContentEvents, st.CompletionTokens, st.TokenSource, seen())
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
+	}, "the cut request to be settled")
+	if got, want := metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_tokens_total", `state="settled"`),
+		float64(st.PromptTokens+st.CompletionTokens); got != want {
+		t.Errorf("settled %v tokens, want what passed: %v", got, want)
+	}
+	if n := metricSum(t, s.Gateway.AdminURL, "infergate_meter_errors_total", `reason="incomplete"`); n != 1 {
+		t.Errorf("meter errors (incomplete) = %v, want 1", n)
+	}
+}
