@@ -2,6 +2,7 @@ package command
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,9 +46,15 @@ same bytes for every request (non-streaming: a small fixed JSON answer;
 streaming: a role chunk, then 64 deltas of 16 bytes, the first at once and
 then every 20ms, then finish and [DONE]). There --ttft is the delay before
 any response (default 0), --itl the delta interval (default 20ms; 0 for a
-zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
+zero-delay stream) and --max-tokens the number of deltas (default 64).
+
+--tls-cert and --tls-key serve HTTPS instead, HTTP/2 or HTTP/1.1 as the
+client's ALPN asks: a local stand-in for a hosted API behind a gateway that
+originates TLS.`, stderr)
 	listen := fs.String("listen", "127.0.0.1:8001", "address to listen on")
 	profile := fs.String("profile", "", `"board": the public gateway board's fixed responses (see above)`)
+	tlsCert := fs.String("tls-cert", "", "serve HTTPS with this PEM certificate chain (with --tls-key)")
+	tlsKey := fs.String("tls-key", "", "PEM private key of --tls-cert")
 	def := mock.Config{}.WithDefaults()
 	cfg := mock.Config{}
 	fs.DurationVar(&cfg.TTFT, "ttft", def.TTFT, "time to first content token")
@@ -75,6 +82,10 @@ zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
 	if err := flagset.Parse(fs, args); err != nil {
 		return err
 	}
+	if (*tlsCert == "") != (*tlsKey == "") {
+		fmt.Fprintln(stderr, "mock: --tls-cert and --tls-key go together")
+		return flagset.ErrUsage
+	}
 	switch *profile {
 	case "":
 	case "board":
@@ -95,6 +106,14 @@ zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
 		fmt.Fprintf(stderr, "mock: unknown --profile %q (want board)\n", *profile)
 		return flagset.ErrUsage
 	}
+	var tlsConfig *tls.Config
+	if *tlsCert != "" {
+		cert, err := tls.LoadX509KeyPair(*tlsCert, *tlsKey)
+		if err != nil {
+			return fmt.Errorf("mock: %w", err)
+		}
+		tlsConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	}
 	logger := slog.New(slog.NewJSONHandler(stderr, nil))
 	lis, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -102,21 +121,26 @@ zero-delay stream) and --max-tokens the number of deltas (default 64).`, stderr)
 	}
 	m := mock.New(cfg, logger)
 	m.SetFaults(faults)
-	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: tlsConfig}
 	go func() {
 		<-ctx.Done()
 		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(shutdownCtx)
 	}()
+	serve := func() error { return srv.Serve(lis) }
+	if tlsConfig != nil {
+		// ServeTLS adds h2 to NextProtos: HTTP/2 when the client offers it.
+		serve = func() error { return srv.ServeTLS(lis, "", "") }
+	}
 	if b := cfg.Board; b != nil {
-		logger.Info("mock upstream serving", "addr", lis.Addr().String(), "profile", *profile, "delay", b.Delay.String(),
+		logger.Info("mock upstream serving", "addr", lis.Addr().String(), "tls", tlsConfig != nil, "profile", *profile, "delay", b.Delay.String(),
 			"chunks", b.Chunks, "interval", b.Interval.String(), "chunk_bytes", b.ChunkBytes)
 	} else {
-		logger.Info("mock upstream serving", "addr", lis.Addr().String(), "ttft", cfg.TTFT.String(), "itl", cfg.ITL.String(),
+		logger.Info("mock upstream serving", "addr", lis.Addr().String(), "tls", tlsConfig != nil, "ttft", cfg.TTFT.String(), "itl", cfg.ITL.String(),
 			"max_batch", cfg.MaxBatch, "prefix_cache_tokens", cfg.PrefixCacheTokens)
 	}
-	if err := srv.Serve(lis); !errors.Is(err, http.ErrServerClosed) {
+	if err := serve(); !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

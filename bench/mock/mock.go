@@ -92,6 +92,7 @@ package mock
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"log/slog"
@@ -211,6 +212,7 @@ type Server struct {
 	mu         sync.Mutex
 	lastHeader http.Header
 	lastBody   []byte
+	lastInfo   RequestInfo
 }
 
 // New returns a Server using cfg (after WithDefaults). A nil logger discards
@@ -266,10 +268,32 @@ func (s *Server) Usage() Usage {
 	return Usage{PromptTokens: s.usage.prompt.Load(), CompletionTokens: s.usage.completion.Load()}
 }
 
-func (s *Server) recordRequest(h http.Header, body []byte) {
-	h = h.Clone()
+// RequestInfo is how a request arrived, beyond its headers and body.
+type RequestInfo struct {
+	Host  string               // Host (HTTP/1.1) or :authority (HTTP/2)
+	Proto string               // "HTTP/1.1" or "HTTP/2.0"
+	TLS   *tls.ConnectionState // nil in plain text; the SNI is ServerName, the ALPN protocol NegotiatedProtocol
+}
+
+// LastRequestInfo returns how the request LastRequest shows arrived (the
+// zero value before the first one), so that a test can check what a
+// gateway's TLS origination and host rewriting sent.
+func (s *Server) LastRequestInfo() RequestInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := s.lastInfo
+	if info.TLS != nil {
+		cs := *info.TLS
+		info.TLS = &cs
+	}
+	return info
+}
+
+func (s *Server) recordRequest(r *http.Request, body []byte) {
+	h := r.Header.Clone()
 	s.mu.Lock()
 	s.lastHeader, s.lastBody = h, body
+	s.lastInfo = RequestInfo{Host: r.Host, Proto: r.Proto, TLS: r.TLS}
 	s.mu.Unlock()
 }
 
@@ -356,7 +380,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 	// measured from the moment the mock could start work, independent of how
 	// fast the gateway forwarded the body.
 	t0 := time.Now()
-	s.recordRequest(r.Header, body)
+	s.recordRequest(r, body)
 	s.served.Add(1)
 	// fail answers with an error in the API's own format.
 	fail := func(status int, typ, code, message string) int {

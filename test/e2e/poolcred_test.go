@@ -11,8 +11,6 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
 // A pool's own upstream credential (envoy/pool-credential.yaml): the gate
@@ -20,7 +18,7 @@ import (
 // (an upstream credential_injector filter reading a generic secret through
 // file-based SDS), whatever route picked the cluster. The key is read from
 // a file laid out like a mounted Kubernetes Secret and rotated the way the
-// kubelet does it.
+// kubelet does it. pool-b is a hosted API over TLS (poolcred_tls_test.go).
 
 const poolCredBootstrap = "envoy/pool-credential.yaml"
 
@@ -85,32 +83,21 @@ func writeCredentialSDS(t *testing.T, keyFile string) string {
 	return path
 }
 
-// startPoolCredStack is startStack on envoy/pool-credential.yaml: the
-// harness's placeholders plus POOL_B_CREDENTIAL_SDS, rendered here so the
-// shared harness stays as it is.
-func startPoolCredStack(t *testing.T, key string) (*stack, *secretVolume) {
+// startPoolCredStack is startHostedStack with the harness's config and
+// the right certificate.
+func startPoolCredStack(t *testing.T, key string) (*stack, *secretVolume, *hostedPool) {
 	t.Helper()
-	vol := newSecretVolume(t, key)
-	sds := writeCredentialSDS(t, vol.path())
-	s := startStackFor(t, "", func(*stack) string { return testConfig }, 1)
-	rendered := renderEnvoy(t, poolCredBootstrap, map[string]string{
-		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
-		"EXTPROC_PORT": port(t, s.Gateway.ExtProcAddr), "POOL_A_PORT": port(t, s.PoolA.Addr), "POOL_B_PORT": port(t, s.PoolB.Addr),
-		"JWKS_FILE": testIssuer(t).jwksPath, "XDS_PORT": port(t, s.Gateway.XDSAddr), "OTLP_PORT": otlpPort(t),
-		"POOL_B_CREDENTIAL_SDS": sds,
-	})
-	s.Envoy = envoytest.Start(t, rendered)
-	return s, vol
+	return startHostedStack(t, key, hostedOptions{})
 }
 
 // authAt sends one chat completion for model with the client's own
-// credentials and returns the Authorization and x-api-key values the pool
+// credentials (key as a Bearer token and as x-api-key) and returns the Authorization and x-api-key values the pool
 // that served it received, and which pool that was.
-func authAt(t *testing.T, s *stack, model string, stream bool) (servedBy string, auth, apiKey []string) {
+func authAt(t *testing.T, s *stack, key, model string, stream bool) (servedBy string, auth, apiKey []string) {
 	t.Helper()
 	a, b := s.PoolA.Served(), s.PoolB.Served()
-	c := call{method: "POST", path: "/v1/chat/completions", key: "sk-client", body: chatBody(model, 4, stream, ""),
-		hdr: map[string]string{"x-api-key": "sk-client"}}
+	c := call{method: "POST", path: "/v1/chat/completions", key: key, body: chatBody(model, 4, stream, ""),
+		hdr: map[string]string{"x-api-key": key}}
 	if resp, e := c.do(t, s.Envoy.URL); resp.StatusCode != 200 {
 		t.Fatalf("%s: status %d: %+v", model, resp.StatusCode, e)
 	}
@@ -129,10 +116,10 @@ func authAt(t *testing.T, s *stack, model string, stream bool) (servedBy string,
 
 func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	const key1, key2 = "sk-pool-b-first-3f9a1c", "sk-pool-b-second-7be042"
-	s, vol := startPoolCredStack(t, key1)
+	s, vol, hosted := startPoolCredStack(t, key1)
 
 	// pool-b: exactly its own key, one value; the client's key is gone.
-	_, auth, apiKey := authAt(t, s, "pool-b", false)
+	_, auth, apiKey := authAt(t, s, "sk-client", "pool-b", false)
 	if want := []string{"Bearer " + key1}; !reflect.DeepEqual(auth, want) {
 		t.Errorf("pool-b received Authorization %q, want %q", auth, want)
 	}
@@ -141,7 +128,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	}
 	// pool-a: no credential at all (testConfig has no API keys: the gate
 	// removes the client's credential headers regardless).
-	_, auth, apiKey = authAt(t, s, "pool-a", false)
+	_, auth, apiKey = authAt(t, s, "sk-client", "pool-a", false)
 	if len(auth) > 0 || len(apiKey) > 0 {
 		t.Errorf("pool-a received Authorization %q, x-api-key %q; want none", auth, apiKey)
 	}
@@ -149,7 +136,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	// cluster Envoy picked, not the route.
 	seen := map[string]bool{}
 	for i := 0; i < 60 && !(seen["pool-a"] && seen["pool-b"]); i++ {
-		pool, auth, _ := authAt(t, s, "some-virtual-model", false)
+		pool, auth, _ := authAt(t, s, "sk-client", "some-virtual-model", false)
 		seen[pool] = true
 		want := []string(nil)
 		if pool == "pool-b" {
@@ -167,7 +154,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	vol.write(t, key2)
 	rotatedAt := time.Now()
 	waitFor(t, 5*time.Second, func() bool {
-		_, auth, _ := authAt(t, s, "pool-b", false)
+		_, auth, _ := authAt(t, s, "sk-client", "pool-b", false)
 		return reflect.DeepEqual(auth, []string{"Bearer " + key2})
 	}, "pool-b to receive the rotated key")
 	t.Logf("rotated key in use after %v", time.Since(rotatedAt).Round(time.Millisecond))
@@ -182,7 +169,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	if want := []string{"Bearer " + key2}; !reflect.DeepEqual(h.Values("Authorization"), want) {
 		t.Errorf("stream: pool-b received Authorization %q, want %q", h.Values("Authorization"), want)
 	}
-	want := stream(t, "http://"+s.PoolB.Addr+"/v1/chat/completions",
+	want := stream(t, hosted.PlainURL+"/v1/chat/completions",
 		chatBody("pool-b", 12, true, `,"stream_options":{"include_usage":true}`), hdr)
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)
@@ -221,11 +208,13 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	}
 }
 
-// envoy/pool-credential.yaml is envoy/demo.yaml plus the node and pool-b's
-// upstream filters: the same infergate filters, routes and clusters.
+// envoy/pool-credential.yaml is envoy/demo.yaml plus the node, the hosted
+// pool-b cluster (TLS, DNS, credential) and auto_host_rewrite on the routes
+// that may pick it: the same infergate filters, routes and other clusters.
 func TestPoolCredentialBootstrapMatchesDemo(t *testing.T) {
 	vars := map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2", "EXTPROC_PORT": "3", "POOL_A_PORT": "4",
-		"POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7", "POOL_B_CREDENTIAL_SDS": "/sds.yaml"}
+		"POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7", "POOL_B_CREDENTIAL_SDS": "/sds.yaml",
+		"POOL_B_HOST": "api.example.com", "POOL_B_ADDRESS": "api.example.com", "POOL_B_CA": "/ca.crt"}
 	parse := func(rel string) map[string]any {
 		var doc map[string]any
 		if err := yaml.Unmarshal([]byte(renderEnvoy(t, rel, vars)), &doc); err != nil {
@@ -238,22 +227,45 @@ func TestPoolCredentialBootstrapMatchesDemo(t *testing.T) {
 		t.Errorf("%s: file-based SDS needs node.id and node.cluster, got %v", poolCredBootstrap, cred["node"])
 	}
 	delete(cred, "node")
-	var injector any
-	for _, c := range cred["static_resources"].(map[string]any)["clusters"].([]any) {
-		c := c.(map[string]any)
-		if c["name"] == "pool-b" {
-			injector = c["typed_extension_protocol_options"]
-			delete(c, "typed_extension_protocol_options")
+	// pool-b's cluster as a whole: the tests that run it check what it does.
+	for _, doc := range []map[string]any{demo, cred} {
+		res := doc["static_resources"].(map[string]any)
+		var kept []any
+		for _, c := range res["clusters"].([]any) {
+			if c.(map[string]any)["name"] != "pool-b" {
+				kept = append(kept, c)
+			}
 		}
+		res["clusters"] = kept
 	}
-	if injector == nil {
-		t.Fatalf("%s: pool-b has no typed_extension_protocol_options", poolCredBootstrap)
+	if n := deleteKey(cred, "auto_host_rewrite"); n != 2 {
+		t.Errorf("%s: auto_host_rewrite on %d routes, want 2 (pool-b's and the weighted one)", poolCredBootstrap, n)
 	}
 	if !reflect.DeepEqual(demo, cred) {
 		a, _ := yaml.Marshal(demo)
 		b, _ := yaml.Marshal(cred)
-		t.Errorf("%s differs from envoy/demo.yaml beyond node and pool-b's upstream filters:\n%s", poolCredBootstrap, lineDiff(string(a), string(b)))
+		t.Errorf("%s differs from envoy/demo.yaml beyond node, pool-b's cluster and host rewriting:\n%s", poolCredBootstrap, lineDiff(string(a), string(b)))
 	}
+}
+
+// deleteKey removes key from every map in v and says how many it removed.
+func deleteKey(v any, key string) int {
+	n := 0
+	switch v := v.(type) {
+	case map[string]any:
+		if _, ok := v[key]; ok {
+			delete(v, key)
+			n++
+		}
+		for _, e := range v {
+			n += deleteKey(e, key)
+		}
+	case []any:
+		for _, e := range v {
+			n += deleteKey(e, key)
+		}
+	}
+	return n
 }
 
 // lineDiff lists the lines only one side has (enough to spot the drift).

@@ -167,6 +167,10 @@ func buildRoute(r Route) *routev3.Route {
 		// Always explicit: Envoy's default is 15s, and 0 disables it.
 		Timeout:     durationpb.New(r.Timeout),
 		RetryPolicy: buildRetry(r.Retry),
+		// A hosted pool (an endpoint with a hostname, envoy/pool-credential.yaml)
+		// routes by Host: send it its own name, never the client's. A pool
+		// without a hostname keeps the client's Host.
+		HostRewriteSpecifier: &routev3.RouteAction_AutoHostRewrite{AutoHostRewrite: wrapperspb.Bool(true)},
 	}
 	if action.RetryPolicy != nil && len(r.Fallback) > 0 {
 		retryOnNextPool(action.RetryPolicy)
