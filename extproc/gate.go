@@ -248,6 +248,9 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 			delete(adm.Headers, k)
 		}
 	}
+	if id, one, ok := s.modelsRequest(method, path); ok {
+		return s.models(ctx, g, adm, id, one) // answered by the gate (models.go)
+	}
 	g.policyAt = s.now()
 	v := s.policy.Decide(ctx, adm)
 	if v.Deny != nil && v.Decision != "shadow_deny" {

@@ -83,6 +83,11 @@ type Options struct {
 	// pools); other names are labelled "other". Without them, the first 64
 	// names of responses a pool answered successfully are used.
 	Models, Pools []string
+	// Catalog are the model names GET /v1/models lists (config models and
+	// virtualModels), each to the callers the policy lets call it (see
+	// ModelPolicy). Empty: the gate does not answer /v1/models; the path
+	// is the policy's, like any other.
+	Catalog []string
 
 	Logger *slog.Logger
 	Meter  metric.Meter   // where the gate's and meter's instruments go; default: none

@@ -45,10 +45,24 @@ export LISTEN_PORT=$(free_port) ADMIN_PORT=$(free_port) EXTPROC_PORT=$(free_port
        POOL_A_PORT=$(free_port) POOL_B_PORT=$(free_port)
 INFERGATE_ADMIN=$(free_port)
 
+# API keys (hashes only) for the example policies' tenants, and the models the
+# pools serve: Envoy routes pool-a and pool-b by name, any other to both.
+hash_key() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
+cat >"$WORK/keys.yaml" <<KEYS
+keys:
+- {id: acme-demo, sha256: $(hash_key sk-demo-acme), tenant: acme}        # premium tier
+- {id: initech-demo, sha256: $(hash_key sk-demo-initech), tenant: initech} # free tier
+KEYS
+cat >"$WORK/infergate.yaml" <<CONFIG
+auth: {keys: $WORK/keys.yaml}
+policy: {dir: $PWD/policies}
+models: [pool-a, pool-b, llama-3.1-8b-instruct, llama-3.1-70b-instruct, bge-m3]
+CONFIG
+
 say "Starting two mock GPU pools, infergate and Envoy"
 bin/infergate mock --listen 127.0.0.1:$POOL_A_PORT --ttft 120ms --itl 15ms >"$WORK/pool-a.log" 2>&1 & PIDS+=($!)
 bin/infergate mock --listen 127.0.0.1:$POOL_B_PORT --ttft 60ms --itl 8ms >"$WORK/pool-b.log" 2>&1 & PIDS+=($!)
-bin/infergate serve --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
+bin/infergate serve --config "$WORK/infergate.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
   >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS+=($!)
 scripts/render-envoy.sh envoy/demo.yaml >"$WORK/envoy.yaml"
 "$ENVOY_BIN" -c "$WORK/envoy.yaml" --disable-hot-restart -l warning >"$WORK/envoy.log" 2>&1 & PIDS+=($!)
@@ -61,7 +75,68 @@ note "pool-b  (mock: TTFT  60ms, ITL  8ms)  http://127.0.0.1:$POOL_B_PORT"
 note "infergate ext_proc 127.0.0.1:$EXTPROC_PORT, admin http://127.0.0.1:$INFERGATE_ADMIN/metrics and /debug/requests"
 note "envoy   http://127.0.0.1:$LISTEN_PORT  (admin http://127.0.0.1:$ADMIN_PORT)"
 
+say "One request per API through the gateway (premium key, the example policies in policies/)"
+python3 - "http://127.0.0.1:$LISTEN_PORT" sk-demo-acme sk-demo-initech "$WORK/requests.log" <<'PY'
+import http.client, json, sys, time, urllib.parse
+base, key, free_key, log = sys.argv[1:5]
+url = urllib.parse.urlsplit(base)
+msgs = [{"role": "user", "content": "Say hello to Envoy"}]
+calls = [  # API, path, body; the model is pool-b (TTFT 60 ms, ITL 8 ms)
+    ("chat", "/v1/chat/completions", {"messages": msgs, "max_tokens": 8, "stream": True}),
+    ("completions", "/v1/completions", {"prompt": "Say hello to Envoy", "max_tokens": 8, "stream": True}),
+    ("embeddings", "/v1/embeddings", {"input": "Say hello to Envoy"}),
+    ("responses", "/v1/responses", {"input": "Say hello to Envoy", "max_output_tokens": 8, "stream": True}),
+    ("messages", "/v1/messages", {"messages": msgs, "max_tokens": 8, "stream": True}),
+    ("count_tokens", "/v1/messages/count_tokens", {"messages": msgs}),
+]
+
+def first_content(d):  # does this stream event carry generated text? (each API has its own)
+    c = (d.get("choices") or [{}])[0]
+    return bool((c.get("delta") or {}).get("content") or c.get("text")) or \
+        d.get("type") in ("response.output_text.delta", "content_block_delta")
+
+def call(method, path, body, k):
+    conn = http.client.HTTPConnection(url.hostname, url.port)
+    start = time.perf_counter()
+    conn.request(method, path, body=json.dumps(body) if body else None,
+                 headers={"authorization": "Bearer " + k, "content-type": "application/json"})
+    return conn.getresponse(), start
+
+def stamp(rid):  # infergate's record of the request, written when its response ends
+    for _ in range(20):
+        for line in open(log):
+            if '"request_id":"%s"' % rid in line:
+                return json.loads(line)
+        time.sleep(0.05)
+    return {}
+
+ms = lambda v: "%.1f ms" % v if v else "-"
+print("   %-13s %-32s %s  %10s  %10s   %s" % ("API", "request", "status", "TTFT", "stamped", "tokens in/out (stamped)"))
+for api, path, body in calls:
+    body["model"] = "pool-b"
+    resp, start = call("POST", path, body, key)
+    ttft = None
+    for line in resp:  # an SSE stream, or one JSON body
+        line = line.decode().strip()
+        if ttft is None and line.startswith("data: {") and first_content(json.loads(line[6:])):
+            ttft = (time.perf_counter() - start) * 1000
+    st = stamp(resp.getheader("x-request-id"))
+    print("   %-13s %-32s %d     %10s  %10s   %s / %s" % (api, "POST " + path, resp.status, ms(ttft), ms(st.get("ttft_ms")),
+          st.get("prompt_tokens", "?"), st.get("completion_tokens", "?")))
+for who, k in (("premium", key), ("free", free_key)):
+    resp, _ = call("GET", "/v1/models", None, k)
+    ids = [m["id"] for m in json.loads(resp.read())["data"]]
+    print("   %-13s %-32s %d     %s tier: %s" % ("models", "GET /v1/models", resp.status, who, ", ".join(ids)))
+PY
+note "TTFT: to the first generated text, as this client saw it and as infergate's meter stamped it (Envoy's side)"
+note "GET /v1/models is infergate's own answer: the configured models (models: in its config) the caller's tier may call"
+
 say "One streamed request through the gateway (model pool-a)"
+note "(infergate restarted with its default configuration: no keys, no policies)"
+kill "${PIDS[2]}"; wait "${PIDS[2]}" 2>/dev/null || true
+bin/infergate serve --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
+  >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS[2]=$!
+wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate"
 curl -sN -D "$WORK/headers" http://127.0.0.1:$LISTEN_PORT/v1/chat/completions \
   -H 'content-type: application/json' \
   -d '{"model":"pool-a","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"Say hello to Envoy"}]}' \
@@ -115,16 +190,6 @@ curl -s http://127.0.0.1:$INFERGATE_ADMIN/metrics | grep -E '^gen_ai_server_time
 
 say "Policies: the same gateway with API keys and the Rego policies in policies/"
 kill "${PIDS[2]}"; wait "${PIDS[2]}" 2>/dev/null || true
-hash_key() { printf %s "$1" | sha256sum | cut -d' ' -f1; }
-cat >"$WORK/keys.yaml" <<KEYS
-keys:
-- {id: acme-demo, sha256: $(hash_key sk-demo-acme), tenant: acme}        # premium tier
-- {id: initech-demo, sha256: $(hash_key sk-demo-initech), tenant: initech} # free tier
-KEYS
-cat >"$WORK/infergate.yaml" <<CONFIG
-auth: {keys: $WORK/keys.yaml}
-policy: {dir: $PWD/policies}
-CONFIG
 bin/infergate validate --config "$WORK/infergate.yaml" | sed 's/^/   /'
 bin/infergate serve --config "$WORK/infergate.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT \
   --admin-listen 127.0.0.1:$INFERGATE_ADMIN >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS[2]=$!

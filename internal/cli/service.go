@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/infergate/infergate/extproc"
+	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
@@ -120,6 +121,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		Meter:             metrics.Meter(),
 		Sinks:             sinks,
 		Policy:            adm.controller,
+		Catalog:           cfg.Catalog(),
 		Tracer:            tracing.Tracer(),
 		PoolName:          rt.PoolName,
 	})
@@ -166,6 +168,9 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	s.stopLogs = stopLogs
 	return s, nil
 }
+
+// The gate lists GET /v1/models by asking the controller per model.
+var _ extproc.ModelPolicy = (*admission.Controller)(nil)
 
 // extprocCerts loads extproc.tls, or returns nil without it. A unix:
 // socket takes no TLS (its file permissions are its boundary); the

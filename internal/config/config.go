@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +37,10 @@ type Config struct {
 	Policy    Policy           `yaml:"policy"`
 	RateLimit RateLimit        `yaml:"ratelimit"`
 	Checks    map[string]Check `yaml:"checks"`
+	// Models are the model names the pools serve, as clients call them
+	// (Envoy routes them by the x-infergate-model header). With the
+	// virtual models they are what GET /v1/models lists (see Catalog).
+	Models []string `yaml:"models"`
 	// VirtualModels are the names clients call, each backed by pools whose
 	// route weights the controller moves when a pool breaches its SLA.
 	VirtualModels []VirtualModel `yaml:"virtualModels"`
@@ -43,6 +48,17 @@ type Config struct {
 	WeightSink    WeightSink     `yaml:"weightSink"`
 	Tracing       Tracing        `yaml:"tracing"`
 	Log           Log            `yaml:"log"`
+}
+
+// Catalog is every model name a client may call: Models, then the
+// virtual models. The gate lists them on GET /v1/models, each to the
+// callers the policy lets call it; empty, it leaves /v1/models alone.
+func (c *Config) Catalog() []string {
+	out := slices.Clone(c.Models)
+	for _, vm := range c.VirtualModels {
+		out = append(out, vm.Name)
+	}
+	return out
 }
 
 // VirtualModel is one routed name and its pools.
@@ -450,6 +466,9 @@ func (c *Config) fillDefaults() {
 		setDefault(&ch.OnError, "deny")
 		c.Checks[name] = ch
 	}
+	if c.Models == nil {
+		c.Models = []string{}
+	}
 	if c.VirtualModels == nil {
 		c.VirtualModels = []VirtualModel{}
 	}
@@ -514,10 +533,16 @@ func (c *Config) validate() error {
 	check(c.Tracing.SampleRatio > 0 && c.Tracing.SampleRatio <= 1, "tracing.sampleRatio", "must be in (0, 1], got %v", c.Tracing.SampleRatio)
 	check(c.Tracing.QueueSize > 0, "tracing.queueSize", "must be positive")
 	names := map[string]bool{}
+	for i, m := range c.Models {
+		at := fmt.Sprintf("models.%d", i)
+		check(strings.TrimSpace(m) != "" && len(m) <= maxModelName, at, "must be 1 to %d bytes, got %q", maxModelName, m)
+		check(!names[m], at, "%q is listed twice", m)
+		names[m] = true
+	}
 	for i, vm := range c.VirtualModels {
 		at := fmt.Sprintf("virtualModels.%d", i)
 		check(strings.TrimSpace(vm.Name) != "", at+".name", "is required")
-		check(!names[vm.Name], at+".name", "%q is defined twice", vm.Name)
+		check(!names[vm.Name], at+".name", "%q is defined twice (in models or virtualModels)", vm.Name)
 		names[vm.Name] = true
 		check(len(vm.Pools) > 0, at+".pools", "at least one pool is required")
 		clusters := map[string]bool{}
@@ -564,6 +589,10 @@ func (c *Config) validate() error {
 	}
 	return nil
 }
+
+// maxModelName bounds a model name: the gate refuses longer ones
+// (extproc.MaxModelBytes).
+const maxModelName = 256
 
 // maxHashTag bounds ratelimit.redis.hashTag: it is part of every counter
 // id.

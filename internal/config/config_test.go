@@ -36,6 +36,7 @@ func defaults() *Config {
 		Policy:        Policy{ReloadInterval: time.Second, Memoize: ptr(true)},
 		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Addresses: []string{}, Timeout: 250 * time.Millisecond}},
 		Checks:        map[string]Check{},
+		Models:        []string{},
 		VirtualModels: []VirtualModel{},
 		XDS:           XDS{Listen: ":18000", RouteConfigName: "infergate"},
 		WeightSink:    WeightSink{Type: "xds"},
@@ -71,8 +72,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v checks=%+v virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Checks, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -123,6 +124,7 @@ func TestValidFile(t *testing.T) {
 		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Address: "redis:6379", Addresses: []string{},
 			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
 		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
+		Models: []string{"llama-3.1-8b-instruct", "meta-llama/Llama-3.1-70B-Instruct"},
 		VirtualModels: []VirtualModel{{
 			Name:  "llama-3-70b",
 			Pools: []PoolRef{{Cluster: "pool-a", Priority: 0, Metrics: []string{"http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics"}}, {Cluster: "pool-b", Priority: 1}},
@@ -421,5 +423,15 @@ func TestRecentRequestsZeroDisables(t *testing.T) {
 	}
 	if c, _ := Parse(nil); *c.Admin.RecentRequests != 1000 {
 		t.Fatalf("default %d, want 1000", *c.Admin.RecentRequests)
+	}
+}
+
+func TestCatalog(t *testing.T) {
+	c := mustParse(t, []byte("models: [b, a]\nvirtualModels:\n- {name: v, pools: [{cluster: pool-a}]}\n"))
+	if got := c.Catalog(); !reflect.DeepEqual(got, []string{"b", "a", "v"}) {
+		t.Errorf("Catalog() = %q, want models then virtual models in order", got)
+	}
+	if got := mustParse(t, nil).Catalog(); len(got) != 0 {
+		t.Errorf("default Catalog() = %q, want none", got)
 	}
 }

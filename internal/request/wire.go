@@ -14,7 +14,9 @@ const (
 	// RoleHeader is the gRPC initial metadata key Envoy's grpc_service sets
 	// to name the filter role ("gate" or "meter").
 	RoleHeader = "x-infergate-filter"
-	// ErrorHeader marks a response the gate answered itself (a denial).
+	// ErrorHeader marks a response the gate answered itself: a denial (the
+	// error's code), or GET /v1/models (empty). Envoy's local_reply_config
+	// leaves such responses alone.
 	ErrorHeader = "x-infergate-error"
 )
 
