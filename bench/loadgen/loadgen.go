@@ -33,6 +33,9 @@ import (
 type Target struct {
 	Name string `json:"name"` // label in results; must be unique within a run
 	URL  string `json:"url"`  // base URL, e.g. http://127.0.0.1:10000; requests go to URL+Workload.API.Path()
+	// Headers are sent to this target only, on top of the workload's (a
+	// gateway's routing headers, say).
+	Headers map[string]string `json:"headers,omitempty"`
 }
 
 // Phase is the part of a run a request was sent in. Only Measure requests
@@ -367,7 +370,7 @@ func (r *runner) send(ctx context.Context, j job, t int) {
 		sr.capture()
 	}
 	s := Sample{Target: t, Item: j.req.Item, Phase: j.phase, Intended: j.intended, Queue: j.queue}
-	do(ctx, r.client, r.urls[t], j.req, r.cfg.Timeout, r.cfg.Trace, sr, &s)
+	do(ctx, r.client, r.urls[t], r.cfg.Targets[t].Headers, j.req, r.cfg.Timeout, r.cfg.Trace, sr, &s)
 	if !s.OK() && ctx.Err() != nil {
 		return // aborted by the run, not failed by the target
 	}

@@ -510,7 +510,7 @@ func TestRampUsers(t *testing.T) {
 }
 
 func TestJudgeFailuresMissSLO(t *testing.T) {
-	rec := &Recording{Targets: []Target{{"t", "http://x"}}, Samples: [][]Sample{make([]Sample, 100)}}
+	rec := &Recording{Targets: []Target{{Name: "t", URL: "http://x"}}, Samples: [][]Sample{make([]Sample, 100)}}
 	for i := range rec.Samples[0] {
 		s := &rec.Samples[0][i]
 		s.Phase, s.TTFT, s.E2E = Measure, 10*time.Millisecond, 20*time.Millisecond

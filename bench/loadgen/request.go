@@ -135,9 +135,10 @@ func newClient(conns, targets int) *http.Client {
 	}}
 }
 
-// do sends req to url and reads the response to its end into s (whose
-// Start is set here, just before the send).
-func do(ctx context.Context, client *http.Client, url string, req *Request, timeout time.Duration, trace bool, sr *streamReader, s *Sample) {
+// do sends req to url, with the target's extra headers, and reads the
+// response to its end into s (whose Start is set here, just before the
+// send).
+func do(ctx context.Context, client *http.Client, url string, extra map[string]string, req *Request, timeout time.Duration, trace bool, sr *streamReader, s *Sample) {
 	s.Streamed, s.Model, s.Tenant, s.InputTokens = req.Stream, req.Model, req.Tenant, req.InputTokens
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -151,6 +152,9 @@ func do(ctx context.Context, client *http.Client, url string, req *Request, time
 		return
 	}
 	hr.Header = req.Header.Clone()
+	for k, v := range extra {
+		hr.Header.Set(k, v)
+	}
 	if req.Host != "" {
 		hr.Host = req.Host
 	}

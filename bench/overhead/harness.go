@@ -35,6 +35,9 @@ type options struct {
 	// timings per request (request received, upstream request sent,
 	// response started).
 	AccessLog bool
+	// Peers are other gateways measured in the main phases as lanes of
+	// their own (peers.go): litellm, portkey.
+	Peers []string
 
 	Phases   []phaseSpec
 	Variants []phaseSpec // the phases each variant is measured with
@@ -86,6 +89,7 @@ type harness struct {
 	policyDir    string
 	keysFile     string
 	stacks       []*stack
+	peers        []*peer
 	otlp         *otlpSink
 	start        time.Time
 }
@@ -144,10 +148,13 @@ func run(ctx context.Context, opts options) (*Report, error) {
 		{name: plain, url: envoy.url, procs: envoy.procs()},
 		{name: gateway, url: gw.url, procs: gw.procs()},
 	}
+	peerPaths, peerInfos := h.startPeers()
+	paths, rep.Peers = append(paths, peerPaths...), peerInfos
 	for _, spec := range opts.Phases {
 		if !h.want(spec.Key) {
 			continue
 		}
+		paths = h.livePeers(paths, rep.Peers)
 		res, err := h.runPhase(ctx, spec, paths)
 		if res != nil {
 			rep.Phases = append(rep.Phases, res)
@@ -156,7 +163,7 @@ func run(ctx context.Context, opts options) (*Report, error) {
 			return rep, err
 		}
 	}
-	for _, p := range append(envoy.procs(), gw.procs()...) {
+	for _, p := range append(append(envoy.procs(), gw.procs()...), h.peerProcs()...) {
 		rep.PeakRSS = append(rep.PeakRSS, ProcessRSS{Name: p.name, Bytes: peakRSS(p.pid())})
 	}
 	for _, v := range variants() {
@@ -173,6 +180,7 @@ func run(ctx context.Context, opts options) (*Report, error) {
 	}
 	rep.DurationS = time.Since(h.start).Seconds()
 	rep.Targets = targets(rep)
+	peerRatios(rep)
 	h.logf("done in %.0fs", rep.DurationS)
 	return rep, nil
 }
@@ -225,6 +233,9 @@ func (h *harness) setup() error {
 func (h *harness) cleanup() {
 	for _, s := range h.stacks {
 		s.stop()
+	}
+	for _, p := range h.peers {
+		p.proc.stop()
 	}
 	h.mock.stop()
 	if h.otlp != nil {

@@ -11,7 +11,10 @@
 // time, as the board measures one path at a time), streams at c=1, 64 and
 // 256, throughput against the 20 ms mock, and a zero-delay stream for CPU
 // per token. Every body through a gateway must be byte-identical to the
-// direct one and no request may fail, or the run fails. Then each variant
+// direct one and no request may fail, or the run fails. Peer gateways
+// (--peers: the LiteLLM proxy, the Portkey gateway; peers.go) run as lanes
+// of their own in the same phases; their failures and bodies are reported,
+// never fatal, with infergate's ratios to each. Then each variant
 // (two gate round trips, a blocking meter, a Unix socket, no policies,
 // Redis limits, tracing) is measured against the default gateway.
 //
@@ -61,6 +64,8 @@ func main() {
 		keys = append(keys, v.Key)
 	}
 	only := flag.String("only", "", "comma-separated phases and variants to run (default: all): "+strings.Join(keys, ", "))
+	peers := flag.String("peers", "", "peer gateways measured as lanes of their own in the main phases, comma-separated: "+strings.Join(allPeers, ", ")+
+		` (installed by scripts/install-peers.sh); "none" for none (default: all in a full run, none with --only)`)
 	jsonOut := flag.String("json", "", "write the report as JSON here")
 	doc := flag.String("doc", "", "replace the generated section of this Markdown file")
 	command := flag.String("command", "", "the command to record as reproducing the run (default: this one)")
@@ -81,6 +86,18 @@ func main() {
 	}
 	if *only != "" {
 		opts.Only = strings.Split(*only, ",")
+	}
+	switch {
+	case *peers == "none":
+	case *peers != "":
+		opts.Peers = strings.Split(*peers, ",")
+		for _, p := range opts.Peers {
+			if !slices.Contains(allPeers, p) {
+				fatal(fmt.Errorf("--peers: unknown peer %q (want %s)", p, strings.Join(allPeers, ", ")))
+			}
+		}
+	case *only == "": // a quick run stays quick
+		opts.Peers = allPeers
 	}
 	if *variantPhases != "" {
 		all := append(slices.Clone(opts.Variants), opts.Phases...) // a variant's own c1 is the shorter

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/infergate/infergate/bench/loadgen"
 	"github.com/infergate/infergate/bench/result"
 	"github.com/infergate/infergate/internal/stats"
@@ -47,9 +49,11 @@ func (p phaseSpec) mockDesc() string {
 
 // path is one target of a phase and the processes its traffic runs through.
 type path struct {
-	name  string
-	url   string
-	procs []*proc
+	name    string
+	url     string
+	procs   []*proc
+	headers map[string]string // sent on this path only (a peer's routing)
+	peer    bool              // a peer lane: compared by content, its failures recorded, not fatal
 }
 
 // PathResult is one path's numbers in one phase.
@@ -59,6 +63,7 @@ type PathResult struct {
 	// Stream is measured from the captured bytes, exactly (the metrics'
 	// histograms round to 3 significant digits: 16 µs at 20 ms).
 	Stream *StreamStats `json:"stream,omitempty"`
+	Peer   *PeerCheck   `json:"peer,omitempty"` // a peer lane's failures and bodies
 }
 
 // StreamStats are a path's streamed events, from each event's emit stamp
@@ -91,6 +96,7 @@ type ProcessUsage struct {
 	// CPU is), and its CPU per 1,000 of them.
 	Tokens          int64   `json:"tokens"`
 	CPUPer1kTokensS float64 `json:"cpu_s_per_1k_tokens"`
+	Requests        int     `json:"requests"` // through it in the phase, warm-up included
 	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
 }
 
@@ -164,7 +170,7 @@ func workload(spec phaseSpec) *loadgen.Workload {
 func (h *harness) runPhase(ctx context.Context, spec phaseSpec, paths []path) (*PhaseResult, error) {
 	h.logf("phase %s: %s, c=%d, %s warm-up + %s per path", spec.Key, spec.mockDesc(), spec.Concurrency, spec.Warmup, spec.Measure)
 	res := &PhaseResult{phaseSpec: spec, WarmupS: spec.Warmup.Seconds(), MeasureS: spec.Measure.Seconds(), Mock: spec.mockDesc()}
-	col := newCollector(len(paths), spec)
+	col := newCollector(paths, spec)
 	var failures []string
 	var err error
 	if spec.sequential() {
@@ -176,6 +182,11 @@ func (h *harness) runPhase(ctx context.Context, spec phaseSpec, paths []path) (*
 		return nil, fmt.Errorf("phase %s: %w", spec.Key, err)
 	}
 	res.BodiesCompared, failures = col.check(failures, paths)
+	for i, p := range paths {
+		if p.peer {
+			res.path(p.name).Peer = col.peerCheck(i)
+		}
+	}
 	if len(failures) > 0 {
 		if len(failures) > 10 {
 			failures = append(failures[:10], fmt.Sprintf("... and %d more", len(failures)-10))
@@ -221,8 +232,8 @@ func (c cpuMeter) stop(p *proc) float64 {
 	return after - c[p]
 }
 
-func usage(spec phaseSpec, p *proc, path string, cpu float64, tokens int64) ProcessUsage {
-	u := ProcessUsage{Name: p.name, Path: path, CPUSeconds: cpu, Tokens: tokens, PeakRSSBytes: peakRSS(p.pid())}
+func usage(spec phaseSpec, p *proc, path string, cpu float64, tokens int64, requests int) ProcessUsage {
+	u := ProcessUsage{Name: p.name, Path: path, CPUSeconds: cpu, Tokens: tokens, Requests: requests, PeakRSSBytes: peakRSS(p.pid())}
 	if tokens > 0 && spec.Stream {
 		u.CPUPer1kTokensS = cpu / float64(tokens) * 1000
 	}
@@ -235,7 +246,7 @@ func (h *harness) interleaved(ctx context.Context, spec phaseSpec, paths []path,
 	targets := make([]loadgen.Target, n)
 	var procs []*proc
 	for i, p := range paths {
-		targets[i] = loadgen.Target{Name: p.name, URL: p.url}
+		targets[i] = loadgen.Target{Name: p.name, URL: p.url, Headers: p.headers}
 		procs = append(procs, p.procs...)
 	}
 	cfg := loadConfig(spec, targets, col.capture)
@@ -263,11 +274,11 @@ func (h *harness) interleaved(ctx context.Context, spec phaseSpec, paths []path,
 			if s := &samples[k]; s.OK() {
 				tokens += int64(s.OutputTokens)
 			} else {
-				failures = append(failures, fmt.Sprintf("%s item %d (%s): %s", paths[i].name, s.Item, s.Phase, s.Err))
+				failures = col.fail(failures, i, fmt.Sprintf("%s item %d (%s): %s", paths[i].name, s.Item, s.Phase, s.Err))
 			}
 		}
 		for _, p := range paths[i].procs {
-			res.CPU = append(res.CPU, usage(spec, p, paths[i].name, cpu.stop(p), tokens))
+			res.CPU = append(res.CPU, usage(spec, p, paths[i].name, cpu.stop(p), tokens, len(samples)))
 		}
 		pr := PathResult{Name: paths[i].name, Metrics: rec.Result(i, result.SLO{}).Metrics}
 		if spec.Stream {
@@ -293,7 +304,7 @@ func (h *harness) windows(ctx context.Context, spec phaseSpec, paths []path, col
 	n := len(paths)
 	type acc struct {
 		ttft, e2e         []time.Duration
-		sent, ok          int
+		sent, ok, all     int
 		outTokens, tokens int64
 		windowS           float64
 		peak              int
@@ -314,7 +325,7 @@ func (h *harness) windows(ctx context.Context, spec phaseSpec, paths []path, col
 				c.Target = i
 				col.capture(&c, raw)
 			}
-			cfg := loadConfig(spec, []loadgen.Target{{Name: p.name, URL: p.url}}, capture)
+			cfg := loadConfig(spec, []loadgen.Target{{Name: p.name, URL: p.url, Headers: p.headers}}, capture)
 			cfg.Warmup, cfg.Measure = loadgen.Bound{Duration: warm}, loadgen.Bound{Duration: measure}
 			var profDone chan struct{}
 			if h.opts.ProfileDir != "" {
@@ -335,10 +346,11 @@ func (h *harness) windows(ctx context.Context, spec phaseSpec, paths []path, col
 			}
 			samples := rec.Samples[0]
 			res.Requests += len(samples)
+			a.all += len(samples)
 			for k := range samples {
 				s := &samples[k]
 				if !s.OK() {
-					failures = append(failures, fmt.Sprintf("%s item %d (%s): %s", p.name, s.Item, s.Phase, s.Err))
+					failures = col.fail(failures, i, fmt.Sprintf("%s item %d (%s): %s", p.name, s.Item, s.Phase, s.Err))
 					continue
 				}
 				a.tokens += int64(s.OutputTokens)
@@ -358,7 +370,7 @@ func (h *harness) windows(ctx context.Context, spec phaseSpec, paths []path, col
 	for i, p := range paths {
 		a := &accs[i]
 		for _, pr := range p.procs {
-			res.CPU = append(res.CPU, usage(spec, pr, p.name, a.cpu[pr], a.tokens))
+			res.CPU = append(res.CPU, usage(spec, pr, p.name, a.cpu[pr], a.tokens, a.all))
 		}
 		m := result.Metrics{
 			Requests:     result.Counts{Sent: a.sent, Succeeded: a.ok, Failed: a.sent - a.ok},
@@ -431,12 +443,17 @@ func (h *harness) fetch(url, out string) {
 
 // collector reads every captured response: a digest per (item, path) for
 // the byte-for-byte comparison, and the measured streams' event timings.
+// A peer lane is compared with direct by content instead, and its failures
+// are kept here, apart from the run's.
 type collector struct {
-	spec    phaseSpec
-	mu      sync.Mutex
-	digests map[int][][32]byte // item → digest per path (zero: not seen)
-	changed int                // items a path answered differently another time
-	acc     []streamAcc        // per path, measured requests only
+	spec     phaseSpec
+	mu       sync.Mutex
+	digests  map[int][][32]byte // item → digest per path (zero: not seen)
+	contents map[int][][32]byte // item → content digest per path, with peers only
+	changed  int                // items a path answered differently another time
+	acc      []streamAcc        // per path, measured requests only
+	peer     []bool             // per path
+	peers    []PeerCheck        // per path (peers only)
 }
 
 type streamAcc struct {
@@ -445,8 +462,42 @@ type streamAcc struct {
 	stalled                    int
 }
 
-func newCollector(n int, spec phaseSpec) *collector {
-	return &collector{spec: spec, digests: map[int][][32]byte{}, acc: make([]streamAcc, n)}
+func newCollector(paths []path, spec phaseSpec) *collector {
+	c := &collector{spec: spec, digests: map[int][][32]byte{}, acc: make([]streamAcc, len(paths)),
+		peer: make([]bool, len(paths)), peers: make([]PeerCheck, len(paths))}
+	for i, p := range paths {
+		c.peer[i] = p.peer
+		if p.peer {
+			c.contents = map[int][][32]byte{}
+		}
+	}
+	return c
+}
+
+// maxPeerErrors bounds the errors kept per peer and phase.
+const maxPeerErrors = 5
+
+// fail records a failed request on path i: a peer's in its own check,
+// any other's in failures, which it returns.
+func (c *collector) fail(failures []string, i int, msg string) []string {
+	if !c.peer[i] {
+		return append(failures, msg)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := &c.peers[i]
+	pc.Failed++
+	if len(pc.Errors) < maxPeerErrors {
+		pc.Errors = append(pc.Errors, msg)
+	}
+	return failures
+}
+
+func (c *collector) peerCheck(i int) *PeerCheck {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	pc := c.peers[i]
+	return &pc
 }
 
 // Markers of the board mock's stream.
@@ -458,6 +509,11 @@ var (
 )
 
 func (c *collector) capture(s *loadgen.Sample, raw *loadgen.Raw) {
+	if c.peer[s.Target] {
+		c.mu.Lock()
+		c.peers[s.Target].Requests++
+		c.mu.Unlock()
+	}
 	if !s.OK() {
 		return
 	}
@@ -482,11 +538,16 @@ func (c *collector) capture(s *loadgen.Sample, raw *loadgen.Raw) {
 			h.Write(line)
 			if bytes.HasPrefix(line, dataPrefix) && bytes.Contains(line, contentMark) && !bytes.Contains(line, emptyMark) {
 				events = append(events, event{emit, l.At})
+				emit = time.Time{} // a peer that drops the stamps has none for the next event
 			}
 		}
 	}
-	var sum [32]byte
+	var sum, content [32]byte
 	h.Sum(sum[:0])
+	withContent := c.contents != nil && (c.peer[s.Target] || s.Target == 0)
+	if withContent {
+		content = contentDigest(s.Streamed, raw.Body)
+	}
 
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -495,9 +556,23 @@ func (c *collector) capture(s *loadgen.Sample, raw *loadgen.Raw) {
 		d = make([][32]byte, len(c.acc))
 		c.digests[s.Item] = d
 	}
+	var cd [][32]byte
+	if withContent {
+		if cd = c.contents[s.Item]; cd == nil {
+			cd = make([][32]byte, len(c.acc))
+			c.contents[s.Item] = cd
+		}
+	}
 	switch {
 	case d[s.Target] == [32]byte{}:
 		d[s.Target] = sum
+		if cd != nil {
+			cd[s.Target] = content
+		}
+	case c.peer[s.Target]: // peers may frame the same content differently each time
+		if cd[s.Target] != content {
+			c.peers[s.Target].Changed++
+		}
 	case d[s.Target] != sum: // the same request, answered differently by one path
 		c.changed++
 	}
@@ -507,17 +582,20 @@ func (c *collector) capture(s *loadgen.Sample, raw *loadgen.Raw) {
 	a := &c.acc[s.Target]
 	stalled := false
 	for i, e := range events {
-		transit := e.at.Sub(e.emit)
-		a.transit = append(a.transit, transit)
-		if transit > time.Millisecond {
-			a.delayed++
+		stamped := !e.emit.IsZero()
+		if stamped {
+			transit := e.at.Sub(e.emit)
+			a.transit = append(a.transit, transit)
+			if transit > time.Millisecond {
+				a.delayed++
+			}
 		}
 		if i == 0 {
 			continue
 		}
-		gap, emitted := e.at.Sub(events[i-1].at), e.emit.Sub(events[i-1].emit)
+		gap := e.at.Sub(events[i-1].at)
 		a.gaps = append(a.gaps, gap)
-		if emitted >= time.Millisecond && gap < emitted/2 {
+		if emitted := e.emit.Sub(events[i-1].emit); stamped && !events[i-1].emit.IsZero() && emitted >= time.Millisecond && gap < emitted/2 {
 			a.coalesced++
 		}
 		if c.spec.Interval > 0 && gap > 2*c.spec.Interval {
@@ -530,6 +608,38 @@ func (c *collector) capture(s *loadgen.Sample, raw *loadgen.Raw) {
 	}
 }
 
+// contentDigest digests what a client reads from a response, whatever its
+// framing: the message's text, or every delta's text in order, and the
+// finish reason. A peer may rebuild every chunk (LiteLLM does, with its
+// own created time, and drops the SSE comments): its bodies are compared
+// with direct's by this.
+func contentDigest(streamed bool, body []byte) [32]byte {
+	h := sha256.New()
+	if !streamed {
+		h.Write([]byte(gjson.GetBytes(body, "choices.0.message.content").String()))
+		h.Write([]byte{0})
+		h.Write([]byte(gjson.GetBytes(body, "choices.0.finish_reason").String()))
+	} else {
+		var finish string
+		for line := range bytes.Lines(body) {
+			data, ok := bytes.CutPrefix(line, dataPrefix)
+			if !ok {
+				continue
+			}
+			choice := gjson.GetBytes(data, "choices.0")
+			h.Write([]byte(choice.Get("delta.content").String()))
+			if f := choice.Get("finish_reason").String(); f != "" {
+				finish = f
+			}
+		}
+		h.Write([]byte{0})
+		h.Write([]byte(finish))
+	}
+	var sum [32]byte
+	h.Sum(sum[:0])
+	return sum
+}
+
 func (c *collector) stats(i int) *StreamStats {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -539,7 +649,8 @@ func (c *collector) stats(i int) *StreamStats {
 }
 
 // check compares each item's body across the paths; it returns how many
-// items were compared and the failures, with any mismatch added.
+// items were compared and the failures, with any mismatch added. A peer's
+// bodies are compared by content, into its own check.
 func (c *collector) check(failures []string, paths []path) (int, []string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -556,6 +667,19 @@ func (c *collector) check(failures []string, paths []path) (int, []string) {
 			if d[t] == zero {
 				continue
 			}
+			if c.peer[t] {
+				pc := &c.peers[t]
+				pc.Compared++
+				if d[t] == d[0] {
+					pc.ByteIdentical++
+				}
+				if cd := c.contents[item]; cd[t] != cd[0] {
+					if pc.ContentDiffered++; len(pc.Errors) < maxPeerErrors {
+						pc.Errors = append(pc.Errors, fmt.Sprintf("item %d: the content through %s differs from %s's", item, paths[t].name, paths[0].name))
+					}
+				}
+				continue
+			}
 			compared++
 			if d[t] != d[0] {
 				mismatched++
@@ -567,6 +691,11 @@ func (c *collector) check(failures []string, paths []path) (int, []string) {
 	}
 	if mismatched > 5 {
 		failures = append(failures, fmt.Sprintf("%d bodies differed in all", mismatched))
+	}
+	for t := range c.peers {
+		if pc := &c.peers[t]; pc.Changed > 0 {
+			pc.Errors = append(pc.Errors, fmt.Sprintf("%d requests were answered with other content than the time before", pc.Changed))
+		}
 	}
 	return compared, failures
 }

@@ -88,8 +88,11 @@ func (p *proc) tail() string {
 }
 
 // waitReady polls url until it answers 200, the process exits, or 30 s pass.
-func (p *proc) waitReady(url string) error {
-	deadline := time.Now().Add(30 * time.Second)
+func (p *proc) waitReady(url string) error { return p.waitReadyFor(url, 30*time.Second) }
+
+// waitReadyFor polls url until it answers 200, the process exits, or d passes.
+func (p *proc) waitReadyFor(url string, d time.Duration) error {
+	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		if p.exited() {
 			return fmt.Errorf("%s exited before it was ready; log:\n%s", p.name, p.tail())
@@ -102,7 +105,7 @@ func (p *proc) waitReady(url string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return fmt.Errorf("%s not ready at %s after 30s; log:\n%s", p.name, url, p.tail())
+	return fmt.Errorf("%s not ready at %s after %s; log:\n%s", p.name, url, d, p.tail())
 }
 
 // clockTick is the kernel's USER_HZ, the unit of /proc/<pid>/stat times.

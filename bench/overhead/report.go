@@ -29,6 +29,7 @@ type Report struct {
 	Phases   []*PhaseResult   `json:"phases"`
 	PeakRSS  []ProcessRSS     `json:"peak_rss"`
 	Variants []*VariantResult `json:"variants"`
+	Peers    []*PeerInfo      `json:"peers,omitempty"` // other gateways' lanes (peers.go)
 	Targets  []Target         `json:"targets"`
 	Error    string           `json:"error,omitempty"` // why the run failed, if it did
 }
@@ -338,7 +339,10 @@ func markdown(r *Report) string {
 			}
 			stalled, coal, delayed := "–", "–", "–"
 			if p.Stream != nil && ph.Interval > 0 {
-				stalled, coal, delayed = fmt.Sprint(p.Stream.Stalled), fmt.Sprint(p.Stream.Coalesced), fmt.Sprint(p.Stream.Delayed)
+				stalled = fmt.Sprint(p.Stream.Stalled)
+				if p.Stream.TransitMs.N > 0 { // a peer that drops the emit stamps has neither
+					coal, delayed = fmt.Sprint(p.Stream.Coalesced), fmt.Sprint(p.Stream.Delayed)
+				}
 			}
 			fmt.Fprintf(&b, "| %s | %s | %.1f | %d | %s | %s | %s | %d |\n", title, pathLabel(p.Name), p.Metrics.Throughput.RequestsPerS,
 				p.Metrics.Throughput.PeakConcurrency, stalled, coal, delayed, p.Metrics.Requests.Sent)
@@ -356,10 +360,18 @@ func markdown(r *Report) string {
 		}
 	}
 	b.WriteString(" peak RSS |\n|---|" + strings.Repeat("--:|", len(cpuPhases)+1) + "\n")
-	for _, name := range []string{plain + "-envoy", gateway + "-envoy", gateway + "-infergate"} {
+	names := []string{plain + "-envoy", gateway + "-envoy", gateway + "-infergate"}
+	for _, p := range r.Peers {
+		names = append(names, p.Key)
+	}
+	for _, name := range names {
 		fmt.Fprintf(&b, "| %s |", procLabel(name))
 		for _, ph := range cpuPhases {
-			fmt.Fprintf(&b, " %.4f s |", cpuPer1k(ph, name))
+			if v := cpuPer1k(ph, name); !math.IsNaN(v) {
+				fmt.Fprintf(&b, " %.4f s |", v)
+			} else {
+				b.WriteString(" – |")
+			}
 		}
 		rss := "–"
 		for _, p := range r.PeakRSS {
@@ -427,6 +439,7 @@ func markdown(r *Report) string {
 				med, p99, ttft, itl, coal, igCPU, envCPU, only(v.Key))
 		}
 	}
+	b.WriteString(peersMarkdown(r))
 	b.WriteString("\nRaw numbers: [`docs/performance.json`](performance.json) (every phase's full metrics per path, the paired comparisons, CPU per process).\n")
 	return b.String()
 }
@@ -439,6 +452,10 @@ func pathLabel(name string) string {
 		return "plain Envoy"
 	case gateway:
 		return "Envoy + infergate"
+	case peerLiteLLM:
+		return "LiteLLM proxy"
+	case peerPortkey:
+		return "Portkey gateway"
 	}
 	return name
 }
@@ -451,6 +468,8 @@ func procLabel(name string) string {
 		return "Envoy beside infergate (ext_proc client)"
 	case gateway + "-infergate":
 		return "infergate (gate + meter)"
+	case peerLiteLLM, peerPortkey:
+		return pathLabel(name) + " (peer, one process)"
 	}
 	return name
 }

@@ -219,21 +219,25 @@ func (h *harness) startEnvoy(name, template string, vars map[string]string, edit
 		return nil, err
 	}
 	st := &stack{name: name, url: "http://127.0.0.1:" + strconv.Itoa(listen), envoy: p, infergate: ig}
-	if err := probe(st.url); err != nil {
+	if err := probe(st.url, nil); err != nil {
 		p.stop()
 		return nil, fmt.Errorf("%s: %w; envoy log:\n%s", name, err, p.tail())
 	}
 	return st, nil
 }
 
-// probe sends one request and wants a 200: routes, keys and policies work.
-func probe(base string) error {
+// probe sends one request, with headers, and wants a 200: routes, keys and
+// policies work.
+func probe(base string, headers map[string]string) error {
 	var err error
 	for range 50 { // the listener may take a moment after /ready
 		req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions",
 			bytes.NewReader([]byte(`{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"user","content":"probe"}]}`)))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+benchKey)
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
 		var resp *http.Response
 		if resp, err = http.DefaultClient.Do(req); err == nil {
 			b, _ := io.ReadAll(resp.Body)
