@@ -312,6 +312,9 @@ func FuzzMeterStream(f *testing.F) {
 	f.Add([]byte(roleChunk+contentChunk+contentChunk+usageChunk+"data: [DONE]\n\n"), 40)
 	f.Add([]byte("data:{\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\r\n\r\n: ping\n\ndata: [DONE]\n\n"), 7)
 	f.Add([]byte("data: {not json}\n\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\n"), 3)
+	for i, seed := range apiStreamSeeds() { // the Responses and Anthropic APIs' named events
+		f.Add([]byte(seed), 97*(i+1))
+	}
 	f.Fuzz(func(t *testing.T, stream []byte, split int) {
 		count := func(chunks ...[]byte) (int, *request.Stamp) {
 			s, sink := newTestServer(t, "")

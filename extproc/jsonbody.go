@@ -43,23 +43,53 @@ func (j *jsonBody) write(p []byte) {
 	j.tail = append(j.tail, p...)
 }
 
-// read returns what the response says: its usage (nil when absent or
+// read returns what the response says, read as *api's (named from the
+// response's start when *api is empty): its usage (nil when absent or
 // unreadable), its model, and whether it carries content.
-func (j *jsonBody) read() (usage *openai.Usage, model string, content bool) {
+func (j *jsonBody) read(api *openai.API) (usage *openai.Usage, model string, content bool) {
 	if j.total == 0 {
 		return nil, "", false
 	}
+	if *api == "" {
+		*api = openai.BodyAPI(j.head)
+	}
 	if j.total == len(j.head)+len(j.tail) && len(j.tail) == 0 {
-		c, err := openai.ParseChunk(j.head)
+		c, err := openai.ParseBody(*api, j.head)
 		if err != nil {
 			return nil, "", false
 		}
 		return c.Usage, openai.ChunkModel(j.head), c.Content
 	}
 	// Too large to keep: the model is near the start, the usage at the end,
-	// and a response this long carries content.
+	// and a response this long carries content, unless it is a batch of
+	// embeddings.
 	model = gjson.GetBytes(j.head, "model").String()
-	return usageFromTail(j.tail), model, true
+	if model == "" { // after the data, as embeddings put it
+		model = modelFromTail(j.tail)
+	}
+	return usageFromTail(*api, j.tail), model, generates(*api)
+}
+
+// modelFromTail finds the last top-level "model" in the tail, as
+// usageFromTail finds the usage.
+func modelFromTail(tail []byte) string {
+	for end, tries := len(tail), 0; tries < 8; tries++ {
+		i := bytes.LastIndex(tail[:end], []byte(`"model"`))
+		if i < 0 {
+			return ""
+		}
+		end = i
+		if i > 0 && tail[i-1] == '\\' {
+			continue
+		}
+		obj := append([]byte{'{'}, bytes.TrimRight(tail[i:], " \t\r\n")...)
+		if gjson.ValidBytes(obj) {
+			if m := gjson.GetBytes(obj, "model"); m.Type == gjson.String {
+				return m.Str
+			}
+		}
+	}
+	return ""
 }
 
 // usageFromTail finds the last top-level "usage" key in the tail of a JSON
@@ -68,7 +98,7 @@ func (j *jsonBody) read() (usage *openai.Usage, model string, content bool) {
 // (In JSON text a quote inside a string is escaped, so an unescaped
 // "usage" is a key; one nested deeper leaves brackets unbalanced and is
 // passed over.)
-func usageFromTail(tail []byte) *openai.Usage {
+func usageFromTail(api openai.API, tail []byte) *openai.Usage {
 	// A few tries: a pool cannot make the meter parse its tail many times.
 	for end, tries := len(tail), 0; tries < 8; tries++ {
 		i := bytes.LastIndex(tail[:end], []byte(`"usage"`))
@@ -82,7 +112,7 @@ func usageFromTail(tail []byte) *openai.Usage {
 		rest := bytes.TrimRight(tail[i:], " \t\r\n")
 		obj := make([]byte, 0, len(rest)+1)
 		obj = append(append(obj, '{'), rest...)
-		if c, err := openai.ParseChunk(obj); err == nil && c.Usage != nil {
+		if c, err := openai.ParseBody(api, obj); err == nil && c.Usage != nil {
 			return c.Usage
 		}
 	}

@@ -246,6 +246,7 @@ func (m *meterRequest) fromField(f *gateField) {
 	m.stamp.Gateway.Checks = clampMicros(float64(f.checksUS))
 	m.reservation, m.gateTraceparent = f.reservation, f.traceparent
 	m.stamp.PromptTokens = clampInt(float64(f.promptTokens), 0, maxTokens)
+	m.stamp.API = knownAPI(f.api)
 	m.gateSent = f.sentTime()
 }
 
@@ -276,6 +277,7 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.reservation = f["reservation"].GetStringValue()
 	m.gateTraceparent = f[request.TraceparentKey].GetStringValue()
 	m.stamp.PromptTokens = clampInt(f["prompt_tokens"].GetNumberValue(), 0, maxTokens)
+	m.stamp.API = knownAPI(f["api"].GetStringValue())
 }
 
 // departure is when the request left the gateway, for a meter that did not
@@ -312,22 +314,34 @@ func (m *meterRequest) departure(at time.Time) time.Time {
 }
 
 // onEvent is the per-event hot path: decode the few fields needed, time
-// content-bearing events.
+// content-bearing events. The API is the gate's (its field), else the
+// stream's own, from its first event that tells.
 func (m *meterRequest) onEvent(ev sse.Event) {
 	if ev.Done {
 		return
 	}
-	c, err := openai.ParseChunk(ev.Data)
+	if m.stamp.API == "" {
+		m.stamp.API = openai.StreamAPI(ev.Name, ev.Data)
+	}
+	var c openai.Chunk
+	var err error
+	switch m.stamp.API {
+	case openai.APIResponses, openai.APIMessages:
+		c, err = openai.ParseEvent(m.stamp.API, ev.Name, ev.Data)
+	default: // chat and text completions: each chunk names the model
+		if c, err = openai.ParseChunk(ev.Data); err == nil && m.stamp.ResponseModel == "" {
+			c.Model = openai.ChunkModel(ev.Data)
+		}
+	}
 	if err != nil {
 		m.badEvents++
 		return
 	}
 	if c.Usage != nil {
-		u := *c.Usage
-		m.usage = &u
+		m.takeUsage(&c)
 	}
 	if m.stamp.ResponseModel == "" {
-		m.stamp.ResponseModel = openai.ChunkModel(ev.Data)
+		m.stamp.ResponseModel = c.Model
 	}
 	if !c.Content {
 		return
@@ -343,6 +357,39 @@ func (m *meterRequest) onEvent(ev sse.Event) {
 		}
 	}
 	m.last = m.chunkAt
+}
+
+// takeUsage keeps what an event reports of the usage. Anthropic reports
+// the input first (message_start): it replaces the gate's estimate at once,
+// so that a stream cut before its output's count (message_delta) still
+// settles the real input, with the output counted.
+func (m *meterRequest) takeUsage(c *openai.Chunk) {
+	u := *c.Usage
+	switch {
+	case c.InputOnly:
+		m.stamp.PromptTokens = clampInt(float64(u.PromptTokens), 0, maxTokens)
+		return
+	case c.OutputOnly:
+		u.PromptTokens = m.stamp.PromptTokens
+		if m.usage != nil {
+			u.PromptTokens = m.usage.PromptTokens
+		}
+		u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	}
+	m.usage = &u
+}
+
+// generates reports whether api writes output (an unknown API is read as
+// a chat's, as before the meter knew others).
+func generates(api openai.API) bool { return api == "" || api.Generates() }
+
+// knownAPI is s, the API a gate's field names, when the meter knows it: the
+// field may come from anything that reaches the port.
+func knownAPI(s string) openai.API {
+	if a := openai.API(s); a.Operation() != "" {
+		return a
+	}
+	return ""
 }
 
 // finish computes the stamp and hands it to the sinks.
@@ -367,7 +414,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	if m.sse {
 		m.parser.Flush(m.emit)
-	} else if usage, model, content := m.body.read(); model != "" || usage != nil || content {
+	} else if usage, model, content := m.body.read(&st.API); model != "" || usage != nil || content {
 		m.usage, st.ResponseModel = usage, model
 		if content {
 			st.ContentEvents = 1
@@ -440,6 +487,11 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 			UsageReported: m.usage != nil, Cut: m.cut}
 		if m.usage == nil && st.Status >= 400 {
 			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
+		}
+		if st.API == openai.APICountTokens {
+			// Counting runs the tokenizer, not the model: the gate reserved
+			// the request alone, and its count is no usage.
+			settle.PromptTokens, settle.CompletionTokens = 0, 0
 		}
 		// The stream's context is gone when the client reset: the charge
 		// must reach the limiter anyway.

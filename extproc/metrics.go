@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
 
@@ -41,9 +42,9 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 			errType = "incomplete"
 		}
 	}
-	sets := ms.stamps.get(stampKey{ms.models.label(s.Model, s), ms.pools.label(s.Pool, s), errType}, func(k stampKey) stampAttrs {
+	sets := ms.stamps.get(stampKey{operation(s.API), ms.models.label(s.Model, s), ms.pools.label(s.Pool, s), errType}, func(k stampKey) stampAttrs {
 		attrs := []attribute.KeyValue{
-			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.operation.name", k.op),
 			attribute.String("gen_ai.request.model", k.model),
 			attribute.String("infergate.pool", k.pool),
 		}
@@ -61,7 +62,18 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 	if s.Gateway.Checks > 0 {
 		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), sets.all)
 	}
-	if s.Status >= 400 || s.ContentEvents == 0 {
+	if s.Status >= 400 {
+		return
+	}
+	if !generates(s.API) {
+		// Embeddings: no first token, but the input the pool counted.
+		// (count_tokens' count is no usage.)
+		if s.API == openai.APIEmbeddings && s.TokenSource == "usage" {
+			ms.m.TokenUsage.Record(ctx, int64(s.PromptTokens), sets.input)
+		}
+		return
+	}
+	if s.ContentEvents == 0 {
 		return
 	}
 	ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), sets.all)
@@ -74,11 +86,20 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 
 // The attribute sets of the per-request metrics, by the labels that vary.
 type (
-	stampKey    struct{ model, pool, errType string }
+	stampKey    struct{ op, model, pool, errType string }
 	stampAttrs  struct{ all, input, output metric.MeasurementOption }
 	decisionKey struct{ decision, code string }
 	poolKey     struct{ model, pool string }
 )
+
+// operation is api's gen_ai.operation.name; "chat" for a request of no
+// known API, as every request was labelled before the meter knew others.
+func operation(api openai.API) string {
+	if op := api.Operation(); op != "" {
+		return op
+	}
+	return "chat"
+}
 
 // poolAttrs labels a measurement by the stamp's model and pool.
 func (ms *meters) poolAttrs(s *request.Stamp) metric.MeasurementOption {

@@ -129,7 +129,7 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		gate = map[string]string{request.TraceparentKey: m.gateTraceparent}
 	}
 	st := &m.stamp
-	name := "chat"
+	name := operation(st.API) // the GenAI span name: "{operation} {model}"
 	if st.Model != "" {
 		name += " " + st.Model
 	}
@@ -139,7 +139,8 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		return span.SpanContext()
 	}
 	span.SetAttributes(
-		attribute.String("gen_ai.operation.name", "chat"),
+		attribute.String("gen_ai.operation.name", operation(st.API)),
+		attribute.String("infergate.api", string(st.API)),
 		attribute.String("gen_ai.request.model", st.Model),
 		attribute.String("gen_ai.response.model", st.ResponseModel),
 		attribute.Int("gen_ai.usage.input_tokens", st.PromptTokens),

@@ -3,7 +3,8 @@
 # directories (nothing system-wide, except Redis):
 #
 #   Envoy          <repo>/.tools/bin/envoy         (scripts/install-envoy.sh)
-#   Python client  <repo>/.tools/py-venv           (test/clients/requirements.txt)
+#   Python clients <repo>/.tools/py-venv           (test/clients/requirements.txt:
+#                  the openai and anthropic SDKs)
 #   Node client    <repo>/test/clients/node_modules (test/clients/package-lock.json)
 #   Redis          redis-server from the distribution (Debian: apt-get, as root),
 #                  only if none is on PATH; the rate-limit tests start their own
@@ -20,7 +21,7 @@
 #           ENVOY_BIN=...          absolute path of the Envoy binary
 #           TEST_PYTHON=...        python of the client venv
 #           TEST_NODE=...          node binary
-#           TEST_CLIENTS_DIR=...   directory holding stream_openai.{py,mjs}
+#           TEST_CLIENTS_DIR=...   directory holding the clients (stream_openai.{py,mjs}, ...)
 #           REDIS_SERVER=...       redis-server binary
 #           CHROME_BIN=...         chromium binary
 #           EG_BIN=...             envoy-gateway binary (Envoy Gateway standalone)
@@ -56,7 +57,7 @@ fi
 file_hash() { sha256sum "$1" | cut -d' ' -f1; }
 
 # ---------------------------------------------------------------------------
-# Python client: openai SDK in <repo>/.tools/py-venv
+# Python clients: the openai and anthropic SDKs in <repo>/.tools/py-venv
 # ---------------------------------------------------------------------------
 PY_VENV="$TOOLS/py-venv"
 PY_REQS="$CLIENTS/requirements.txt"
@@ -64,49 +65,54 @@ PY_STAMP="$PY_VENV/.requirements.sha256"
 [[ -f "$PY_REQS" ]] || die "missing $PY_REQS"
 OPENAI_PY_VERSION="$(sed -n 's/^openai==\([^[:space:];]*\).*/\1/p' "$PY_REQS")"
 [[ -n "$OPENAI_PY_VERSION" ]] || die "no exact 'openai==' pin in $PY_REQS"
+ANTHROPIC_PY_VERSION="$(sed -n 's/^anthropic==\([^[:space:];]*\).*/\1/p' "$PY_REQS")"
+[[ -n "$ANTHROPIC_PY_VERSION" ]] || die "no exact 'anthropic==' pin in $PY_REQS"
 
-# Full check: `import openai` works and reports the pinned version. Takes
-# about a second (the SDK is slow to import), so it runs after installing,
-# and its success is recorded in $PY_STAMP with the requirements file's hash.
+# Full check: `import openai` and `import anthropic` work and report the
+# pinned versions. Takes a second or two (the SDKs are slow to import), so
+# it runs after installing, and its success is recorded in $PY_STAMP with
+# the requirements file's hash.
 py_import_ok() {
-  "$PY_VENV/bin/python" - "$OPENAI_PY_VERSION" >/dev/null 2>&1 <<'EOF'
+  "$PY_VENV/bin/python" - "$OPENAI_PY_VERSION" "$ANTHROPIC_PY_VERSION" >/dev/null 2>&1 <<'EOF'
 import sys
+import anthropic
 import openai
-sys.exit(0 if openai.__version__ == sys.argv[1] else 1)
+sys.exit(0 if (openai.__version__, anthropic.__version__) == (sys.argv[1], sys.argv[2]) else 1)
 EOF
 }
 
 # Quick check for re-runs: the stamp matches the current requirements file,
-# the venv interpreter still runs, and the installed openai distribution is
-# the pinned version with its package present (no full import).
+# the venv interpreter still runs, and the installed openai and anthropic
+# distributions are the pinned versions with their packages present (no
+# full import).
 py_quick_ok() {
   [[ -f "$PY_STAMP" && "$(cat "$PY_STAMP")" == "$(file_hash "$PY_REQS")" ]] || return 1
-  "$PY_VENV/bin/python" - "$OPENAI_PY_VERSION" >/dev/null 2>&1 <<'EOF'
+  "$PY_VENV/bin/python" - "$OPENAI_PY_VERSION" "$ANTHROPIC_PY_VERSION" >/dev/null 2>&1 <<'EOF'
 import importlib.metadata, importlib.util, sys
-ok = (importlib.metadata.version("openai") == sys.argv[1]
-      and importlib.util.find_spec("openai") is not None)
+ok = all(importlib.metadata.version(name) == version and importlib.util.find_spec(name) is not None
+         for name, version in (("openai", sys.argv[1]), ("anthropic", sys.argv[2])))
 sys.exit(0 if ok else 1)
 EOF
 }
 
 if py_quick_ok; then
-  log "python openai==$OPENAI_PY_VERSION already in $PY_VENV"
+  log "python openai==$OPENAI_PY_VERSION and anthropic==$ANTHROPIC_PY_VERSION already in $PY_VENV"
 else
   PYTHON="${PYTHON:-python3}"
   command -v "$PYTHON" >/dev/null 2>&1 || die "'$PYTHON' not found; install Python >= 3.10 (Debian: apt-get install python3 python3-venv)"
   "$PYTHON" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
-    || die "the openai SDK needs Python >= 3.10"
+    || die "the openai and anthropic SDKs need Python >= 3.10"
   if ! "$PY_VENV/bin/python" -c 'import sys' >/dev/null 2>&1; then
     log "creating virtualenv $PY_VENV"
     rm -rf "$PY_VENV"
     "$PYTHON" -m venv "$PY_VENV" >&2 || die "could not create a virtualenv (Debian: apt-get install python3-venv)"
   fi
   rm -f "$PY_STAMP"
-  log "installing python openai==$OPENAI_PY_VERSION (+ pinned dependencies) into $PY_VENV"
+  log "installing python openai==$OPENAI_PY_VERSION and anthropic==$ANTHROPIC_PY_VERSION (+ pinned dependencies) into $PY_VENV"
   "$PY_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
     -r "$PY_REQS" >&2
   "$PY_VENV/bin/python" -m pip check >/dev/null || die "inconsistent dependencies in $PY_VENV"
-  py_import_ok || die "python openai==$OPENAI_PY_VERSION not importable from $PY_VENV after install"
+  py_import_ok || die "python openai==$OPENAI_PY_VERSION or anthropic==$ANTHROPIC_PY_VERSION not importable from $PY_VENV after install"
   file_hash "$PY_REQS" >"$PY_STAMP"
 fi
 

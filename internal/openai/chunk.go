@@ -17,13 +17,23 @@ type Usage struct {
 }
 
 // Chunk is what the meter needs from one streamed event (chat.completion.chunk
-// or text_completion) or from a whole non-streamed response.
+// or text_completion; a Responses or Anthropic event, see ParseEvent) or
+// from a whole non-streamed response (ParseBody).
 type Chunk struct {
 	// Content is true when the event carries at least one output token:
 	// non-empty delta content, reasoning, refusal or tool-call name or
 	// arguments, or completion text. A role-only first chunk has no content.
 	Content bool
 	Usage   *Usage
+	// InputOnly: Usage counts the input alone, ahead of the output
+	// (Anthropic's message_start). OutputOnly: it counts the output alone,
+	// the input being an earlier event's (Anthropic's message_delta
+	// without input_tokens).
+	InputOnly, OutputOnly bool
+	// Model is the model an event's nested object names (a Responses
+	// lifecycle event's response.model, message_start's message.model);
+	// a top-level "model" is ChunkModel's.
+	Model string
 }
 
 // ErrBadChunk is an event the meter cannot read; it is skipped, never fatal.

@@ -43,6 +43,7 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	str("principal", s.Principal)
 	str("tenant", s.Tenant)
 	str("model", s.Model)
+	str("api", string(s.API))
 	str("response_model", s.ResponseModel)
 	str("pool", s.Pool)
 	str("upstream", s.Upstream)

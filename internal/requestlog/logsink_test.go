@@ -17,7 +17,7 @@ import (
 func slogSink(l *slog.Logger, s *request.Stamp) {
 	l.LogAttrs(context.Background(), slog.LevelInfo, "request",
 		slog.String("request_id", s.RequestID), slog.String("trace_id", s.TraceID), slog.String("principal", s.Principal),
-		slog.String("tenant", s.Tenant), slog.String("model", s.Model), slog.String("response_model", s.ResponseModel),
+		slog.String("tenant", s.Tenant), slog.String("model", s.Model), slog.String("api", string(s.API)), slog.String("response_model", s.ResponseModel),
 		slog.String("pool", s.Pool), slog.String("upstream", s.Upstream), slog.Int("status", s.Status),
 		slog.Int("attempts", s.Attempts), slog.Any("pools_tried", s.PoolsTried), slog.Bool("stream", s.Stream),
 		slog.Int("prompt_tokens", s.PromptTokens), slog.Int("completion_tokens", s.CompletionTokens),

@@ -131,6 +131,7 @@ type Record struct {
 	TraceID          string    `json:"trace_id,omitempty"`
 	Start            time.Time `json:"start"`
 	Model            string    `json:"model"`
+	API              string    `json:"api,omitempty"`
 	Pool             string    `json:"pool,omitempty"`
 	PoolsTried       []string  `json:"pools_tried,omitempty"`
 	Attempts         int       `json:"attempts,omitempty"`
@@ -162,7 +163,7 @@ type Record struct {
 // NewRecord converts a stamp; gaps are included when withGaps.
 func NewRecord(s *request.Stamp, withGaps bool) Record {
 	r := Record{
-		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, Pool: s.Pool,
+		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, API: string(s.API), Pool: s.Pool,
 		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Tenant: s.Tenant,
 		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason,
 		Stream: s.Stream, Complete: s.Complete, PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,

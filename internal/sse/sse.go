@@ -22,12 +22,14 @@ type Parser struct {
 	// most data one event may gather from its data lines (joined by '\n').
 	// A longer line is dropped and counted in Dropped; an event whose data
 	// would grow longer is dropped whole and counted in Overflowed. 0 means
-	// DefaultMaxLine. The parser holds at most 2*MaxLine bytes.
+	// DefaultMaxLine. The parser holds at most 3*MaxLine bytes (the event
+	// name's buffer is the third).
 	MaxLine int
 
 	carry     []byte // the incomplete trailing line of the previous chunk
 	skipping  bool   // inside an overlong line being discarded
 	data      []byte // data lines of the event being assembled (multi-line data)
+	name      []byte // the event being assembled's "event:" field
 	dataLines int    // -1: the event was dropped (overflow), ignored up to its blank line
 	// Dropped counts overlong lines that were discarded; the other lines of
 	// their event are still delivered.
@@ -38,10 +40,13 @@ type Parser struct {
 	Overflowed int
 }
 
-// Event is one dispatched SSE event's data. Done reports the OpenAI
-// end-of-stream sentinel "[DONE]".
+// Event is one dispatched SSE event's data and name. Done reports the
+// OpenAI end-of-stream sentinel "[DONE]".
 type Event struct {
 	Data []byte
+	// Name is the event's "event:" field (empty without one): the
+	// Responses and Anthropic APIs name every event, chat names none.
+	Name []byte
 	Done bool
 }
 
@@ -131,7 +136,12 @@ func (p *Parser) line(line []byte, emit func(Event)) {
 			value = value[1:]
 		}
 	}
-	if string(field) != "data" { // event, id, retry: not needed by the meter
+	switch string(field) {
+	case "data":
+	case "event": // a line is no longer than MaxLine: neither is the name
+		p.name = p.appendBounded(p.name[:0], value)
+		return
+	default: // id, retry: not needed by the meter
 		return
 	}
 	switch {
@@ -171,9 +181,11 @@ func (p *Parser) appendBounded(dst, src []byte) []byte {
 func (p *Parser) dispatch(emit func(Event)) {
 	if p.dataLines <= 0 {
 		p.dataLines = 0 // after an overflow: resynchronised, the next event starts clean
+		p.name = p.name[:0]
 		return
 	}
-	emit(Event{Data: p.data, Done: bytes.Equal(p.data, doneSentinel)})
+	emit(Event{Data: p.data, Name: p.name, Done: bytes.Equal(p.data, doneSentinel)})
 	p.data = p.data[:0]
+	p.name = p.name[:0]
 	p.dataLines = 0
 }

@@ -591,3 +591,23 @@ func BenchmarkParserSplitEvents(b *testing.B) {
 		b.Fatalf("carry not empty after whole events: %q", p.carry)
 	}
 }
+
+// Named events (the Responses and Anthropic APIs) carry their name with
+// their data, however the stream is split; a name belongs to its own
+// event only, and an event without data dispatches nothing, its name
+// included.
+func TestParserEventNames(t *testing.T) {
+	in := "event: message_start\ndata: {\"a\":1}\n\nevent: ping\n\ndata: {\"b\":2}\n\nevent:response.output_text.delta\r\ndata: x\r\n\r\n"
+	want := []string{"message_start {\"a\":1}", " {\"b\":2}", "response.output_text.delta x"}
+	for split := range len(in) + 1 {
+		var p Parser
+		var got []string
+		emit := func(e Event) { got = append(got, string(e.Name)+" "+string(e.Data)) }
+		p.Feed([]byte(in[:split]), emit)
+		p.Feed([]byte(in[split:]), emit)
+		p.Flush(emit)
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("split at %d: %q, want %q", split, got, want)
+		}
+	}
+}

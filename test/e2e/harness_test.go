@@ -1,6 +1,7 @@
 // Package e2e runs infergate end to end against the real thing: the pinned
 // Envoy binary, the demo bootstrap from envoy/, infergate's service and the
-// mock upstream in-process, and the official OpenAI SDKs as clients.
+// mock upstream in-process, and the official OpenAI and Anthropic SDKs as
+// clients.
 package e2e
 
 import (
@@ -120,6 +121,7 @@ type Stamp struct {
 	Principal        string   `json:"principal"`
 	Tenant           string   `json:"tenant"`
 	Model            string   `json:"model"`
+	API              string   `json:"api"`
 	Pool             string   `json:"pool"`
 	PoolsTried       []string `json:"pools_tried"`
 	TraceID          string   `json:"trace_id"`
