@@ -136,9 +136,8 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 			"request_id", requestID, "err", err, "summary", fieldString(raw, 256))
 		return
 	}
-	m := &meterRequest{seen: true, sse: sum.SSE, orders: &s.orders, sentAt: sum.Start}
-	m.parser.MaxLine = s.opts.MaxEventBytes
-	m.emit = m.onEvent
+	m := s.newMeterRequest()
+	m.seen, m.sentAt = true, sum.Start
 	m.stamp.RequestID = requestID
 	if f, ok := parseGateField(c.GetMetadata().GetFilterMetadata()[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()); ok {
 		m.fromField(&f)
@@ -161,15 +160,22 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	if n := len(m.stamp.PoolsTried); n > 0 {
 		m.stamp.Pool = m.stamp.PoolsTried[n-1]
 	}
-	if sum.HasFirst {
-		m.first = sum.Start.Add(sum.TTFT)
+	// What the module counted, as the ext_proc meter's own count (its End
+	// finds nothing left to read). The API is the gate's, else the one
+	// the module read from the response.
+	t := &m.tally
+	if t.API == "" {
+		t.API = knownAPI(string(sum.API))
 	}
-	m.stamp.ContentEvents = sum.ContentEvents
-	m.stamp.ITLMax = sum.ITLMax
-	m.stamp.ResponseModel = sum.ResponseModel
-	m.gaps = sum.Gaps[:min(len(sum.Gaps), s.opts.MaxTrackedGaps)]
-	m.usage = sum.Usage
-	m.badEvents, m.parser.Dropped, m.parser.Overflowed = sum.BadEvents, sum.Dropped, sum.Overflowed
+	t.SSE = sum.SSE
+	if sum.HasFirst {
+		t.First = sum.Start.Add(sum.TTFT)
+	}
+	t.ContentEvents, t.ITLMax, t.Model = sum.ContentEvents, sum.ITLMax, sum.ResponseModel
+	t.Gaps = sum.Gaps[:min(len(sum.Gaps), s.opts.MaxTrackedGaps)]
+	t.Usage, t.OutputOnly = sum.Usage, sum.OutputOnly
+	t.Input, t.HasInput = sum.Input, sum.HasInput
+	t.BadEvents, t.Parser.Dropped, t.Parser.Overflowed = sum.BadEvents, sum.Dropped, sum.Overflowed
 	m.cut = !sum.Complete // the module ends a record early only when Envoy ended the stream
 	s.finish(ctx, m, sum.Start.Add(sum.E2E), sum.Complete)
 }

@@ -60,8 +60,17 @@ func meterErrors(t *testing.T, r *sdkmetric.ManualReader, reason string) int64 {
 // entry is an access-log entry as envoy/wasm-meter.yaml has Envoy send it.
 func entry(t testing.TB, summary string, start time.Time) *accesslogdatav3.HTTPAccessLogEntry {
 	t.Helper()
-	field := (&gateField{sent: start.Add(time.Millisecond).UnixMicro(), stream: true, promptTokens: 17, gateUS: 500,
-		decision: "allow", requestID: "req-1", model: "pool-a", tenant: "t1", reservation: "r-1"}).encode()
+	return entryWith(t, summary, start, &gateField{sent: start.Add(time.Millisecond).UnixMicro(), stream: true, promptTokens: 17,
+		gateUS: 500, decision: "allow", requestID: "req-1", model: "pool-a", tenant: "t1", reservation: "r-1"})
+}
+
+// entryWith is an entry with the gate's field f (nil: none).
+func entryWith(t testing.TB, summary string, start time.Time, f *gateField) *accesslogdatav3.HTTPAccessLogEntry {
+	t.Helper()
+	var field string
+	if f != nil {
+		field = f.encode()
+	}
 	md, err := structpb.NewStruct(map[string]any{request.MeterKey: field})
 	if err != nil {
 		t.Fatal(err)
@@ -231,4 +240,80 @@ func FuzzAccessLogSummary(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The in-Envoy meter's summary becomes the stamp and the settlement the
+// ext_proc meter makes of the same response, for every API: streamed
+// (whole, cut, with the gate's field naming the API or without), and
+// non-streamed.
+func TestAccessLogMatchesExtProcPerAPI(t *testing.T) {
+	chat := []timedEvent{{50, roleChunk + contentChunk}, {80, contentChunk}, {90, usageChunk + "data: [DONE]\n\n"}}
+	// message_delta without message_start: the output alone, its input the gate's estimate.
+	outputOnly := append([]timedEvent{{5, named("content_block_start", `{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}`)}},
+		messagesStream[1:]...)
+	for _, tc := range []struct {
+		name     string
+		api      openai.API
+		ct       string
+		events   []timedEvent
+		end      int
+		complete bool
+	}{
+		{"chat", openai.APIChat, "text/event-stream", chat, 95, true},
+		{"responses", openai.APIResponses, "text/event-stream", responsesStream, 152, true},
+		{"messages", openai.APIMessages, "text/event-stream", messagesStream, 152, true},
+		{"messages cut", openai.APIMessages, "text/event-stream", messagesStream[:4], 130, false},
+		{"messages output only", openai.APIMessages, "text/event-stream", outputOnly, 152, true},
+		{"responses cut", openai.APIResponses, "text/event-stream", responsesStream[:3], 130, false},
+		{"responses body", openai.APIResponses, "application/json", []timedEvent{{40, `{"id":"resp_1","object":"response","status":"completed","model":"m","output":[{"type":"message","content":[{"type":"output_text","text":"hi"}]}],"usage":{"input_tokens":12,"output_tokens":4,"total_tokens":16}}`}}, 40, true},
+		{"messages body", openai.APIMessages, "application/json", []timedEvent{{40, `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":12,"cache_creation_input_tokens":2,"output_tokens":4}}`}}, 40, true},
+		{"embeddings", openai.APIEmbeddings, "application/json", []timedEvent{{40, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.6,0.8]}],"model":"e","usage":{"prompt_tokens":4,"total_tokens":4}}`}}, 40, true},
+		{"count_tokens", openai.APICountTokens, "application/json", []timedEvent{{40, `{"input_tokens":21}`}}, 40, true},
+	} {
+		for _, withField := range []bool{true, false} {
+			api := tc.api
+			if !withField {
+				api = ""
+			}
+			want, wantSettled := meterAPI(t, api, tc.ct, tc.events, tc.end, tc.complete)
+
+			s, sink, policy, _ := alsServer(t)
+			t0 := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+			at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+			var r wasmmeter.Recorder
+			r.Start(at(0), api) // the module names the API from the request's path
+			r.ResponseHeaders(tc.ct)
+			for _, ev := range tc.events {
+				r.Body([]byte(ev.body), at(ev.at))
+			}
+			sum, _ := r.End(tc.complete, at(tc.end))
+			var f *gateField
+			if withField {
+				f = testField(api, tc.ct == "text/event-stream")
+			}
+			s.meterEntry(context.Background(), entryWith(t, sum.Encode(), t0, f))
+			if len(sink.stamps) != 1 {
+				t.Fatalf("%s (field %v): %d stamps", tc.name, withField, len(sink.stamps))
+			}
+			got := sink.stamps[0]
+			if got.API != want.API || got.TTFT != want.TTFT || got.E2E != want.E2E || got.ContentEvents != want.ContentEvents ||
+				got.ITLP50 != want.ITLP50 || got.ITLMax != want.ITLMax || got.PromptTokens != want.PromptTokens ||
+				got.CompletionTokens != want.CompletionTokens || got.TokenSource != want.TokenSource ||
+				got.ResponseModel != want.ResponseModel || got.UnreadEvents != want.UnreadEvents || got.Complete != want.Complete {
+				t.Errorf("%s (field %v):\n wasm %+v\n  ext %+v", tc.name, withField, got, want)
+			}
+			if !withField {
+				continue // nothing reserved: nothing settled
+			}
+			if len(policy.settled) != 1 {
+				t.Fatalf("%s: %d settlements", tc.name, len(policy.settled))
+			}
+			// (meterAPI finishes without Envoy's EOF: its Cut is never set.)
+			g := policy.settled[0]
+			if g.PromptTokens != wantSettled.PromptTokens || g.CompletionTokens != wantSettled.CompletionTokens ||
+				g.UsageReported != wantSettled.UsageReported || g.Complete != wantSettled.Complete || g.Cut == tc.complete {
+				t.Errorf("%s: settlement\n wasm %+v\n  ext %+v", tc.name, g, wantSettled)
+			}
+		}
+	}
 }

@@ -92,8 +92,7 @@ func TestMeterSettlesRetriedRequestOnce(t *testing.T) {
 	s, sink := newTestServer(t, "")
 	p := &capPolicy{}
 	s.policy = p
-	m := &meterRequest{maxGaps: 100, orders: &s.orders}
-	m.emit = m.onEvent
+	m := testMeter(100, &s.orders)
 	hdrs := headersMsg(false, "x-request-id", "retried", request.ModelHeader, "llama")
 	hdrs.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 		request.MetadataNamespace: {Fields: map[string]*structpb.Value{

@@ -197,8 +197,7 @@ const (
 // keeps every gap; an event split across chunks is counted once.
 func TestMeterTimings(t *testing.T) {
 	s, sink := newTestServer(t, "")
-	m := &meterRequest{maxGaps: 100}
-	m.emit = m.onEvent
+	m := testMeter(100, nil)
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	m.observe(headersMsg(false, "x-request-id", "r1", request.ModelHeader, "m"), at(0))
@@ -235,8 +234,7 @@ func TestMeterTimings(t *testing.T) {
 // counted from the events seen.
 func TestMeterIncompleteStream(t *testing.T) {
 	s, sink := newTestServer(t, "")
-	m := &meterRequest{maxGaps: 100}
-	m.emit = m.onEvent
+	m := testMeter(100, nil)
 	t0 := time.Unix(1000, 0)
 	m.observe(headersMsg(false, "x-request-id", "r2"), t0)
 	m.observe(respHeaders("text/event-stream"), t0)
@@ -251,8 +249,7 @@ func TestMeterIncompleteStream(t *testing.T) {
 // Non-streamed responses: TTFT is E2E and tokens come from usage.
 func TestMeterNonStreaming(t *testing.T) {
 	s, sink := newTestServer(t, "")
-	m := &meterRequest{maxGaps: 100}
-	m.emit = m.onEvent
+	m := testMeter(100, nil)
 	t0 := time.Unix(1000, 0)
 	m.observe(headersMsg(false, "x-request-id", "r3"), t0)
 	m.observe(respHeaders("application/json"), t0)
@@ -289,19 +286,19 @@ func BenchmarkGateDecide(b *testing.B) {
 // BenchmarkMeterChunk is the meter's per-chunk path: one SSE content event
 // per response-body message, as Envoy delivers a streamed token.
 func BenchmarkMeterChunk(b *testing.B) {
-	m := &meterRequest{maxGaps: 1 << 30, sse: true}
-	m.emit = m.onEvent
+	m := testMeter(1<<30, nil)
+	m.tally.SSE = true
 	msg := respBody(contentChunk, false)
 	at := time.Now()
 	b.SetBytes(int64(len(contentChunk)))
 	b.ReportAllocs()
 	for b.Loop() {
 		m.observe(msg, at)
-		if m.stamp.ContentEvents == 0 {
+		if m.tally.ContentEvents == 0 {
 			b.Fatal("event not counted")
 		}
-		if len(m.gaps) > 1<<16 {
-			m.gaps = m.gaps[:0]
+		if len(m.tally.Gaps) > 1<<16 {
+			m.tally.Gaps = m.tally.Gaps[:0]
 		}
 	}
 }
@@ -318,8 +315,7 @@ func FuzzMeterStream(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stream []byte, split int) {
 		count := func(chunks ...[]byte) (int, *request.Stamp) {
 			s, sink := newTestServer(t, "")
-			m := &meterRequest{maxGaps: 100}
-			m.emit = m.onEvent
+			m := testMeter(100, nil)
 			now := time.Unix(1, 0)
 			m.observe(headersMsg(false, "x-request-id", "f"), now)
 			m.observe(respHeaders("text/event-stream"), now)
@@ -327,7 +323,7 @@ func FuzzMeterStream(f *testing.F) {
 				m.observe(respBody(string(c), false), now)
 			}
 			s.finish(context.Background(), m, now, true)
-			return m.stamp.ContentEvents, sink.stamps[0]
+			return sink.stamps[0].ContentEvents, sink.stamps[0]
 		}
 		whole, st := count(stream)
 		if split < 0 {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
-	"github.com/infergate/infergate/internal/sse"
 	"github.com/infergate/infergate/internal/stats"
+	"github.com/infergate/infergate/internal/tally"
 )
 
 // settleTimeout bounds settling a reservation once the response ended,
@@ -24,7 +24,7 @@ import (
 const settleTimeout = 2 * time.Second
 
 // meterRequest is the meter's per-request state. Everything it holds is
-// bounded: the SSE carry-over, the kept gaps, the JSON body.
+// bounded: the response's count (tally) and the stamp.
 type meterRequest struct {
 	stamp  request.Stamp
 	sentAt time.Time // the request left the gateway (see departure)
@@ -34,19 +34,9 @@ type meterRequest struct {
 	gate       gateSource // where what the gate decided came from
 	gateSent   time.Time  // when the gate answered (its clock), from its field
 	envoyStart time.Time  // Envoy's request.time
-	sse        bool
-	parser     sse.Parser
-	emit       func(sse.Event) // bound once: no closure per chunk
-	chunkAt    time.Time
-	first      time.Time
-	last       time.Time
-	gaps       []time.Duration
-	maxGaps    int
+	tally      tally.Response
 	orders     *poolOrders
 	cut        bool // Envoy closed the stream before the response's end
-	usage      *openai.Usage
-	badEvents  int
-	body       jsonBody // a non-streamed response's ends
 	// reservation is the rate-limit charge the gate made, settled here.
 	reservation string
 	// gateTraceparent is the gate's span, the parent when Envoy sends none.
@@ -69,9 +59,7 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 			err = nil
 		}
 	}()
-	m := &meterRequest{maxGaps: s.opts.MaxTrackedGaps, orders: &s.orders}
-	m.parser.MaxLine = s.opts.MaxEventBytes
-	m.emit = m.onEvent
+	m := s.newMeterRequest()
 	blocking := !msg.GetObservabilityMode()
 	s.metrics.MeterStreams.Add(ctx, 1)
 	defer s.metrics.MeterStreams.Add(ctx, -1)
@@ -97,6 +85,13 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		}
 		arrived = s.now()
 	}
+}
+
+// newMeterRequest is one request's meter state, bounded as configured.
+func (s *Server) newMeterRequest() *meterRequest {
+	m := &meterRequest{orders: &s.orders}
+	m.tally.MaxGaps, m.tally.Parser.MaxLine = s.opts.MaxTrackedGaps, s.opts.MaxEventBytes
+	return m
 }
 
 // gateSource ranks where the meter learnt what the gate decided: the gate's
@@ -156,19 +151,12 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		if n := len(m.stamp.PoolsTried); n > 0 {
 			m.stamp.Pool = m.stamp.PoolsTried[n-1]
 		}
-		m.sse = strings.HasPrefix(header(hm, "content-type"), "text/event-stream")
+		m.tally.SSE = strings.HasPrefix(header(hm, "content-type"), "text/event-stream")
 		if r.ResponseHeaders.GetEndOfStream() {
-			m.chunkAt = at
 			return true
 		}
 	case *extprocv3.ProcessingRequest_ResponseBody:
-		m.chunkAt = at
-		body := r.ResponseBody.GetBody()
-		if m.sse {
-			m.parser.Feed(body, m.emit)
-		} else {
-			m.body.write(body)
-		}
+		m.tally.Body(r.ResponseBody.GetBody(), at)
 		return r.ResponseBody.GetEndOfStream()
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		return true
@@ -246,7 +234,7 @@ func (m *meterRequest) fromField(f *gateField) {
 	m.stamp.Gateway.Checks = clampMicros(float64(f.checksUS))
 	m.reservation, m.gateTraceparent = f.reservation, f.traceparent
 	m.stamp.PromptTokens = clampInt(float64(f.promptTokens), 0, maxTokens)
-	m.stamp.API = knownAPI(f.api)
+	m.tally.API = knownAPI(f.api)
 	m.gateSent = f.sentTime()
 }
 
@@ -277,7 +265,7 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.reservation = f["reservation"].GetStringValue()
 	m.gateTraceparent = f[request.TraceparentKey].GetStringValue()
 	m.stamp.PromptTokens = clampInt(f["prompt_tokens"].GetNumberValue(), 0, maxTokens)
-	m.stamp.API = knownAPI(f["api"].GetStringValue())
+	m.tally.API = knownAPI(f["api"].GetStringValue())
 }
 
 // departure is when the request left the gateway, for a meter that did not
@@ -313,72 +301,6 @@ func (m *meterRequest) departure(at time.Time) time.Time {
 	return t
 }
 
-// onEvent is the per-event hot path: decode the few fields needed, time
-// content-bearing events. The API is the gate's (its field), else the
-// stream's own, from its first event that tells.
-func (m *meterRequest) onEvent(ev sse.Event) {
-	if ev.Done {
-		return
-	}
-	if m.stamp.API == "" {
-		m.stamp.API = openai.StreamAPI(ev.Name, ev.Data)
-	}
-	var c openai.Chunk
-	var err error
-	switch m.stamp.API {
-	case openai.APIResponses, openai.APIMessages:
-		c, err = openai.ParseEvent(m.stamp.API, ev.Name, ev.Data)
-	default: // chat and text completions: each chunk names the model
-		if c, err = openai.ParseChunk(ev.Data); err == nil && m.stamp.ResponseModel == "" {
-			c.Model = openai.ChunkModel(ev.Data)
-		}
-	}
-	if err != nil {
-		m.badEvents++
-		return
-	}
-	if c.Usage != nil {
-		m.takeUsage(&c)
-	}
-	if m.stamp.ResponseModel == "" {
-		m.stamp.ResponseModel = c.Model
-	}
-	if !c.Content {
-		return
-	}
-	m.stamp.ContentEvents++
-	if m.first.IsZero() {
-		m.first = m.chunkAt
-	} else {
-		gap := m.chunkAt.Sub(m.last)
-		m.stamp.ITLMax = max(m.stamp.ITLMax, gap)
-		if len(m.gaps) < m.maxGaps {
-			m.gaps = append(m.gaps, gap)
-		}
-	}
-	m.last = m.chunkAt
-}
-
-// takeUsage keeps what an event reports of the usage. Anthropic reports
-// the input first (message_start): it replaces the gate's estimate at once,
-// so that a stream cut before its output's count (message_delta) still
-// settles the real input, with the output counted.
-func (m *meterRequest) takeUsage(c *openai.Chunk) {
-	u := *c.Usage
-	switch {
-	case c.InputOnly:
-		m.stamp.PromptTokens = clampInt(float64(u.PromptTokens), 0, maxTokens)
-		return
-	case c.OutputOnly:
-		u.PromptTokens = m.stamp.PromptTokens
-		if m.usage != nil {
-			u.PromptTokens = m.usage.PromptTokens
-		}
-		u.TotalTokens = u.PromptTokens + u.CompletionTokens
-	}
-	m.usage = &u
-}
-
 // generates reports whether api writes output (an unknown API is read as
 // a chat's, as before the meter knew others).
 func generates(api openai.API) bool { return api == "" || api.Generates() }
@@ -403,6 +325,19 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		m.sentAt = m.departure(end)
 	}
 	st := &m.stamp
+	t := &m.tally
+	t.End(end)
+	st.API, st.ResponseModel, st.ContentEvents, st.ITLMax = t.API, t.Model, t.ContentEvents, t.ITLMax
+	// The response's counts, range-checked: they are charged to a budget.
+	// An input reported ahead of the output replaces the gate's estimate;
+	// an output reported alone takes it as its input.
+	if t.HasInput {
+		st.PromptTokens = clampInt(float64(t.Input), 0, maxTokens)
+	}
+	usage := t.Usage
+	if usage != nil && t.OutputOnly {
+		usage = &openai.Usage{PromptTokens: st.PromptTokens, CompletionTokens: usage.CompletionTokens}
+	}
 	st.Complete = complete
 	boundStamp(st) // before anything uses it: labels, the settlement, the sinks
 	for i, p := range st.PoolsTried {
@@ -412,18 +347,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if st.Decision == "" {
 		st.Decision = "allow"
 	}
-	if m.sse {
-		m.parser.Flush(m.emit)
-	} else if usage, model, content := m.body.read(&st.API); model != "" || usage != nil || content {
-		m.usage, st.ResponseModel = usage, model
-		if content {
-			st.ContentEvents = 1
-			m.first = end
-		}
-	}
 	st.E2E = end.Sub(m.sentAt)
-	if !m.first.IsZero() {
-		st.TTFT = m.first.Sub(m.sentAt)
+	if !t.First.IsZero() {
+		st.TTFT = t.First.Sub(m.sentAt)
 	}
 	st.Sent, st.Start = m.sentAt, m.sentAt
 	if !m.envoyStart.IsZero() {
@@ -434,36 +360,35 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	st.Total = end.Sub(st.Start)
 	switch {
-	case m.usage != nil:
+	case usage != nil:
 		st.TokenSource = "usage"
-		// The pool's own count, range-checked: it is charged to a budget.
-		st.PromptTokens = clampInt(float64(m.usage.PromptTokens), 0, maxTokens)
-		st.CompletionTokens = clampInt(float64(m.usage.CompletionTokens), 0, maxTokens)
-	case m.sse:
+		st.PromptTokens = clampInt(float64(usage.PromptTokens), 0, maxTokens)
+		st.CompletionTokens = clampInt(float64(usage.CompletionTokens), 0, maxTokens)
+	case t.SSE:
 		st.TokenSource = "events"
 		st.CompletionTokens = st.ContentEvents
 	}
-	st.Gaps = m.gaps
+	st.Gaps = t.Gaps
 	// What the meter could not read (the response itself passed untouched).
-	st.UnreadEvents = m.badEvents + m.parser.Dropped + m.parser.Overflowed
-	if len(m.gaps) > 0 {
-		sorted := slices.Clone(m.gaps)
+	st.UnreadEvents = t.Unread()
+	if len(t.Gaps) > 0 {
+		sorted := slices.Clone(t.Gaps)
 		slices.Sort(sorted)
 		st.ITLP50 = stats.Percentile(sorted, 0.50)
 		st.ITLP95 = stats.Percentile(sorted, 0.95)
 		set := s.meters.poolAttrs(st)
-		for _, g := range m.gaps {
+		for _, g := range t.Gaps {
 			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
 		}
 	}
-	if m.badEvents > 0 {
-		s.metrics.MeterErrors.Add(ctx, int64(m.badEvents), metric.WithAttributes(attribute.String("reason", "bad_event")))
+	if t.BadEvents > 0 {
+		s.metrics.MeterErrors.Add(ctx, int64(t.BadEvents), metric.WithAttributes(attribute.String("reason", "bad_event")))
 	}
-	if m.parser.Dropped > 0 {
-		s.metrics.MeterErrors.Add(ctx, int64(m.parser.Dropped), metric.WithAttributes(attribute.String("reason", "line_too_long")))
+	if t.Parser.Dropped > 0 {
+		s.metrics.MeterErrors.Add(ctx, int64(t.Parser.Dropped), metric.WithAttributes(attribute.String("reason", "line_too_long")))
 	}
-	if m.parser.Overflowed > 0 {
-		s.metrics.MeterErrors.Add(ctx, int64(m.parser.Overflowed), metric.WithAttributes(attribute.String("reason", "event_too_long")))
+	if t.Parser.Overflowed > 0 {
+		s.metrics.MeterErrors.Add(ctx, int64(t.Parser.Overflowed), metric.WithAttributes(attribute.String("reason", "event_too_long")))
 	}
 	if !complete {
 		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
@@ -484,8 +409,8 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if st.Decision != "deny" {
 		settle := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
 			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete,
-			UsageReported: m.usage != nil, Cut: m.cut}
-		if m.usage == nil && st.Status >= 400 {
+			UsageReported: usage != nil, Cut: m.cut}
+		if usage == nil && st.Status >= 400 {
 			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
 		}
 		if st.API == openai.APICountTokens {

@@ -234,3 +234,10 @@ func TestGateRefusesHugeModelNames(t *testing.T) {
 		t.Errorf("the stamp keeps a %d-byte model", len(st.Model))
 	}
 }
+
+// testMeter is a meter's state as Server.meter starts it.
+func testMeter(maxGaps int, orders *poolOrders) *meterRequest {
+	m := &meterRequest{orders: orders}
+	m.tally.MaxGaps = maxGaps
+	return m
+}

@@ -25,11 +25,15 @@ func fieldHeaders(api openai.API, stream bool) *extprocv3.ProcessingRequest {
 	if api == "" {
 		return msg
 	}
-	f := gateField{stream: stream, promptTokens: 40, decision: "allow", requestID: "r-" + string(api), model: "m",
-		reservation: "r-1", api: string(api)}
-	attrs, _ := structpb.NewStruct(map[string]any{request.MeterAttribute: f.encode()})
+	attrs, _ := structpb.NewStruct(map[string]any{request.MeterAttribute: testField(api, stream).encode()})
 	msg.Attributes = map[string]*structpb.Struct{attributesKey: attrs}
 	return msg
+}
+
+// testField is the gate's field fieldHeaders sends.
+func testField(api openai.API, stream bool) *gateField {
+	return &gateField{stream: stream, promptTokens: 40, decision: "allow", requestID: "r-" + string(api), model: "m",
+		reservation: "r-1", api: string(api)}
 }
 
 // named is one SSE event with an event: line.
@@ -79,8 +83,7 @@ func meterAPI(t *testing.T, api openai.API, ct string, events []timedEvent, end 
 	s, sink := newTestServer(t, "")
 	p := &capPolicy{}
 	s.policy = p
-	m := &meterRequest{maxGaps: 100, orders: &s.orders}
-	m.emit = m.onEvent
+	m := testMeter(100, &s.orders)
 	t0 := time.Unix(1000, 0)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	m.observe(fieldHeaders(api, ct == "text/event-stream"), at(0))
@@ -211,20 +214,19 @@ func BenchmarkMeterEvent(b *testing.B) {
 		{openai.APIMessages, messagesStream[1].body},
 	} {
 		b.Run(string(tc.api), func(b *testing.B) {
-			m := &meterRequest{maxGaps: 1 << 30, sse: true}
-			m.stamp.API = tc.api
-			m.emit = m.onEvent
+			m := testMeter(1<<30, nil)
+			m.tally.SSE, m.tally.API = true, tc.api
 			msg := respBody(tc.body, false)
 			at := time.Now()
 			b.SetBytes(int64(len(tc.body)))
 			b.ReportAllocs()
 			for b.Loop() {
 				m.observe(msg, at)
-				if len(m.gaps) > 1<<16 {
-					m.gaps = m.gaps[:0]
+				if len(m.tally.Gaps) > 1<<16 {
+					m.tally.Gaps = m.tally.Gaps[:0]
 				}
 			}
-			if m.stamp.ContentEvents == 0 || m.badEvents > 0 {
+			if m.tally.ContentEvents == 0 || m.tally.BadEvents > 0 {
 				b.Fatal("event not counted")
 			}
 		})
@@ -282,8 +284,7 @@ func histogramOps(t *testing.T, r *sdkmetric.ManualReader, name string) map[stri
 func TestMeterMetricsPerAPI(t *testing.T) {
 	s, _, _, reader := alsServer(t)
 	run := func(api openai.API, ct string, events []timedEvent) {
-		m := &meterRequest{maxGaps: 100, orders: &s.orders}
-		m.emit = m.onEvent
+		m := testMeter(100, &s.orders)
 		t0 := time.Unix(1000, 0)
 		m.observe(fieldHeaders(api, ct == "text/event-stream"), t0)
 		m.observe(respHeaders(ct), t0)

@@ -30,8 +30,7 @@ func respHeadersWith(ct, field string, envoyStart time.Time) *extprocv3.Processi
 }
 
 func newMeter(s *Server) *meterRequest {
-	m := &meterRequest{maxGaps: 100, orders: &s.orders}
-	m.emit = m.onEvent
+	m := testMeter(100, &s.orders)
 	return m
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/tally"
 )
 
 // script turns fuzz bytes into a sequence of ext_proc messages: whatever
@@ -162,15 +163,13 @@ func FuzzProtocol(f *testing.F) {
 		}
 
 		// The meter.
-		m := &meterRequest{maxGaps: s.opts.MaxTrackedGaps, orders: &s.orders}
-		m.parser.MaxLine = s.opts.MaxEventBytes
-		m.emit = m.onEvent
+		m := s.newMeterRequest()
 		for i := 0; i < 8 && len(sc.b) > 0; i++ {
 			if m.observe(sc.message(), time.Now()) {
 				break
 			}
-			if len(m.body.head) > jsonKeep || len(m.body.tail) > jsonKeep || len(m.gaps) > m.maxGaps {
-				t.Fatalf("meter holds %d+%d body bytes, %d gaps", len(m.body.head), len(m.body.tail), len(m.gaps))
+			if m.tally.Kept() > tally.MaxKept || len(m.tally.Gaps) > m.tally.MaxGaps {
+				t.Fatalf("meter holds %d body bytes, %d gaps", m.tally.Kept(), len(m.tally.Gaps))
 			}
 		}
 		s.finish(ctx, m, time.Now(), sc.byte()%2 == 0)

@@ -170,10 +170,10 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 	if st.Status >= 500 || !st.Complete {
 		span.SetStatus(codes.Error, "upstream error or incomplete response")
 	}
-	if !m.first.IsZero() {
-		_, wait := s.tracer.Start(ctx, "infergate.upstream.first_token", trace.WithTimestamp(m.sentAt))
-		wait.End(trace.WithTimestamp(m.first))
-		_, decode := s.tracer.Start(ctx, "infergate.upstream.stream", trace.WithTimestamp(m.first))
+	if !m.tally.First.IsZero() {
+		_, wait := s.tracer.Start(ctx, "infergate.upstream.tally.First_token", trace.WithTimestamp(m.sentAt))
+		wait.End(trace.WithTimestamp(m.tally.First))
+		_, decode := s.tracer.Start(ctx, "infergate.upstream.stream", trace.WithTimestamp(m.tally.First))
 		decode.End(trace.WithTimestamp(end))
 	}
 	span.End(trace.WithTimestamp(end))

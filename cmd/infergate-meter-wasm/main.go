@@ -1,10 +1,10 @@
 //go:build wasip1
 
 // Command infergate-meter-wasm is infergate's in-Envoy meter: a proxy-wasm
-// module for Envoy's Wasm filter (V8) that times a streamed response where
-// it passes (TTFT, every inter-token gap, usage: internal/wasmmeter, with
-// infergate's own SSE parser and chunk reader) and leaves one summary per
-// request in Envoy's filter state, which Envoy's gRPC access log carries to
+// module for Envoy's Wasm filter (V8) that times a response where it passes
+// (TTFT, every inter-token gap, usage, for every API: internal/wasmmeter,
+// counting as the ext_proc meter does) and leaves one summary per request
+// in Envoy's filter state, which Envoy's gRPC access log carries to
 // infergate (envoy/wasm-meter.yaml). Build it with `make wasm`:
 //
 //	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o bin/infergate-meter.wasm ./cmd/infergate-meter-wasm
@@ -13,11 +13,13 @@ package main
 import (
 	"fmt"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm"
 	"github.com/proxy-wasm/proxy-wasm-go-sdk/proxywasm/types"
 
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/wasmmeter"
 )
 
@@ -45,9 +47,14 @@ type meter struct {
 }
 
 // OnHttpRequestHeaders runs once the gate has answered (the filter is after
-// it): the request leaves the gateway now.
+// it): the request leaves the gateway now. Its path names the API, as the
+// gate reads it: a count_tokens answer does not name its own.
 func (m *meter) OnHttpRequestHeaders(int, bool) types.Action {
-	m.rec.Start(time.Now())
+	at := time.Now()
+	defer m.recover()
+	path, _ := proxywasm.GetHttpRequestHeader(":path")
+	path, _, _ = strings.Cut(path, "?")
+	m.rec.Start(at, openai.APIOf(path))
 	return types.ActionContinue
 }
 

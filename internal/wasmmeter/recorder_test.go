@@ -4,6 +4,8 @@ import (
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/openai"
 )
 
 func chunk(content string) string {
@@ -18,7 +20,7 @@ func TestRecorderStream(t *testing.T) {
 	t0 := time.UnixMicro(1_767_000_000_000_000)
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	var r Recorder
-	r.Start(t0)
+	r.Start(t0, "")
 	r.ResponseHeaders("text/event-stream; charset=utf-8")
 	role := `data: {"choices":[{"delta":{"role":"assistant","content":""}}]}` + "\n\n"
 	r.Body([]byte(role), at(40))
@@ -52,7 +54,7 @@ func TestRecorderStream(t *testing.T) {
 func TestRecorderCutAndBounds(t *testing.T) {
 	t0 := time.Now()
 	var r Recorder
-	r.Start(t0)
+	r.Start(t0, "")
 	r.ResponseHeaders("text/event-stream")
 	for i := range MaxGaps + 5 {
 		r.Body([]byte(chunk("x")), t0.Add(time.Duration(i+1)*time.Millisecond))
@@ -71,12 +73,12 @@ func TestRecorderCutAndBounds(t *testing.T) {
 	}
 }
 
-// A non-streamed response is read whole at its end, as extproc's jsonBody
+// A non-streamed response is read whole at its end, as internal/tally
 // reads one: usage, model, content (its one "event" at the end).
 func TestRecorderJSON(t *testing.T) {
 	t0 := time.Now()
 	var r Recorder
-	r.Start(t0)
+	r.Start(t0, "")
 	r.ResponseHeaders("application/json")
 	body := `{"model":"m-2","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`
 	r.Body([]byte(body[:20]), t0.Add(time.Millisecond))
@@ -85,5 +87,34 @@ func TestRecorderJSON(t *testing.T) {
 	if s.SSE || s.ContentEvents != 1 || !s.HasFirst || s.TTFT != 3*time.Millisecond || s.ResponseModel != "m-2" ||
 		s.Usage == nil || s.Usage.CompletionTokens != 1 {
 		t.Errorf("json: %+v", s)
+	}
+}
+
+// Every API is read as extproc's meter reads it (internal/tally): an
+// Anthropic stream cut after message_start carries its input; an API named
+// by the request's path reads an answer that does not name its own.
+func TestRecorderAPIs(t *testing.T) {
+	t0 := time.UnixMicro(time.Now().UnixMicro()) // as Parse reads it
+	var r Recorder
+	r.Start(t0, "")
+	r.ResponseHeaders("text/event-stream")
+	r.Body([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"model\":\"claude-m\",\"usage\":{\"input_tokens\":25,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\n"), t0.Add(5*time.Millisecond))
+	r.Body([]byte("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n"), t0.Add(50*time.Millisecond))
+	s, _ := r.End(false, t0.Add(60*time.Millisecond))
+	if s.API != openai.APIMessages || !s.HasInput || s.Input != 30 || s.Usage != nil || s.ContentEvents != 1 ||
+		s.TTFT != 50*time.Millisecond || s.ResponseModel != "claude-m" {
+		t.Errorf("cut messages stream: %+v", s)
+	}
+	if got, err := Parse(s.Encode()); err != nil || !reflect.DeepEqual(got, *s) {
+		t.Errorf("round trip: %+v, %v", got, err)
+	}
+
+	var c Recorder
+	c.Start(t0, openai.APICountTokens)
+	c.ResponseHeaders("application/json")
+	c.Body([]byte(`{"input_tokens":21}`), t0.Add(time.Millisecond))
+	s, _ = c.End(true, t0.Add(time.Millisecond))
+	if s.API != openai.APICountTokens || s.Usage == nil || s.Usage.PromptTokens != 21 || s.HasFirst {
+		t.Errorf("count_tokens: %+v", s)
 	}
 }

@@ -3,12 +3,12 @@
 // it hands infergate once per request.
 //
 // The ext_proc meter gets one gRPC message per streamed chunk; this one
-// parses the stream where it passes (the same internal/sse parser and
-// internal/openai chunk reader), and Envoy's gRPC access log carries one
-// summary per request to infergate, which turns it into the same stamp and
-// the same settlement (extproc's access-log service). It builds for the
-// host and for wasip1: only the standard library, internal/sse and
-// internal/openai.
+// counts the response where it passes (internal/tally, the ext_proc
+// meter's own counting, for every API), and Envoy's gRPC access log
+// carries one summary per request to infergate, which turns it into the
+// same stamp and the same settlement (extproc's access-log service). It
+// builds for the host and for wasip1: only the standard library,
+// internal/tally and what it uses.
 package wasmmeter
 
 import (
@@ -21,24 +21,31 @@ import (
 	"github.com/infergate/infergate/internal/openai"
 )
 
-// The summary, version 1: fourteen fields separated by '|'.
+// The summary, version 2: sixteen fields separated by '|'.
 //
-//	1|flags|start_us|ttft_us|e2e_us|content_events|prompt_tokens|completion_tokens|bad_events|dropped_lines|overflowed_events|itl_max_us|response_model|gaps_us
+//	2|flags|start_us|ttft_us|e2e_us|content_events|prompt_tokens|completion_tokens|bad_events|dropped_lines|overflowed_events|itl_max_us|response_model|gaps_us|api|input_tokens
 //
-// flags is a decimal bit set (FlagComplete, FlagSSE, FlagUsage, FlagFirst);
-// start_us is when the request left the gateway (the Wasm filter saw its
-// headers, after the gate answered), Unix microseconds of Envoy's clock;
-// ttft_us (meaningful with FlagFirst) and e2e_us are microseconds after it;
-// the token counts are meaningful with FlagUsage; response_model has '%'
-// and '|' escaped as %25 and %7C; gaps_us is the kept inter-token gaps in
-// microseconds, comma-separated, in order. Every number is a decimal
-// integer within its bound; a summary longer than MaxSummary, of another
-// version, with fewer fields or a value out of bounds is malformed as a
-// whole. Fields after the fourteenth are ignored (a later writer of
-// version 1 may append some).
+// flags is a decimal bit set (FlagComplete, FlagSSE, FlagUsage, FlagFirst,
+// FlagInput, FlagOutputOnly); start_us is when the request left the
+// gateway (the Wasm filter saw its headers, after the gate answered), Unix
+// microseconds of Envoy's clock; ttft_us (meaningful with FlagFirst) and
+// e2e_us are microseconds after it; the token counts are meaningful with
+// FlagUsage, input_tokens with FlagInput; response_model has '%' and '|'
+// escaped as %25 and %7C; gaps_us is the kept inter-token gaps in
+// microseconds, comma-separated, in order; api is the API the module read
+// the response as (empty: none known). Every number is a decimal integer
+// within its bound; a summary longer than MaxSummary, of another version,
+// with fewer fields or a value out of bounds is malformed as a whole.
+// Fields after the last are ignored (a later writer of the same version
+// may append some).
+//
+// Version 1, which Parse still reads (a module built before infergate was
+// upgraded), is version 2's first fourteen fields with flags up to 15.
 const (
-	Version     = "1|"
-	fields      = 14 // the version included
+	Version     = "2|"
+	version1    = "1|"
+	fields      = 16 // the version included
+	fields1     = 14 // version 1's
 	MaxSummary  = 256 << 10
 	MaxGaps     = 16384 // as extproc's MaxTrackedGaps default
 	MaxModel    = 256   // as the stamp's bound on names
@@ -49,6 +56,12 @@ const (
 	FlagSSE      = 2 // a text/event-stream response
 	FlagUsage    = 4 // the response reported usage
 	FlagFirst    = 8 // a content-bearing event (or a non-streamed body with content) was seen
+	// FlagInput: the response reported its input ahead of the output
+	// (Anthropic's message_start): input_tokens replaces the gate's estimate.
+	FlagInput = 16
+	// FlagOutputOnly: the usage counts the output alone, its input being
+	// the gate's estimate (prompt_tokens is then 0).
+	FlagOutputOnly = 32
 )
 
 // Summary is what the in-Envoy meter saw of one response.
@@ -57,8 +70,12 @@ type Summary struct {
 	Complete, SSE bool
 	HasFirst      bool
 	TTFT, E2E     time.Duration // after Start
+	API           openai.API    // as the module read the response ("" none)
 	ContentEvents int
 	Usage         *openai.Usage // nil: none reported
+	OutputOnly    bool          // Usage's input is the gate's estimate
+	Input         int           // the input reported ahead of the output, with HasInput
+	HasInput      bool
 	// What the meter could not read: events that were not chunks, lines
 	// and events over the parser's bound.
 	BadEvents, Dropped, Overflowed int
@@ -67,21 +84,25 @@ type Summary struct {
 	Gaps                           []time.Duration // at most MaxGaps, in order
 }
 
-// Encode renders s in version 1, within MaxSummary: out-of-range values are
+// Encode renders s in version 2, within MaxSummary: out-of-range values are
 // clamped and the gaps cut to MaxGaps.
 func (s *Summary) Encode() string {
 	flags := 0
 	for _, f := range [...]struct {
 		on  bool
 		bit int
-	}{{s.Complete, FlagComplete}, {s.SSE, FlagSSE}, {s.Usage != nil, FlagUsage}, {s.HasFirst, FlagFirst}} {
+	}{{s.Complete, FlagComplete}, {s.SSE, FlagSSE}, {s.Usage != nil, FlagUsage}, {s.HasFirst, FlagFirst},
+		{s.HasInput, FlagInput}, {s.Usage != nil && s.OutputOnly, FlagOutputOnly}} {
 		if f.on {
 			flags |= f.bit
 		}
 	}
-	var prompt, completion int
+	var prompt, completion, input int
 	if s.Usage != nil {
 		prompt, completion = s.Usage.PromptTokens, s.Usage.CompletionTokens
+	}
+	if s.HasInput {
+		input = s.Input
 	}
 	gaps := s.Gaps[:min(len(s.Gaps), MaxGaps)]
 	b := make([]byte, 0, 128+len(s.ResponseModel)+8*len(gaps))
@@ -108,6 +129,12 @@ func (s *Summary) Encode() string {
 		}
 		b = appendMicros(b, g)
 	}
+	b = append(b, '|')
+	if s.API.Operation() != "" { // a known API's name needs no escaping
+		b = append(b, s.API...)
+	}
+	b = append(b, '|')
+	b = strconv.AppendInt(b, int64(min(max(input, 0), maxCount)), 10)
 	return string(b)
 }
 
@@ -123,15 +150,21 @@ var ErrMalformed = errors.New("malformed meter summary")
 // port may send one.
 func Parse(s string) (Summary, error) {
 	var out Summary
-	if len(s) > MaxSummary || !strings.HasPrefix(s, Version) {
+	n, maxFlags := fields-1, int64(63)
+	switch {
+	case len(s) > MaxSummary:
+		return out, ErrMalformed
+	case strings.HasPrefix(s, version1):
+		n, maxFlags = fields1-1, 15
+	case !strings.HasPrefix(s, Version):
 		return out, ErrMalformed
 	}
 	var v [fields - 1]string
 	rest := s[len(Version):]
-	for i := range v {
+	for i := range n {
 		j := strings.IndexByte(rest, '|')
 		if j < 0 {
-			if i != len(v)-1 {
+			if i != n-1 {
 				return out, ErrMalformed
 			}
 			v[i] = rest
@@ -151,7 +184,7 @@ func Parse(s string) (Summary, error) {
 	micros := func(s string) time.Duration {
 		return time.Duration(num(s, int64(maxDuration/time.Microsecond))) * time.Microsecond
 	}
-	flags := num(v[0], 15)
+	flags := num(v[0], maxFlags)
 	start := num(v[1], 1<<53) // far past any clock; keeps UnixMicro in range
 	out.TTFT, out.E2E = micros(v[2]), micros(v[3])
 	out.ContentEvents = int(num(v[4], maxCount))
@@ -172,6 +205,13 @@ func Parse(s string) (Summary, error) {
 			out.Gaps = append(out.Gaps, micros(p))
 		}
 	}
+	if n == fields-1 {
+		out.API = openai.API(v[13])
+		if out.API != "" && out.API.Operation() == "" {
+			return Summary{}, ErrMalformed
+		}
+		out.Input = int(num(v[14], maxCount))
+	}
 	if bad || start == 0 {
 		return Summary{}, ErrMalformed
 	}
@@ -180,6 +220,11 @@ func Parse(s string) (Summary, error) {
 	out.HasFirst = flags&FlagFirst != 0
 	if flags&FlagUsage != 0 {
 		out.Usage = &openai.Usage{PromptTokens: prompt, CompletionTokens: completion, TotalTokens: prompt + completion}
+		out.OutputOnly = flags&FlagOutputOnly != 0
+	}
+	out.HasInput = flags&FlagInput != 0
+	if !out.HasInput {
+		out.Input = 0 // meaningless without the flag
 	}
 	return out, nil
 }

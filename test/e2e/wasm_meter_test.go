@@ -250,3 +250,56 @@ func TestWasmMeterCutStream(t *testing.T) {
 		t.Errorf("meter errors (incomplete) = %v, want 1", n)
 	}
 }
+
+// The APIs that name their events (the Responses API, Anthropic's
+// Messages) through the Wasm meter, as TestStampsMatchCadencePerAPI runs
+// them through the ext_proc one: byte-identical, the stamp's API, its
+// cadence, one content event per token, and the usage the mock reported
+// and billed.
+func TestWasmMeterPerAPI(t *testing.T) {
+	s := startWasmStack(t, testConfig)
+	const tokens, ttft, itl = 16, 50, 20
+	hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft), "x-mock-itl-ms": fmt.Sprint(itl)}
+	for _, a := range namedAPIs {
+		t.Run(a.api, func(t *testing.T) {
+			want := stream(t, "http://"+s.PoolB.Addr+a.path, a.body(tokens), hdr)
+			before := s.PoolB.Usage()
+			got := stream(t, s.Envoy.URL+a.path, a.body(tokens), hdr)
+			ledger := s.PoolB.Usage()
+			if got.Status != 200 {
+				t.Fatalf("status %d: %s", got.Status, got.Body)
+			}
+			if !bytes.Equal(got.Body, want.Body) {
+				t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
+			}
+			evs := namedEvents(got.Events)
+			var content []namedEvent
+			for _, e := range evs {
+				if a.content(e) {
+					content = append(content, e)
+				}
+			}
+			if len(content) != tokens || len(got.Reads) < tokens {
+				t.Fatalf("%d content events in %d reads, want %d unbuffered", len(content), len(got.Reads), tokens)
+			}
+			st := s.Gateway.stamp(t, got.RequestID)
+			t.Logf("stamp %+v", st)
+			if st.API != a.api || st.Status != 200 || !st.Stream || !st.Complete {
+				t.Errorf("stamp: api %q, status %d, stream %v, complete %v", st.API, st.Status, st.Stream, st.Complete)
+			}
+			if client := stats.Ms(content[0].At); st.TTFTms < ttft-0.5 || st.TTFTms > client {
+				t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
+			}
+			if d := math.Abs(st.ITLP50ms - itl); d > 2 {
+				t.Errorf("stamped ITL p50 %.3fms, configured %dms: off by %.3fms (> 2ms)", st.ITLP50ms, itl, d)
+			}
+			in, out := a.usage(evs)
+			if st.ContentEvents != tokens || st.CompletionTokens != out || out != tokens || st.PromptTokens != in || in == 0 || st.TokenSource != "usage" {
+				t.Errorf("stamp: %d content events, tokens %d + %d (%s); the usage %d + %d", st.ContentEvents, st.PromptTokens, st.CompletionTokens, st.TokenSource, in, out)
+			}
+			if p, c := ledger.PromptTokens-before.PromptTokens, ledger.CompletionTokens-before.CompletionTokens; int(p) != st.PromptTokens || int(c) != st.CompletionTokens {
+				t.Errorf("the mock billed %d + %d, the stamp says %d + %d", p, c, st.PromptTokens, st.CompletionTokens)
+			}
+		})
+	}
+}

@@ -1,4 +1,4 @@
-package extproc
+package tally
 
 import (
 	"bytes"
@@ -67,7 +67,7 @@ func (j *jsonBody) read(api *openai.API) (usage *openai.Usage, model string, con
 	if model == "" { // after the data, as embeddings put it
 		model = modelFromTail(j.tail)
 	}
-	return usageFromTail(*api, j.tail), model, generates(*api)
+	return usageFromTail(*api, j.tail), model, *api == "" || api.Generates()
 }
 
 // modelFromTail finds the last top-level "model" in the tail, as
