@@ -351,6 +351,12 @@ func (c *Cluster) WaitHealthy() {
 				if m.running() && (!ok || v.failed() || (!v.has("myself") && v.link != "connected")) {
 					return fmt.Errorf("%s sees %s as %v, link %s", n.Addr(), m.Addr(), v.flags, v.link)
 				}
+				// A restarted primary whose slots were taken is a primary
+				// without slots until it turns into the new primary's
+				// replica: not yet where it belongs.
+				if m.running() && v.has("master") && len(v.slots) == 0 {
+					return fmt.Errorf("%s sees %s as a primary with no slots (rejoining)", n.Addr(), m.Addr())
+				}
 			}
 			if me, _ := view.byID(n.id); me.has("slave") {
 				if err := n.replicaInSync(ctx); err != nil {
