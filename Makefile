@@ -24,6 +24,81 @@ WASM := bin/infergate-meter.wasm
 wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an option to the ext_proc meter)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -trimpath -buildmode=c-shared -o $(WASM) ./cmd/infergate-meter-wasm
 
+# Release artefacts (make image, make release; README "Install"). The release
+# version lives in one place, charts/infergate/Chart.yaml's appVersion: the
+# image's tag (the chart's default image is values.yaml image.repository +
+# appVersion) and v<appVersion> stamped into the release binaries (make build
+# stamps git describe). Every timestamp is the commit's (SOURCE_DATE_EPOCH) and
+# the binaries carry no path, VCS stamp or build ID: the same commit gives the
+# same files and the same image digest (make image-repro). The tools (go-containerregistry, Helm,
+# cyclonedx-gomod) live in their own module, release/go.mod.
+APP_VERSION       := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/infergate/Chart.yaml)
+RELEASE_VERSION   ?= v$(APP_VERSION)
+IMAGE_REPO        ?= $(shell sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' charts/infergate/values.yaml)
+IMAGE             ?= $(IMAGE_REPO):$(APP_VERSION)
+IMAGE_PLATFORMS   := linux/amd64 linux/arm64
+RELEASE_PLATFORMS := $(IMAGE_PLATFORMS) darwin/amd64 darwin/arm64
+# No licence file in the repository yet: set IMAGE_LICENSES (an SPDX
+# expression) to label the image with one.
+IMAGE_LICENSES    ?=
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+REVISION          := $(shell git rev-parse HEAD 2>/dev/null)
+RELEASE_GOFLAGS   := -trimpath -buildvcs=false -ldflags '-s -w -buildid= -X github.com/infergate/infergate/internal/cli.Version=$(RELEASE_VERSION)'
+RELEASE_BIN       := bin/release
+IMAGE_DIR         := bin/image
+DIST              := dist
+IMAGE_LABELS      := --label org.opencontainers.image.title=infergate \
+  --label org.opencontainers.image.description='Envoy ext_proc plugin for LLM inference traffic' \
+  --label org.opencontainers.image.source=https://github.com/infergate/infergate \
+  --label org.opencontainers.image.version=$(RELEASE_VERSION) \
+  $(if $(REVISION),--label org.opencontainers.image.revision=$(REVISION)) \
+  $(if $(IMAGE_LICENSES),--label org.opencontainers.image.licenses=$(IMAGE_LICENSES))
+
+# release-binaries PLATFORMS: static (CGO_ENABLED=0) binaries into bin/release/infergate-OS-ARCH.
+define release-binaries
+	@mkdir -p $(RELEASE_BIN)
+	@set -e; for p in $(1); do os=$${p%/*}; arch=$${p#*/}; echo "build $(RELEASE_BIN)/infergate-$$os-$$arch ($(RELEASE_VERSION))"; \
+	  CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build $(RELEASE_GOFLAGS) -o $(RELEASE_BIN)/infergate-$$os-$$arch ./cmd/infergate; done
+endef
+
+.PHONY: image
+image: ## Build the container image without a daemon: OCI layout bin/image/oci (linux/amd64 + linux/arm64 index) and a docker-load tarball per platform; prints the digests
+	$(call release-binaries,$(IMAGE_PLATFORMS))
+	@$(GO) -C release build -o $(CURDIR)/bin/mkimage ./mkimage
+	@mkdir -p $(IMAGE_DIR)
+	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
+	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --docker-archives $(IMAGE_DIR)
+
+.PHONY: image-test
+image-test: image ## Open the built image (go-containerregistry): platforms, config, the amd64 binary's version and /healthz, the chart's default image
+	$(GO) -C release vet ./...
+	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C release test -count=1 ./...
+
+.PHONY: image-repro
+image-repro: ## make image twice, from scratch (empty build cache the second time): the index digests must match
+	@cache=$$(mktemp -d); trap 'rm -rf $$cache' EXIT; \
+	d1=$$($(MAKE) -s image | awk '$$1=="index"{print $$2}'); \
+	d2=$$(GOCACHE=$$cache $(MAKE) -s image | awk '$$1=="index"{print $$2}'); \
+	echo "run 1: $$d1"; echo "run 2: $$d2"; [ -n "$$d1" ] && [ "$$d1" = "$$d2" ]
+
+.PHONY: release
+release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI archive + docker tarballs), chart, dashboard, Wasm meter, SBOMs, SHA256SUMS
+	$(call release-binaries,$(filter-out $(IMAGE_PLATFORMS),$(RELEASE_PLATFORMS)))
+	rm -rf $(DIST) && mkdir -p $(DIST)
+	@# An SBOM per binary; cyclonedx-gomod stamps the time of the run, the SBOMs get the commit's instead.
+	@set -e; for p in $(RELEASE_PLATFORMS); do b=infergate-$(RELEASE_VERSION)-$${p%/*}-$${p#*/}; \
+	  cp $(RELEASE_BIN)/infergate-$${p%/*}-$${p#*/} $(DIST)/$$b; \
+	  $(GO) -C release tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
+	  sed -i "s/^    \"timestamp\": \".*\",$$/    \"timestamp\": \"$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)\",/" $(DIST)/$$b.cdx.json; done
+	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
+	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --oci-archive $(DIST)/infergate-$(RELEASE_VERSION)-image-oci.tar
+	@for p in $(IMAGE_PLATFORMS); do cp $(IMAGE_DIR)/infergate-image-$${p%/*}-$${p#*/}.tar $(DIST)/infergate-$(RELEASE_VERSION)-image-$${p%/*}-$${p#*/}.docker.tar; done
+	$(GO) -C release run ./helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
+	cp charts/infergate/dashboards/infergate.json $(DIST)/infergate-$(RELEASE_VERSION)-grafana-dashboard.json
+	cp $(WASM) $(DIST)/infergate-meter-$(RELEASE_VERSION).wasm
+	cd $(DIST) && sha256sum $$(ls | grep -v '^SHA256SUMS$$') > SHA256SUMS
+	@ls -l $(DIST)
+
 .PHONY: deps
 deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs)
 	@scripts/install-test-deps.sh >/dev/null
@@ -95,11 +170,12 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
 .PHONY: check
 check: ## Everything CI would want: tidy (no diff), lint, test, short fuzzing
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
+	$(GO) -C release mod tidy && git diff --exit-code release/go.mod release/go.sum
 	$(MAKE) lint test fuzz
 
 .PHONY: clean
 clean: ## Remove build output (keeps .tools/)
-	rm -rf bin
+	rm -rf bin $(DIST)
 
 # The generator's own figures (docs/benchmarking.md); each run takes /tmp/infergate-measure.lock.
 MEASURE_ARGS ?=
