@@ -31,7 +31,7 @@ wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an opti
 # stamps git describe). Every timestamp is the commit's (SOURCE_DATE_EPOCH) and
 # the binaries carry no path, VCS stamp or build ID: the same commit gives the
 # same files and the same image digest (make image-repro). The tools (go-containerregistry, Helm,
-# cyclonedx-gomod) live in their own module, release/go.mod.
+# cyclonedx-gomod) live in their own module, internal/release/go.mod.
 APP_VERSION       := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/infergate/Chart.yaml)
 RELEASE_VERSION   ?= v$(APP_VERSION)
 IMAGE_REPO        ?= $(shell sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' charts/infergate/values.yaml)
@@ -64,15 +64,15 @@ endef
 .PHONY: image
 image: ## Build the container image without a daemon: OCI layout bin/image/oci (linux/amd64 + linux/arm64 index) and a docker-load tarball per platform; prints the digests
 	$(call release-binaries,$(IMAGE_PLATFORMS))
-	@$(GO) -C release build -o $(CURDIR)/bin/mkimage ./mkimage
+	@$(GO) -C internal/release build -o $(CURDIR)/bin/mkimage ./mkimage
 	@mkdir -p $(IMAGE_DIR)
 	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
 	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --docker-archives $(IMAGE_DIR)
 
 .PHONY: image-test
 image-test: image ## Open the built image (go-containerregistry): platforms, config, the amd64 binary's version and /healthz, the chart's default image
-	$(GO) -C release vet ./...
-	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C release test -count=1 ./...
+	$(GO) -C internal/release vet ./...
+	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C internal/release test -count=1 ./...
 
 .PHONY: image-repro
 image-repro: ## make image twice, from scratch (empty build cache the second time): the index digests must match
@@ -88,12 +88,12 @@ release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI
 	@# An SBOM per binary; cyclonedx-gomod stamps the time of the run, the SBOMs get the commit's instead.
 	@set -e; for p in $(RELEASE_PLATFORMS); do b=infergate-$(RELEASE_VERSION)-$${p%/*}-$${p#*/}; \
 	  cp $(RELEASE_BIN)/infergate-$${p%/*}-$${p#*/} $(DIST)/$$b; \
-	  $(GO) -C release tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
+	  $(GO) -C internal/release tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
 	  sed -i "s/^    \"timestamp\": \".*\",$$/    \"timestamp\": \"$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)\",/" $(DIST)/$$b.cdx.json; done
 	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
 	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --oci-archive $(DIST)/infergate-$(RELEASE_VERSION)-image-oci.tar
 	@for p in $(IMAGE_PLATFORMS); do cp $(IMAGE_DIR)/infergate-image-$${p%/*}-$${p#*/}.tar $(DIST)/infergate-$(RELEASE_VERSION)-image-$${p%/*}-$${p#*/}.docker.tar; done
-	$(GO) -C release run ./helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
+	$(GO) -C internal/release run ./helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
 	cp charts/infergate/dashboards/infergate.json $(DIST)/infergate-$(RELEASE_VERSION)-grafana-dashboard.json
 	cp $(WASM) $(DIST)/infergate-meter-$(RELEASE_VERSION).wasm
 	cd $(DIST) && sha256sum $$(ls | grep -v '^SHA256SUMS$$') > SHA256SUMS
@@ -170,7 +170,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
 .PHONY: check
 check: ## Everything CI would want: tidy (no diff), lint, test, short fuzzing
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	$(GO) -C release mod tidy && git diff --exit-code release/go.mod release/go.sum
+	$(GO) -C internal/release mod tidy && git diff --exit-code internal/release/go.mod internal/release/go.sum
 	$(MAKE) lint test fuzz
 
 .PHONY: clean

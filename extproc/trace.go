@@ -171,7 +171,7 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		span.SetStatus(codes.Error, "upstream error or incomplete response")
 	}
 	if !m.tally.First.IsZero() {
-		_, wait := s.tracer.Start(ctx, "infergate.upstream.tally.First_token", trace.WithTimestamp(m.sentAt))
+		_, wait := s.tracer.Start(ctx, "infergate.upstream.first_token", trace.WithTimestamp(m.sentAt))
 		wait.End(trace.WithTimestamp(m.tally.First))
 		_, decode := s.tracer.Start(ctx, "infergate.upstream.stream", trace.WithTimestamp(m.tally.First))
 		decode.End(trace.WithTimestamp(end))

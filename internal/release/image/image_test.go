@@ -26,10 +26,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"helm.sh/helm/v3/pkg/chart/loader"
 
-	"github.com/infergate/infergate/release/image"
+	"github.com/infergate/infergate/internal/release/image"
 )
 
-const repoRoot = "../.."
+const repoRoot = "../../.."
 
 // TestReproducible: the same inputs give the same index digest, and every
 // layer's tar is sorted with fixed headers.
@@ -353,7 +353,7 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"FROM scratch", "go -C release run ./mkimage --rootfs",
+		"FROM scratch", "go -C internal/release run ./mkimage --rootfs",
 		"COPY --from=build /out/infergate " + image.BinaryPath,
 		"ENV " + image.Path + " SSL_CERT_FILE=" + image.CABundle,
 		"USER " + image.User, "WORKDIR " + image.Home,

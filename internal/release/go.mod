@@ -2,7 +2,7 @@
 // without a daemon (go-containerregistry), the chart packaged with Helm's Go
 // library and an SBOM per binary (cyclonedx-gomod, a pinned tool). A module of
 // its own so that none of it reaches infergate's go.mod.
-module github.com/infergate/infergate/release
+module github.com/infergate/infergate/internal/release
 
 go 1.26.8
 
