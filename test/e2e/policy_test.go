@@ -14,11 +14,12 @@ import (
 
 // Test API keys for the tenants of policies/data.yaml.
 var testKeys = map[string]struct{ id, tenant, tier string }{
-	"sk-acme-0001":    {"acme-prod", "acme", ""},       // premium
-	"sk-globex-0001":  {"globex-app", "globex", ""},    // standard
-	"sk-initech-0001": {"initech-dev", "initech", ""},  // free
-	"sk-acme-batch":   {"acme-batch", "acme", "free"},  // a premium tenant's key held to the free tier
-	"sk-load-0001":    {"load-client", "loadtest", ""}, // see loadData
+	"sk-acme-0001":     {"acme-prod", "acme", ""},            // premium
+	"sk-globex-0001":   {"globex-app", "globex", ""},         // standard
+	"sk-initech-0001":  {"initech-dev", "initech", ""},       // free
+	"sk-acme-batch":    {"acme-batch", "acme", "free"},       // a premium tenant's key held to the free tier
+	"sk-load-0001":     {"load-client", "loadtest", ""},      // see loadData
+	"sk-vandelay-0001": {"vandelay-indexer", "vandelay", ""}, // search: embeddings only
 }
 
 // writeKeys writes a keys file (hashes only) and returns its path.
@@ -111,6 +112,10 @@ func chatCall(key, model string, maxTokens int) call {
 	return call{method: "POST", path: "/v1/chat/completions", key: key, body: chatBody(model, maxTokens, true, "")}
 }
 
+func embeddingsCall(key, model string) call {
+	return call{method: "POST", path: "/v1/embeddings", key: key, body: `{"model":"` + model + `","input":["one sentence","another"]}`}
+}
+
 // Keys, tenants, tiers and models decide through the real Envoy with the
 // shipped policies; JWT claims verified by Envoy's jwt_authn decide too.
 func TestPolicyDecidesThroughEnvoy(t *testing.T) {
@@ -132,6 +137,9 @@ func TestPolicyDecidesThroughEnvoy(t *testing.T) {
 		{"premium tenant, key held to free", chatCall("sk-acme-batch", "some-new-model", 8), 403, "permission_denied"},
 		{"JWT standard tenant", chatCall(jwt.sign(t, map[string]any{"sub": "alice", "tenant": "globex"}), "llama-3.1-70b-instruct", 8), 200, ""},
 		{"JWT free tenant", chatCall(jwt.sign(t, map[string]any{"sub": "bob", "tenant": "initech"}), "llama-3.1-70b-instruct", 8), 403, "permission_denied"},
+		{"search tier, embeddings", embeddingsCall("sk-vandelay-0001", "bge-m3"), 200, ""},
+		{"search tier, chat", chatCall("sk-vandelay-0001", "bge-m3", 8), 403, "permission_denied"},
+		{"search tier, embeddings of another model", embeddingsCall("sk-vandelay-0001", "llama-3.1-8b-instruct"), 403, "permission_denied"},
 		{"JWT with a bad signature", chatCall(jwt.sign(t, map[string]any{"sub": "eve", "tenant": "acme"})+"x", "llama-3.1-8b-instruct", 8), 401, "invalid_api_key"},
 	}
 	allowed := 0
