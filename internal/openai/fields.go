@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"unsafe"
@@ -78,15 +79,23 @@ func readPositive(name string, v gjson.Result) (int, error) {
 	return n, nil
 }
 
-// readString is an optional string; "" when absent or null.
-func readString(name string, v gjson.Result) (string, error) {
-	switch v.Type {
-	case gjson.Null:
+// MaxIDBytes bounds an identifier a client sends for the server to look
+// up (previous_response_id): it reaches the policy input and the decision
+// memo's key, and real ones are a few dozen bytes.
+const MaxIDBytes = 256
+
+// readID is an optional identifier string of at most MaxIDBytes; "" when
+// absent or null.
+func readID(name string, v gjson.Result) (string, error) {
+	switch {
+	case v.Type == gjson.Null:
 		return "", nil
-	case gjson.String:
-		return strings.Clone(v.Str), nil
+	case v.Type != gjson.String:
+		return "", &FieldError{name, "must be a string"}
+	case len(v.Str) > MaxIDBytes:
+		return "", &FieldError{name, fmt.Sprintf("must be at most %d bytes", MaxIDBytes)}
 	}
-	return "", &FieldError{name, "must be a string"}
+	return strings.Clone(v.Str), nil
 }
 
 // readTools counts a tools array (null or absent: none).

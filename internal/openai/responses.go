@@ -37,7 +37,7 @@ func ParseResponses(body []byte) (Request, error) {
 	if r.MaxTokens, err = readPositive("max_output_tokens", maxOutput); err != nil {
 		return Request{}, err
 	}
-	if r.PreviousResponseID, err = readString("previous_response_id", previous); err != nil {
+	if r.PreviousResponseID, err = readID("previous_response_id", previous); err != nil {
 		return Request{}, err
 	}
 	e := estimate{list: "input", tokens: TokensPerRequest}

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -44,15 +45,16 @@ func TestParseResponsesErrors(t *testing.T) {
 		`{"model":"m","input":["hi"]}`:                            "input[0]",
 		`{"model":"m","input":[{"role":"user","role":"system"}]}`: "input[0].role",
 		`{"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"a","text":"b"}]}]}`: "input[0].content[0].text",
-		`{"model":"m","instructions":["x"]}`:                                  "instructions",
-		`{"model":"m","max_output_tokens":0}`:                                 "max_output_tokens",
-		`{"model":"m","max_output_tokens":1.5}`:                               "max_output_tokens",
-		`{"model":"m","stream":"yes"}`:                                        "stream",
-		`{"model":"m","previous_response_id":1}`:                              "previous_response_id",
-		`{"model":"m","tools":{}}`:                                            "tools",
-		`{"model":"m","tools":[{"name":"a","name":"b"}]}`:                     "tools[0].name",
-		`{"model":"m","input":"a","input":"b"}`:                               "input",
-		`{"model":"m","previous_response_id":"a","previous_response_id":"b"}`: "previous_response_id",
+		`{"model":"m","instructions":["x"]}`:                                               "instructions",
+		`{"model":"m","max_output_tokens":0}`:                                              "max_output_tokens",
+		`{"model":"m","max_output_tokens":1.5}`:                                            "max_output_tokens",
+		`{"model":"m","stream":"yes"}`:                                                     "stream",
+		`{"model":"m","previous_response_id":1}`:                                           "previous_response_id",
+		`{"model":"m","tools":{}}`:                                                         "tools",
+		`{"model":"m","tools":[{"name":"a","name":"b"}]}`:                                  "tools[0].name",
+		`{"model":"m","input":"a","input":"b"}`:                                            "input",
+		`{"model":"m","previous_response_id":"a","previous_response_id":"b"}`:              "previous_response_id",
+		`{"model":"m","previous_response_id":"` + strings.Repeat("r", MaxIDBytes+1) + `"}`: "previous_response_id",
 	} {
 		_, err := ParseResponses([]byte(body))
 		wantParseError(t, body, err, param)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/stats"
 )
 
@@ -42,6 +43,51 @@ type apiStream struct {
 	body      func(tokens int) string
 	content   func(namedEvent) bool
 	usage     func([]namedEvent) (input, output int)
+}
+
+// checkCadence: the stamped TTFT lies between the mock's configured delay
+// and the client's first content event (the meter sees the first token
+// after the one and before the other, however a loaded machine stretches
+// the mock's sleep), and the stamped ITL p50 is within 2 ms of the
+// configured gap. Both meters are held to it.
+func checkCadence(t *testing.T, st Stamp, firstContent time.Duration, ttft, itl int) {
+	t.Helper()
+	if client := stats.Ms(firstContent); st.TTFTms < float64(ttft)-0.5 || st.TTFTms > client {
+		t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
+	}
+	if d := math.Abs(st.ITLP50ms - float64(itl)); d > 2 {
+		t.Errorf("stamped ITL p50 %.3fms, configured %dms: off by %.3fms (> 2ms)", st.ITLP50ms, itl, d)
+	}
+}
+
+// contentOf keeps the events of a's stream that carry output.
+func (a apiStream) contentOf(evs []namedEvent) []namedEvent {
+	var out []namedEvent
+	for _, e := range evs {
+		if a.content(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// checkStamp: one streamed request of API a, stamped by either meter: its
+// API, status and completeness, its cadence, one content event per token,
+// and the usage the stream reported equal to the stamp's and to what the
+// mock billed between before and after.
+func (a apiStream) checkStamp(t *testing.T, st Stamp, evs []namedEvent, tokens, ttft, itl int, before, after mock.Usage) {
+	t.Helper()
+	if st.API != a.api || st.Status != 200 || !st.Stream || !st.Complete {
+		t.Errorf("stamp: api %q, status %d, stream %v, complete %v", st.API, st.Status, st.Stream, st.Complete)
+	}
+	checkCadence(t, st, a.contentOf(evs)[0].At, ttft, itl)
+	in, out := a.usage(evs)
+	if st.ContentEvents != tokens || st.CompletionTokens != out || out != tokens || st.PromptTokens != in || in == 0 || st.TokenSource != "usage" {
+		t.Errorf("stamp: %d content events, tokens %d + %d (%s); the usage %d + %d", st.ContentEvents, st.PromptTokens, st.CompletionTokens, st.TokenSource, in, out)
+	}
+	if p, c := after.PromptTokens-before.PromptTokens, after.CompletionTokens-before.CompletionTokens; int(p) != st.PromptTokens || int(c) != st.CompletionTokens {
+		t.Errorf("the mock billed %d + %d, the stamp says %d + %d", p, c, st.PromptTokens, st.CompletionTokens)
+	}
 }
 
 var namedAPIs = []apiStream{
@@ -127,12 +173,7 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 						t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
 					}
 					evs := namedEvents(got.Events)
-					var content []namedEvent
-					for _, e := range evs {
-						if a.content(e) {
-							content = append(content, e)
-						}
-					}
+					content := a.contentOf(evs)
 					if len(content) != tokens {
 						t.Fatalf("%d content events, want %d", len(content), tokens)
 					}
@@ -149,22 +190,7 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 
 					st := s.Gateway.stamp(t, got.RequestID)
 					t.Logf("stamp ttft=%.3fms itl p50=%.3fms p95=%.3fms max=%.3fms", st.TTFTms, st.ITLP50ms, st.ITLP95ms, st.ITLMaxms)
-					if st.API != a.api || st.Status != 200 || !st.Stream || !st.Complete {
-						t.Errorf("stamp: api %q, status %d, stream %v, complete %v", st.API, st.Status, st.Stream, st.Complete)
-					}
-					if client := stats.Ms(content[0].At); st.TTFTms < float64(ttft)-0.5 || st.TTFTms > client {
-						t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
-					}
-					if d := math.Abs(st.ITLP50ms - float64(itl)); d > 2 {
-						t.Errorf("stamped ITL p50 %.3fms, configured %dms: off by %.3fms (> 2ms)", st.ITLP50ms, itl, d)
-					}
-					in, out := a.usage(evs)
-					if st.ContentEvents != tokens || st.CompletionTokens != out || out != tokens || st.PromptTokens != in || in == 0 || st.TokenSource != "usage" {
-						t.Errorf("stamp: %d content events, tokens %d + %d (%s); the usage %d + %d", st.ContentEvents, st.PromptTokens, st.CompletionTokens, st.TokenSource, in, out)
-					}
-					if p, c := ledger.PromptTokens-before.PromptTokens, ledger.CompletionTokens-before.CompletionTokens; int(p) != st.PromptTokens || int(c) != st.CompletionTokens {
-						t.Errorf("the mock billed %d + %d, the stamp says %d + %d", p, c, st.PromptTokens, st.CompletionTokens)
-					}
+					a.checkStamp(t, st, evs, tokens, ttft, itl, before, ledger)
 				})
 			}
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/infergate/infergate/internal/stats"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
@@ -131,13 +129,7 @@ func TestWasmMeterStampMatchesCadence(t *testing.T) {
 				if len(content) == 0 {
 					t.Fatal("no content events")
 				}
-				client := stats.Ms(content[0].At)
-				if st.TTFTms < float64(ttft)-0.5 || st.TTFTms > client {
-					t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
-				}
-				if d := math.Abs(st.ITLP50ms - float64(itl)); d > 2 {
-					t.Errorf("stamped ITL p50 %.3fms, configured %dms: off by %.3fms (> 2ms)", st.ITLP50ms, itl, d)
-				}
+				checkCadence(t, st, content[0].At, ttft, itl)
 				if st.ContentEvents != 16 || st.CompletionTokens != 16 {
 					t.Errorf("stamp counted %d events / %d tokens, want 16", st.ContentEvents, st.CompletionTokens)
 				}
@@ -273,33 +265,13 @@ func TestWasmMeterPerAPI(t *testing.T) {
 				t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
 			}
 			evs := namedEvents(got.Events)
-			var content []namedEvent
-			for _, e := range evs {
-				if a.content(e) {
-					content = append(content, e)
-				}
-			}
+			content := a.contentOf(evs)
 			if len(content) != tokens || len(got.Reads) < tokens {
 				t.Fatalf("%d content events in %d reads, want %d unbuffered", len(content), len(got.Reads), tokens)
 			}
 			st := s.Gateway.stamp(t, got.RequestID)
 			t.Logf("stamp %+v", st)
-			if st.API != a.api || st.Status != 200 || !st.Stream || !st.Complete {
-				t.Errorf("stamp: api %q, status %d, stream %v, complete %v", st.API, st.Status, st.Stream, st.Complete)
-			}
-			if client := stats.Ms(content[0].At); st.TTFTms < ttft-0.5 || st.TTFTms > client {
-				t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
-			}
-			if d := math.Abs(st.ITLP50ms - itl); d > 2 {
-				t.Errorf("stamped ITL p50 %.3fms, configured %dms: off by %.3fms (> 2ms)", st.ITLP50ms, itl, d)
-			}
-			in, out := a.usage(evs)
-			if st.ContentEvents != tokens || st.CompletionTokens != out || out != tokens || st.PromptTokens != in || in == 0 || st.TokenSource != "usage" {
-				t.Errorf("stamp: %d content events, tokens %d + %d (%s); the usage %d + %d", st.ContentEvents, st.PromptTokens, st.CompletionTokens, st.TokenSource, in, out)
-			}
-			if p, c := ledger.PromptTokens-before.PromptTokens, ledger.CompletionTokens-before.CompletionTokens; int(p) != st.PromptTokens || int(c) != st.CompletionTokens {
-				t.Errorf("the mock billed %d + %d, the stamp says %d + %d", p, c, st.PromptTokens, st.CompletionTokens)
-			}
+			a.checkStamp(t, st, evs, tokens, ttft, itl, before, ledger)
 		})
 	}
 }
