@@ -46,7 +46,10 @@ func TestBenchJoinsGatewayRecords(t *testing.T) {
 			t.Errorf("%s p50 %.2f ms, want in [%v, %v]", name, got, lo, hi)
 		}
 	}
-	within("upstream first token", j.UpstreamFirstTokenMs.P50, 80, 95)
+	// From the meter's request-headers message, which Envoy sends beside
+	// the upstream request, not before it: a loaded machine may deliver it
+	// a fraction of a millisecond after the mock started its 80 ms.
+	within("upstream first token", j.UpstreamFirstTokenMs.P50, 79, 95)
 	within("decode", j.DecodeMs.P50, 65, 85) // 7 gaps of 10 ms, then finish and usage
 	within("gateway", j.GatewayMs.P50, 0, 10)
 	within("outside", j.OutsideMs.P50, 0, 10)
