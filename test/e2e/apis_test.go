@@ -46,13 +46,16 @@ type apiStream struct {
 }
 
 // checkCadence: the stamped TTFT lies between the mock's configured delay
-// and the client's first content event (the meter sees the first token
-// after the one and before the other, however a loaded machine stretches
-// the mock's sleep), and the stamped ITL p50 is within 2 ms of the
-// configured gap. Both meters are held to it.
+// and the client's first content event, and the stamped ITL p50 is within
+// 2 ms of the configured gap. Both meters are held to it. The meter sees
+// the first token before the client does, however a loaded machine
+// stretches the mock's sleep; it starts timing when the request leaves
+// for the pool, as Envoy tells it in a message sent beside the upstream
+// request rather than before it, so on a loaded machine that start may
+// trail the mock's by a little (CI saw 0.7 ms): 5 ms of slack below.
 func checkCadence(t *testing.T, st Stamp, firstContent time.Duration, ttft, itl int) {
 	t.Helper()
-	if client := stats.Ms(firstContent); st.TTFTms < float64(ttft)-0.5 || st.TTFTms > client {
+	if client := stats.Ms(firstContent); st.TTFTms < float64(ttft)-5 || st.TTFTms > client {
 		t.Errorf("stamped TTFT %.3fms, want between the configured %dms and the client's %.3fms", st.TTFTms, ttft, client)
 	}
 	if d := math.Abs(st.ITLP50ms - float64(itl)); d > 2 {
