@@ -32,6 +32,10 @@ wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an opti
 # the binaries carry no path, VCS stamp or build ID: the same commit gives the
 # same files and the same image digest (make image-repro). The tools (go-containerregistry, Helm,
 # cyclonedx-gomod) live in their own module, internal/release/go.mod.
+# kube-apiserver's version as test/kube/go.mod pins it, stamped into the test
+# binary as Kubernetes' own build does (unstamped it says v0.0.0-master).
+KUBE_VERSION      := $(shell sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' test/kube/go.mod)
+KUBE_LDFLAGS      := -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) -X k8s.io/component-base/version.gitMajor=$(word 2,$(subst ., ,$(subst v,v ,$(KUBE_VERSION)))) -X k8s.io/component-base/version.gitMinor=$(word 3,$(subst ., ,$(subst v,v ,$(KUBE_VERSION))))
 APP_VERSION       := $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\} *$$/\1/p' charts/infergate/Chart.yaml)
 RELEASE_VERSION   ?= v$(APP_VERSION)
 IMAGE_REPO        ?= $(shell sed -n '/^image:/,/^[^ ]/s/^  repository: *//p' charts/infergate/values.yaml)
@@ -114,12 +118,19 @@ test: deps ## Run every test: Rego (opa test), unit and layout (race detector on
 	@# Faults under load, and the ledger after each (make chaos prints the table).
 	$(GO) test -count=1 -timeout 20m ./test/chaos/
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
+	$(MAKE) kube-test
 
 .PHONY: chart-test
 chart-test: ## Helm chart: lint, render, strict decode, golden files, Envoy Gateway translation (first run builds egctl)
 	@# Its own Go module (test/charts/go.mod): Kubernetes, Envoy Gateway, Istio and Helm stay out of go.mod.
 	@# The first run builds Envoy Gateway's egctl (minutes; cached after), hence the timeout.
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
+
+.PHONY: kube-test
+kube-test: deps ## The chart, the weight sinks and Envoy Gateway (Kubernetes mode) against a real kube-apiserver (first run builds it: ~6 min)
+	@# Its own Go module (test/kube/go.mod): kube-apiserver and etcd built from the
+	@# module proxy, in-process. The version stamp is what the chart's kubeVersion checks.
+	cd test/kube && $(GO) test -count=1 -timeout 40m -ldflags '$(KUBE_LDFLAGS)' ./...
 
 .PHONY: e2e
 e2e: deps ## Run only the end-to-end tests (real Envoy + infergate + mock pools + SDKs), verbosely
