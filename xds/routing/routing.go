@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
+	"k8s.io/klog/v2"
 
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/request"
@@ -60,13 +61,14 @@ type WeightSink interface {
 
 // newWeightSink returns the configured sink, or nil for infergate's own
 // xDS. It reads the resource once, so a wrong name fails at start.
-func newWeightSink(ctx context.Context, c config.WeightSink) (WeightSink, error) {
+func newWeightSink(ctx context.Context, c config.WeightSink, log *slog.Logger) (WeightSink, error) {
 	var sink WeightSink
 	switch c.Type {
 	case "httpRouteFile":
 		sink = &weightsink.File{Path: c.HTTPRoute.File, Namespace: c.HTTPRoute.Namespace, Name: c.HTTPRoute.Name}
 	case "httpRoute", "virtualService":
-		kube, err := weightsink.InCluster()
+		klog.SetSlogLogger(log) // client-go logs through klog: one log, one format
+		kube, err := weightsink.Connect()
 		if err != nil {
 			return nil, fmt.Errorf("weightSink: %w", err)
 		}
@@ -114,7 +116,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, meter metric
 		return nil, fmt.Errorf("virtualModels: %w", err)
 	}
 	r := &Service{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store}
-	if r.sink, err = newWeightSink(ctx, cfg.WeightSink); err != nil {
+	if r.sink, err = newWeightSink(ctx, cfg.WeightSink, log); err != nil {
 		return nil, err
 	}
 	if r.sink == nil {

@@ -1,24 +1,25 @@
 package weightsink
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/infergate/infergate/internal/request"
 	"gopkg.in/yaml.v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 )
 
 // The same weights, in a cluster: the HTTPRoute (Envoy Gateway) or the
@@ -27,123 +28,163 @@ import (
 // one resource). Replacing sends the resourceVersion read, so a concurrent
 // edit makes the API refuse (409) and the sink reads again.
 
-// Kube is a minimal Kubernetes API client: get and replace one object.
+// Kube is the Kubernetes API, as the sinks use it: get and replace one
+// object of a custom resource.
 type Kube struct {
-	// Base is the API server URL, e.g. https://10.0.0.1:443.
-	Base string
-	// TokenFile is re-read on every call: projected tokens rotate.
-	TokenFile string
-	HTTP      *http.Client
+	Client dynamic.Interface
 }
 
-// In-cluster credentials, where Kubernetes mounts them.
-const (
-	saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+// The resources the sinks edit.
+var (
+	httpRoutes      = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}
+	virtualServices = schema.GroupVersionResource{Group: "networking.istio.io", Version: "v1", Resource: "virtualservices"}
 )
 
-// InCluster returns a client for the API server the pod runs under.
-func InCluster() (*Kube, error) {
-	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
-	if host == "" || port == "" {
-		return nil, errors.New("kubernetes: not running in a cluster (KUBERNETES_SERVICE_HOST/PORT unset)")
-	}
-	ca, err := os.ReadFile(saDir + "/ca.crt")
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes: %w (is automountServiceAccountToken on?)", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(ca) {
-		return nil, errors.New("kubernetes: no certificate in " + saDir + "/ca.crt")
-	}
-	return &Kube{
-		Base:      "https://" + net.JoinHostPort(host, port),
-		TokenFile: saDir + "/token",
-		HTTP: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-			TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-		}},
-	}, nil
-}
+const (
+	// kubeTimeout bounds one API call; the caller's context may be shorter.
+	kubeTimeout   = 10 * time.Second
+	kubeUserAgent = "infergate-controller"
+)
 
-// errConflict is the API's 409: the object changed since it was read.
-var errConflict = errors.New("kubernetes: conflict")
-
-func (k *Kube) do(ctx context.Context, method, path string, body []byte) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(k.Base, "/")+path, bytes.NewReader(body))
+// Connect returns a client for the cluster: the kubeconfig KUBECONFIG names
+// when it is set (a controller run outside the cluster), else the pod's
+// service account.
+func Connect() (*Kube, error) {
+	cfg, err := restConfig()
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("accept", "application/json")
-	if body != nil {
-		req.Header.Set("content-type", "application/json")
-	}
-	if k.TokenFile != "" {
-		tok, err := os.ReadFile(k.TokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("kubernetes: %w", err)
+	return NewKube(cfg)
+}
+
+func restConfig() (*rest.Config, error) {
+	if path := os.Getenv("KUBECONFIG"); path != "" {
+		// Like kubectl: a list of files, merged, using the current context.
+		rules := &clientcmd.ClientConfigLoadingRules{Precedence: filepath.SplitList(path)}
+		cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+		if clientcmd.IsEmptyConfig(err) {
+			// Missing files are skipped, and client-go's own hint
+			// (KUBERNETES_MASTER) points the wrong way.
+			return nil, fmt.Errorf("kubernetes: KUBECONFIG=%s: no cluster to use (missing file, or no current-context)", path)
 		}
-		req.Header.Set("authorization", "Bearer "+strings.TrimSpace(string(tok)))
+		if err != nil {
+			return nil, fmt.Errorf("kubernetes: KUBECONFIG=%s: %w", path, err)
+		}
+		return cfg, nil
 	}
-	resp, err := k.HTTP.Do(req)
+	// In a pod, client-go re-reads the projected token as it rotates.
+	cfg, err := rest.InClusterConfig()
+	if errors.Is(err, rest.ErrNotInCluster) {
+		return nil, errors.New("kubernetes: not running in a cluster (KUBERNETES_SERVICE_HOST/PORT unset) and KUBECONFIG unset")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w (is automountServiceAccountToken on?)", err)
+	}
+	return cfg, nil
+}
+
+// NewKube returns a client for the API server cfg names, with cfg's
+// credentials. A timeout and user agent are set where cfg has none.
+func NewKube(cfg *rest.Config) (*Kube, error) {
+	if cfg == nil {
+		return nil, errors.New("kubernetes: no client configuration")
+	}
+	cfg = rest.CopyConfig(cfg)
+	if cfg.Timeout == 0 {
+		cfg.Timeout = kubeTimeout
+	}
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = kubeUserAgent
+	}
+	client, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	return &Kube{Client: client}, nil
+}
+
+// object names one object in errors, e.g. "httproute ai/llm".
+type object struct {
+	kind            string
+	res             schema.GroupVersionResource
+	namespace, name string
+}
+
+func (o object) String() string { return o.kind + " " + o.namespace + "/" + o.name }
+
+// update reads the object, lets edit change it (reporting whether it did)
+// and replaces it, reading again on a conflict. An unchanged object is not
+// written: every write makes the gateway re-translate.
+func (k *Kube) update(ctx context.Context, o object, edit func(obj *yaml.Node) (bool, error)) error {
+	api := k.Client.Resource(o.res).Namespace(o.namespace)
+	var editErr error
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		obj, err := api.Get(ctx, o.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		node, err := toNode(obj)
+		if err != nil {
+			return err
+		}
+		var changed bool
+		// An edit's error already names the object and is not retried.
+		if changed, editErr = edit(node); editErr != nil || !changed {
+			return nil
+		}
+		if err := fromNode(node, obj); err != nil {
+			return err
+		}
+		_, err = api.Update(ctx, obj, metav1.UpdateOptions{FieldManager: kubeUserAgent})
+		return err
+	})
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes: %w", err)
+		// The API's status error stays inspectable (apierrors.IsForbidden)
+		// and its message, e.g. which verb RBAC refused, stays in the text.
+		return fmt.Errorf("kubernetes: %s: %w", o, err)
 	}
-	switch {
-	case resp.StatusCode == http.StatusConflict:
-		return nil, errConflict
-	case resp.StatusCode/100 != 2:
-		var st struct{ Message string }
-		_ = json.Unmarshal(b, &st)
-		return nil, fmt.Errorf("kubernetes: %s %s: %d %s", method, path, resp.StatusCode, st.Message)
-	}
-	return b, nil
+	return editErr
 }
 
-// update reads the object at path, lets edit change it (reporting whether
-// it did) and replaces it, reading again on a conflict.
-func (k *Kube) update(ctx context.Context, path string, edit func(obj *yaml.Node) (bool, error)) error {
-	for attempt := 0; ; attempt++ {
-		b, err := k.do(ctx, http.MethodGet, path, nil)
-		if err != nil {
-			return err
-		}
-		var doc yaml.Node // JSON is YAML: one node API for files and the API
-		if err := yaml.Unmarshal(b, &doc); err != nil || len(doc.Content) == 0 {
-			return fmt.Errorf("kubernetes: %s: not an object", path)
-		}
-		changed, err := edit(doc.Content[0])
-		if err != nil || !changed {
-			return err
-		}
-		var obj any
-		if err := doc.Content[0].Decode(&obj); err != nil {
-			return err
-		}
-		body, err := json.Marshal(obj)
-		if err != nil {
-			return err
-		}
-		if _, err = k.do(ctx, http.MethodPut, path, body); !errors.Is(err, errConflict) || attempt == 2 {
-			return err
-		}
+// read fetches the object.
+func (k *Kube) read(ctx context.Context, o object) (*yaml.Node, error) {
+	obj, err := k.Client.Resource(o.res).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %s: %w", o, err)
 	}
+	node, err := toNode(obj)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %s: %w", o, err)
+	}
+	return node, nil
 }
 
-// read fetches the object at path.
-func (k *Kube) read(ctx context.Context, path string) (*yaml.Node, error) {
-	b, err := k.do(ctx, http.MethodGet, path, nil)
+// toNode turns an object into a YAML node (JSON is YAML), so files and the
+// API share one set of edits.
+func toNode(obj *unstructured.Unstructured) (*yaml.Node, error) {
+	b, err := obj.MarshalJSON()
 	if err != nil {
 		return nil, err
 	}
 	var doc yaml.Node
 	if err := yaml.Unmarshal(b, &doc); err != nil || len(doc.Content) == 0 {
-		return nil, fmt.Errorf("kubernetes: %s: not an object", path)
+		return nil, errors.New("not an object")
 	}
 	return doc.Content[0], nil
+}
+
+// fromNode replaces obj's content with node's. It goes through JSON so the
+// numbers become the int64 and float64 unstructured objects hold.
+func fromNode(node *yaml.Node, obj *unstructured.Unstructured) error {
+	var v any
+	if err := node.Decode(&v); err != nil {
+		return err
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return obj.UnmarshalJSON(b)
 }
 
 // HTTPRoute is a Gateway API HTTPRoute in a cluster (Envoy Gateway).
@@ -155,13 +196,13 @@ type HTTPRoute struct {
 	backends map[string]string
 }
 
-func (a *HTTPRoute) path() string {
-	return "/apis/gateway.networking.k8s.io/v1/namespaces/" + a.Namespace + "/httproutes/" + a.Name
+func (a *HTTPRoute) object() object {
+	return object{kind: "httproute", res: httpRoutes, namespace: a.Namespace, name: a.Name}
 }
 
 // Load reads the route and learns its backends.
 func (a *HTTPRoute) Load(ctx context.Context) error {
-	route, err := a.Kube.read(ctx, a.path())
+	route, err := a.Kube.read(ctx, a.object())
 	if err != nil {
 		return err
 	}
@@ -183,7 +224,7 @@ func (a *HTTPRoute) Resolve(pool string) string {
 
 // Apply sets each virtual model's rule's backendRef weights.
 func (a *HTTPRoute) Apply(ctx context.Context, weights map[string]map[string]uint32) error {
-	return a.Kube.update(ctx, a.path(), func(route *yaml.Node) (bool, error) {
+	return a.Kube.update(ctx, a.object(), func(route *yaml.Node) (bool, error) {
 		a.mu.Lock()
 		a.backends = localities(route, a.Namespace, a.Name)
 		a.mu.Unlock()
@@ -200,13 +241,13 @@ type VirtualService struct {
 	Namespace, Name string
 }
 
-func (v *VirtualService) path() string {
-	return "/apis/networking.istio.io/v1/namespaces/" + v.Namespace + "/virtualservices/" + v.Name
+func (v *VirtualService) object() object {
+	return object{kind: "virtualservice", res: virtualServices, namespace: v.Namespace, name: v.Name}
 }
 
 // Load checks the VirtualService can be read.
 func (v *VirtualService) Load(ctx context.Context) error {
-	_, err := v.Kube.read(ctx, v.path())
+	_, err := v.Kube.read(ctx, v.object())
 	return err
 }
 
@@ -215,7 +256,7 @@ func (v *VirtualService) Resolve(pool string) string { return pool }
 
 // Apply sets each virtual model's destination weights.
 func (v *VirtualService) Apply(ctx context.Context, weights map[string]map[string]uint32) error {
-	return v.Kube.update(ctx, v.path(), func(vs *yaml.Node) (bool, error) {
+	return v.Kube.update(ctx, v.object(), func(vs *yaml.Node) (bool, error) {
 		changed := false
 		for vm, ws := range weights {
 			route := virtualServiceRoute(vs, vm)
