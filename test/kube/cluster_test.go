@@ -19,3 +19,12 @@ func TestControlPlane(t *testing.T) {
 	}
 	t.Logf("kube-apiserver %s, %d CRDs", v.GitVersion, len(crds.Items))
 }
+
+func TestHelmSmoke(t *testing.T) {
+	c := startCluster(t)
+	rel, err := c.helmInstall(t, "llm", "infergate", ciValues(t, "default"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s %s", rel.Name, rel.Info.Status)
+}

@@ -1,0 +1,7 @@
+package kube
+
+import (
+	"github.com/infergate/infergate/xds/weightsink"
+)
+
+var _ = weightsink.NewKube
