@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -267,4 +268,43 @@ func kubeVersion(t *testing.T) string {
 		t.Fatal("go.mod does not require k8s.io/kubernetes")
 	}
 	return string(m[1])
+}
+
+// namespaced reports whether obj's kind lives in a namespace.
+func (c *cluster) namespaced(t *testing.T, obj *unstructured.Unstructured) bool {
+	t.Helper()
+	gvk := obj.GroupVersionKind()
+	m, err := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Scope.Name() == meta.RESTScopeNameNamespace
+}
+
+// apiWarnings collects what the API server warns about (a deprecated API,
+// a field it dropped), from every client in the process, Helm's included.
+var apiWarnings = func() *warnings {
+	w := &warnings{}
+	rest.SetDefaultWarningHandler(w)
+	return w
+}()
+
+type warnings struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (w *warnings) HandleWarningHeader(code int, agent, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.msgs = append(w.msgs, text)
+}
+
+// take returns the warnings since the last take.
+func (w *warnings) take() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	msgs := w.msgs
+	w.msgs = nil
+	return msgs
 }

@@ -68,3 +68,17 @@ func (c *cluster) helmUninstall(t *testing.T, ns, name string) error {
 	_, err := action.NewUninstall(c.helm(t, ns)).Run(name)
 	return err
 }
+
+// helmRender renders the chart as `helm install --dry-run=server` does:
+// values and templates checked, the cluster consulted, nothing written.
+func (c *cluster) helmRender(t *testing.T, ns, name string, vals map[string]any) (string, error) {
+	t.Helper()
+	install := action.NewInstall(c.helm(t, ns))
+	install.ReleaseName, install.Namespace = name, ns
+	install.DryRun, install.DryRunOption = true, "server"
+	rel, err := install.RunWithContext(t.Context(), loadChart(t), vals)
+	if err != nil {
+		return "", err
+	}
+	return rel.Manifest, nil
+}
