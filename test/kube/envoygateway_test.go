@@ -37,6 +37,10 @@ const (
 	llmHost     = "llm.example.com"
 )
 
+func egGVR(res string) schema.GroupVersionResource {
+	return schema.GroupVersionResource{Group: "gateway.envoyproxy.io", Version: "v1alpha1", Resource: res}
+}
+
 var httpRouteGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}
 
 // Envoy Gateway v1.9.1 in Kubernetes mode, watching the real API server:
@@ -52,7 +56,7 @@ func TestEnvoyGatewayKubernetesMode(t *testing.T) {
 	c := startCluster(t)
 	ctx := t.Context()
 	c.createNamespace(t, egNamespace)
-	eg := startEnvoyGatewayK8s(t, c)
+	startEnvoyGatewayK8s(t, c)
 
 	// The pools, as local mocks, and infergate's release.
 	mocks := map[string]*mockPool{}
@@ -118,10 +122,11 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	ig := startInfergateFromRelease(t, c, objs)
 	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 
-	// EG accepts what the chart rendered.
+	// EG accepts what the chart rendered, its references resolved.
 	waitCondition(t, c, httpRouteGVR, llmNS, relName, "status.parents", "Accepted")
-	waitCondition(t, c, schema.GroupVersionResource{Group: "gateway.envoyproxy.io", Version: "v1alpha1", Resource: "envoyextensionpolicies"},
-		llmNS, relName, "status.ancestors", "Accepted")
+	waitCondition(t, c, httpRouteGVR, llmNS, relName, "status.parents", "ResolvedRefs")
+	waitCondition(t, c, egGVR("envoyextensionpolicies"), llmNS, relName, "status.ancestors", "Accepted")
+	waitCondition(t, c, egGVR("clienttrafficpolicies"), egNamespace, relName+"-eg", "status.ancestors", "Accepted")
 
 	// EG's Envoy, on EG's bootstrap.
 	gw := startEGEnvoy(t, c, gwPort)
@@ -164,7 +169,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 		t.Fatalf("through EG: %d (pool %q) %s", got.status, pool, got.body)
 	}
 	want := streamK(t, "http://"+m.addr, chatBody("llama-3-70b", 8, true, `,"stream_options":{"include_usage":true}`), hdr)
-	if !bytes.Equal(got.body, want.body) {
+	if len(want.body) == 0 || !bytes.Equal(got.body, want.body) {
 		t.Errorf("through EG:\n%q\nwant %s's own:\n%q", got.body, pool, want.body)
 	}
 	if n := strings.Count(string(got.body), `"content":`); got.reads < 8 || n < 8 {
@@ -185,6 +190,10 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	// The weights: vllm-a100 slows past the SLA under load; the controller
 	// moves llama-3-70b's weight to vllm-h100 through the API; EG
 	// re-translates and traffic follows.
+	w0 := routeWeights(t, c, "llama-3-70b")
+	if a, h := batch(t, gw, mocks, 20); w0["vllm-a100"] <= w0["vllm-h100"] || a < 10 || a+h != 20 {
+		t.Fatalf("before the slowdown: weights %v, a batch of 20 went vllm-a100 %d, vllm-h100 %d; want mostly vllm-a100", w0, a, h)
+	}
 	loadCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range 2 {
@@ -214,28 +223,59 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 		weights = routeWeights(t, c, "llama-3-70b")
 		return weights["vllm-h100"] >= 90 && weights["vllm-a100"] <= 10
 	})
-	t.Logf("HTTPRoute weights %v, %v after vllm-a100 slowed down", weights, time.Since(slowed).Round(time.Millisecond))
-	// Traffic follows: of a batch of requests, nearly all reach vllm-h100.
-	waitForK(t, 30*time.Second, "traffic to follow the new weights", func() bool {
-		a0, h0 := mocks["vllm-a100"].served(t), mocks["vllm-h100"].served(t)
-		for range 20 {
-			resp, err := chat(gw, "llama-3-70b", 1, false, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "1"})
-			if err != nil {
-				return false
-			}
-			drainK(resp)
-		}
-		a, h := mocks["vllm-a100"].served(t)-a0, mocks["vllm-h100"].served(t)-h0
-		t.Logf("last batch (with background load): vllm-a100 %d, vllm-h100 %d", a, h)
-		return h >= 20 && a <= 3
-	})
+	moved := time.Now()
 	stop()
 	wg.Wait()
+	t.Logf("HTTPRoute weights %v -> %v, %v after vllm-a100 slowed down", w0, weights, moved.Sub(slowed).Round(time.Millisecond))
+	// The write was the controller's, as the release's service account
+	// (impersonated): the chart's RBAC allowed it.
+	if !writtenBy(t, c, "infergate-controller") {
+		t.Error("the HTTPRoute's managedFields show no update by infergate-controller")
+	}
+	// Traffic follows once EG has re-translated: a whole batch (bar the
+	// controller's probe weight) reaches vllm-h100.
+	waitForK(t, 30*time.Second, "traffic to follow the new weights", func() bool {
+		a, h := batch(t, gw, mocks, 20)
+		t.Logf("a batch of 20, %v after the HTTPRoute changed: vllm-a100 %d, vllm-h100 %d", time.Since(moved).Round(time.Millisecond), a, h)
+		return a+h == 20 && a <= 2
+	})
 	if c := mocks["sglang-l4"].served(t); c != 0 {
 		t.Errorf("sglang-l4 served %d llama-3-70b requests", c)
 	}
-	_ = eg
 	t.Logf("total %v", time.Since(start).Round(time.Millisecond))
+}
+
+// batch sends n non-streamed requests for llama-3-70b one after the other
+// and counts which pool served them.
+func batch(t *testing.T, gw string, mocks map[string]*mockPool, n int) (a100, h100 int) {
+	t.Helper()
+	a0, h0 := mocks["vllm-a100"].served(t), mocks["vllm-h100"].served(t)
+	for range n {
+		resp, err := chat(gw, "llama-3-70b", 1, false, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drainK(resp)
+		if resp.StatusCode != 200 {
+			t.Fatalf("llama-3-70b: %d", resp.StatusCode)
+		}
+	}
+	return mocks["vllm-a100"].served(t) - a0, mocks["vllm-h100"].served(t) - h0
+}
+
+// writtenBy reports whether manager has updated the chart's HTTPRoute.
+func writtenBy(t *testing.T, c *cluster, manager string) bool {
+	t.Helper()
+	obj, err := c.dyn.Resource(httpRouteGVR).Namespace(llmNS).Get(t.Context(), relName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range obj.GetManagedFields() {
+		if f.Manager == manager && f.Operation == metav1.ManagedFieldsOperationUpdate {
+			return true
+		}
+	}
+	return false
 }
 
 // egProc is Envoy Gateway running in Kubernetes mode.
@@ -424,25 +464,21 @@ type mockPool struct {
 	port int
 }
 
-var buildOnce = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "infergate-bin")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "infergate")
-	out, err := exec.Command("go", "build", "-C", repoRoot, "-o", bin, "./cmd/infergate").CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("go build ./cmd/infergate: %v\n%s", err, out)
-	}
-	return bin, nil
-})
+// builtBins memoizes infergateBin per test (the binary lives in its temp dir).
+var builtBins sync.Map // *testing.T -> string
 
+// infergateBin is ./cmd/infergate built from this checkout.
 func infergateBin(t *testing.T) string {
 	t.Helper()
-	bin, err := buildOnce()
-	if err != nil {
-		t.Fatal(err)
+	if bin, ok := builtBins.Load(t); ok {
+		return bin.(string)
 	}
+	bin := filepath.Join(t.TempDir(), "infergate")
+	if out, err := exec.Command("go", "build", "-C", repoRoot, "-o", bin, "./cmd/infergate").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/infergate: %v\n%s", err, out)
+	}
+	builtBins.Store(t, bin)
+	t.Cleanup(func() { builtBins.Delete(t) })
 	return bin
 }
 

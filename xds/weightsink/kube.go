@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -96,12 +97,27 @@ func NewKube(cfg *rest.Config) (*Kube, error) {
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = kubeUserAgent
 	}
+	// client-go's default client-side limit (5 requests/s, bursts of 10)
+	// delays the write after its read once a few conflicts have drained the
+	// bucket, and a delayed write meets the next conflict: against busy
+	// writers on the real API server, applies failed. A sink makes two
+	// requests per attempt, with backoff between attempts.
+	if cfg.QPS == 0 && cfg.RateLimiter == nil {
+		cfg.QPS, cfg.Burst = 50, 100
+	}
 	client, err := dynamic.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: %w", err)
 	}
 	return &Kube{Client: client}, nil
 }
+
+// conflictBackoff is how long a write keeps reading again after 409s.
+// client-go's DefaultRetry (5 tries within ~50 ms) gave up on the real API
+// server against two writers 5-15 ms apart (a gateway controller writing
+// the route's status moves its resourceVersion too): up to ~10 s here,
+// jittered so racing writers spread out; the caller's context bounds it.
+var conflictBackoff = wait.Backoff{Steps: 30, Duration: 5 * time.Millisecond, Factor: 1.5, Jitter: 1, Cap: 500 * time.Millisecond}
 
 // object names one object in errors, e.g. "httproute ai/llm".
 type object struct {
@@ -118,7 +134,7 @@ func (o object) String() string { return o.kind + " " + o.namespace + "/" + o.na
 func (k *Kube) update(ctx context.Context, o object, edit func(obj *yaml.Node) (bool, error)) error {
 	api := k.Client.Resource(o.res).Namespace(o.namespace)
 	var editErr error
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+	err := retry.RetryOnConflict(conflictBackoff, func() error {
 		obj, err := api.Get(ctx, o.name, metav1.GetOptions{})
 		if err != nil {
 			return err
