@@ -41,8 +41,6 @@ func egGVR(res string) schema.GroupVersionResource {
 	return schema.GroupVersionResource{Group: "gateway.envoyproxy.io", Version: "v1alpha1", Resource: res}
 }
 
-var httpRouteGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "httproutes"}
-
 // Envoy Gateway v1.9.1 in Kubernetes mode, watching the real API server:
 // the chart's HTTPRoute and EnvoyExtensionPolicy go through the API (schema
 // and CEL), EG translates them, and the pinned Envoy runs EG's own bootstrap
@@ -63,7 +61,7 @@ func TestEnvoyGatewayKubernetesMode(t *testing.T) {
 	for _, name := range []string{"vllm-a100", "vllm-h100", "sglang-l4"} {
 		mocks[name] = startMock(t, name)
 	}
-	gwPort := freePortK(t)
+	gwPort := freePort(t)
 	applyYAML(t, c, fmt.Sprintf(`
 apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
@@ -123,19 +121,19 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 
 	// EG accepts what the chart rendered, its references resolved.
-	waitCondition(t, c, httpRouteGVR, llmNS, relName, "status.parents", "Accepted")
-	waitCondition(t, c, httpRouteGVR, llmNS, relName, "status.parents", "ResolvedRefs")
+	waitCondition(t, c, httpRoutes, llmNS, relName, "status.parents", "Accepted")
+	waitCondition(t, c, httpRoutes, llmNS, relName, "status.parents", "ResolvedRefs")
 	waitCondition(t, c, egGVR("envoyextensionpolicies"), llmNS, relName, "status.ancestors", "Accepted")
 	waitCondition(t, c, egGVR("clienttrafficpolicies"), egNamespace, relName+"-eg", "status.ancestors", "Accepted")
 
 	// EG's Envoy, on EG's bootstrap.
 	gw := startEGEnvoy(t, c, gwPort)
-	waitForK(t, 60*time.Second, "Envoy to route through the gate", func() bool {
+	waitFor(t, 60*time.Second, "Envoy to route through the gate", func() bool {
 		resp, err := chat(gw, "llama-3-70b", 1, false, nil)
 		if err != nil {
 			return false
 		}
-		drainK(resp)
+		drain(resp)
 		return resp.StatusCode == http.StatusUnauthorized
 	})
 	t.Logf("up after %v", time.Since(start).Round(time.Millisecond))
@@ -162,13 +160,13 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	// A stream: byte-exact against the mock that served it, incremental,
 	// stamped by the meter.
 	hdr := map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "60", "x-mock-itl-ms": "15"}
-	got := streamK(t, gw, chatBody("llama-3-70b", 8, true, ""), hdr)
+	got := streamChat(t, gw, chatBody("llama-3-70b", 8, true, ""), hdr)
 	pool := got.header.Get("x-infergate-pool")
 	m := mocks[pool]
 	if got.status != 200 || m == nil {
 		t.Fatalf("through EG: %d (pool %q) %s", got.status, pool, got.body)
 	}
-	want := streamK(t, "http://"+m.addr, chatBody("llama-3-70b", 8, true, `,"stream_options":{"include_usage":true}`), hdr)
+	want := streamChat(t, "http://"+m.addr, chatBody("llama-3-70b", 8, true, `,"stream_options":{"include_usage":true}`), hdr)
 	if len(want.body) == 0 || !bytes.Equal(got.body, want.body) {
 		t.Errorf("through EG:\n%q\nwant %s's own:\n%q", got.body, pool, want.body)
 	}
@@ -181,7 +179,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	// EG's Envoy replaces a client's x-request-id (the chart's
 	// ClientTrafficPolicy does not preserve it): this is the only allowed
 	// stream so far.
-	st := ig.stamp(t, "the allowed stream", func(s stampK) bool { return s.Decision == "allow" && s.Stream })
+	st := ig.stamp(t, "the allowed stream", func(s logLine) bool { return s.Decision == "allow" && s.Stream })
 	if st.Pool != pool || st.Decision != "allow" || st.Tenant != "acme" || st.CompletionTokens != 8 || !st.Complete ||
 		st.TTFTms < 55 || st.TTFTms > 120 {
 		t.Errorf("stamp %+v (pool %s)", st, pool)
@@ -201,7 +199,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 			for loadCtx.Err() == nil {
 				resp, err := chat(gw, "llama-3-70b", 2, true, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-itl-ms": "5"})
 				if err == nil {
-					drainK(resp)
+					drain(resp)
 					if resp.StatusCode != 200 && loadCtx.Err() == nil {
 						t.Errorf("under load: %d", resp.StatusCode)
 						return
@@ -219,7 +217,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	mocks["vllm-a100"].control(t, `{"ttft_ms": 400}`)
 	slowed := time.Now()
 	var weights map[string]int64
-	waitForK(t, 30*time.Second, "the controller to move llama-3-70b's weight to vllm-h100 in the HTTPRoute", func() bool {
+	waitFor(t, 30*time.Second, "the controller to move llama-3-70b's weight to vllm-h100 in the HTTPRoute", func() bool {
 		weights = routeWeights(t, c, "llama-3-70b")
 		return weights["vllm-h100"] >= 90 && weights["vllm-a100"] <= 10
 	})
@@ -234,7 +232,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	}
 	// Traffic follows once EG has re-translated: a whole batch (bar the
 	// controller's probe weight) reaches vllm-h100.
-	waitForK(t, 30*time.Second, "traffic to follow the new weights", func() bool {
+	waitFor(t, 30*time.Second, "traffic to follow the new weights", func() bool {
 		a, h := batch(t, gw, mocks, 20)
 		t.Logf("a batch of 20, %v after the HTTPRoute changed: vllm-a100 %d, vllm-h100 %d", time.Since(moved).Round(time.Millisecond), a, h)
 		return a+h == 20 && a <= 2
@@ -255,7 +253,7 @@ func batch(t *testing.T, gw string, mocks map[string]*mockPool, n int) (a100, h1
 		if err != nil {
 			t.Fatal(err)
 		}
-		drainK(resp)
+		drain(resp)
 		if resp.StatusCode != 200 {
 			t.Fatalf("llama-3-70b: %d", resp.StatusCode)
 		}
@@ -266,7 +264,7 @@ func batch(t *testing.T, gw string, mocks map[string]*mockPool, n int) (a100, h1
 // writtenBy reports whether manager has updated the chart's HTTPRoute.
 func writtenBy(t *testing.T, c *cluster, manager string) bool {
 	t.Helper()
-	obj, err := c.dyn.Resource(httpRouteGVR).Namespace(llmNS).Get(t.Context(), relName, metav1.GetOptions{})
+	obj, err := c.dyn.Resource(httpRoutes).Namespace(llmNS).Get(t.Context(), relName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -320,7 +318,7 @@ provider:
 admin: {address: {host: 127.0.0.1, port: %d}}
 telemetry: {metrics: {prometheus: {disable: true}}}
 logging: {level: {default: info}}
-`, freePortK(t)), 0o644); err != nil {
+`, freePort(t)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// /certs must exist to be a mount point; it is removed again if made here.
@@ -351,7 +349,7 @@ logging: {level: {default: info}}
 			t.Logf("envoy-gateway log:\n%s", log.String())
 		}
 	})
-	waitForK(t, 30*time.Second, "EG's xDS server on :18000", func() bool {
+	waitFor(t, 30*time.Second, "EG's xDS server on :18000", func() bool {
 		select {
 		case <-done:
 			t.Fatalf("envoy-gateway exited:\n%s", log.String())
@@ -386,7 +384,7 @@ func writeSecret(t *testing.T, c *cluster, ns, name, dir string) {
 func startEGEnvoy(t *testing.T, c *cluster, gwPort int) string {
 	t.Helper()
 	var dep *appsv1.Deployment
-	waitForK(t, 30*time.Second, "EG to create the Envoy Deployment for Gateway eg", func() bool {
+	waitFor(t, 30*time.Second, "EG to create the Envoy Deployment for Gateway eg", func() bool {
 		l, err := c.kube.AppsV1().Deployments(egNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: "gateway.envoyproxy.io/owning-gateway-name=eg"})
 		if err == nil && len(l.Items) == 1 {
 			dep = &l.Items[0]
@@ -484,10 +482,10 @@ func infergateBin(t *testing.T) string {
 
 func startMock(t *testing.T, name string) *mockPool {
 	t.Helper()
-	p := freePortK(t)
+	p := freePort(t)
 	m := &mockPool{addr: net.JoinHostPort(hostIP(t), strconv.Itoa(p)), port: p}
 	startProc(t, name, nil, nil, infergateBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms")
-	waitForK(t, 15*time.Second, name+" to listen", func() bool {
+	waitFor(t, 15*time.Second, name+" to listen", func() bool {
 		resp, err := http.Get("http://" + m.addr + "/healthz")
 		if err == nil {
 			resp.Body.Close()
@@ -547,7 +545,7 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 	t.Helper()
 	cm := find(t, objs, "ConfigMap", relName+"-config")
 	var cfg map[string]any
-	if err := yamlToMap(nested[string](cm.Object, "data", "config.yaml"), &cfg); err != nil {
+	if err := yaml.Unmarshal([]byte(nested[string](cm.Object, "data", "config.yaml")), &cfg); err != nil {
 		t.Fatal(err)
 	}
 	dep := find(t, objs, "Deployment", relName)
@@ -572,14 +570,14 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 			continue
 		}
 		for _, ct := range pod["containers"].([]any) {
-			for _, vm := range nestedOr[[]any](ct.(map[string]any), "volumeMounts") {
+			for _, vm := range nested[[]any](ct.(map[string]any), "volumeMounts") {
 				if vm := vm.(map[string]any); vm["name"] == vol["name"] {
 					mounts[vm["mountPath"].(string)] = dir
 				}
 			}
 		}
 	}
-	p := &infergateProc{extproc: freePortK(t), admin: freePortK(t), xds: freePortK(t), requests: &testutil.Buffer{}}
+	p := &infergateProc{extproc: freePort(t), admin: freePort(t), xds: freePort(t), requests: &testutil.Buffer{}}
 	cfg["extproc"].(map[string]any)["listen"] = net.JoinHostPort(hostIP(t), strconv.Itoa(p.extproc))
 	cfg["admin"].(map[string]any)["listen"] = net.JoinHostPort(hostIP(t), strconv.Itoa(p.admin))
 	cfg["xds"].(map[string]any)["listen"] = net.JoinHostPort(hostIP(t), strconv.Itoa(p.xds))
@@ -598,7 +596,7 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 	sa := nested[string](dep.Object, "spec", "template", "spec", "serviceAccountName")
 	kc := saKubeconfig(t, c, "system:serviceaccount:"+llmNS+":"+sa)
 	startProc(t, "infergate", []string{"KUBECONFIG=" + kc}, p.requests, infergateBin(t), "serve", "--config", cfgPath)
-	waitForK(t, 20*time.Second, "infergate to be ready", func() bool {
+	waitFor(t, 20*time.Second, "infergate to be ready", func() bool {
 		resp, err := http.Get(fmt.Sprintf("http://%s/readyz", net.JoinHostPort(hostIP(t), strconv.Itoa(p.admin))))
 		if err == nil {
 			resp.Body.Close()
@@ -625,8 +623,8 @@ func saKubeconfig(t *testing.T, c *cluster, user string) string {
 	return path
 }
 
-// stampK is one line of infergate's request log.
-type stampK struct {
+// logLine is one line of infergate's request log.
+type logLine struct {
 	RequestID        string  `json:"request_id"`
 	Stream           bool    `json:"stream"`
 	Tenant           string  `json:"tenant"`
@@ -638,13 +636,13 @@ type stampK struct {
 }
 
 // stamp waits for the one request-log line that match selects.
-func (p *infergateProc) stamp(t *testing.T, what string, match func(stampK) bool) stampK {
+func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) bool) logLine {
 	t.Helper()
-	var found []stampK
-	waitForK(t, 5*time.Second, "the request log line of "+what, func() bool {
+	var found []logLine
+	waitFor(t, 5*time.Second, "the request log line of "+what, func() bool {
 		found = nil
 		for _, line := range strings.Split(p.requests.String(), "\n") {
-			var s stampK
+			var s logLine
 			if json.Unmarshal([]byte(line), &s) == nil && s.RequestID != "" && match(s) {
 				found = append(found, s)
 			}
@@ -731,8 +729,8 @@ func waitCondition(t *testing.T, c *cluster, gvr schema.GroupVersionResource, ns
 		obj, err := c.dyn.Resource(gvr).Namespace(ns).Get(t.Context(), name, metav1.GetOptions{})
 		if err == nil {
 			status = obj.Object["status"]
-			for _, p := range nestedOr[[]any](obj.Object, strings.Split(path, ".")...) {
-				for _, cd := range nestedOr[[]any](p.(map[string]any), "conditions") {
+			for _, p := range nested[[]any](obj.Object, strings.Split(path, ".")...) {
+				for _, cd := range nested[[]any](p.(map[string]any), "conditions") {
 					cd := cd.(map[string]any)
 					if cd["type"] == cond && cd["status"] == "True" {
 						t.Logf("%s %s/%s: %s", gvr.Resource, ns, name, cond)
@@ -751,7 +749,7 @@ func waitCondition(t *testing.T, c *cluster, gvr schema.GroupVersionResource, ns
 // pool, through the weight sink's own view (the product's keys).
 func routeWeights(t *testing.T, c *cluster, model string) map[string]int64 {
 	t.Helper()
-	obj, err := c.dyn.Resource(httpRouteGVR).Namespace(llmNS).Get(t.Context(), relName, metav1.GetOptions{})
+	obj, err := c.dyn.Resource(httpRoutes).Namespace(llmNS).Get(t.Context(), relName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -759,8 +757,8 @@ func routeWeights(t *testing.T, c *cluster, model string) map[string]int64 {
 	for _, r := range nested[[]any](obj.Object, "spec", "rules") {
 		rule := r.(map[string]any)
 		match := false
-		for _, m := range nestedOr[[]any](rule, "matches") {
-			for _, h := range nestedOr[[]any](m.(map[string]any), "headers") {
+		for _, m := range nested[[]any](rule, "matches") {
+			for _, h := range nested[[]any](m.(map[string]any), "headers") {
 				if h.(map[string]any)["value"] == model {
 					match = true
 				}
@@ -769,7 +767,7 @@ func routeWeights(t *testing.T, c *cluster, model string) map[string]int64 {
 		if !match {
 			continue
 		}
-		for _, ref := range nestedOr[[]any](rule, "backendRefs") {
+		for _, ref := range nested[[]any](rule, "backendRefs") {
 			r := ref.(map[string]any)
 			out[r["name"].(string)] = num(r["weight"])
 		}
@@ -788,26 +786,13 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *u
 	return nil
 }
 
+// nested is the field at path, or T's zero value when it is absent or of
+// another type.
 func nested[T any](m map[string]any, path ...string) T {
-	v, _ := nestedAny(m, path...).(T)
-	return v
+	v, _, _ := unstructured.NestedFieldNoCopy(m, path...)
+	t, _ := v.(T)
+	return t
 }
-
-func nestedOr[T any](m map[string]any, path ...string) T { return nested[T](m, path...) }
-
-func nestedAny(m map[string]any, path ...string) any {
-	var v any = m
-	for _, p := range path {
-		mm, ok := v.(map[string]any)
-		if !ok {
-			return nil
-		}
-		v = mm[p]
-	}
-	return v
-}
-
-func yamlToMap(s string, v any) error { return yaml.Unmarshal([]byte(s), v) }
 
 // hostIP is this host's first non-loopback IPv4 address: the endpoints of
 // the Services, since kube-apiserver refuses 127.0.0.0/8 in an
@@ -842,7 +827,7 @@ func num(v any) int64 {
 	return 0
 }
 
-func freePortK(t *testing.T) int {
+func freePort(t *testing.T) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -852,7 +837,7 @@ func freePortK(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func waitForK(t *testing.T, d time.Duration, what string, f func() bool) {
+func waitFor(t *testing.T, d time.Duration, what string, f func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
@@ -883,7 +868,7 @@ func chat(base, model string, maxTokens int, stream bool, hdr map[string]string)
 	return http.DefaultClient.Do(req)
 }
 
-func drainK(resp *http.Response) {
+func drain(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 }
@@ -897,7 +882,7 @@ type streamed struct {
 }
 
 // streamK POSTs body and records how the bytes arrived.
-func streamK(t *testing.T, base, body string, hdr map[string]string) streamed {
+func streamChat(t *testing.T, base, body string, hdr map[string]string) streamed {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
