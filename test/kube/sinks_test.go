@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -363,3 +364,64 @@ func virtualServiceObject(ns, name string) *unstructured.Unstructured {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// GitOps tools may apply server-side. The weights live in HTTPRoute's
+// rules, an atomic list: once the controller has written them it owns all
+// the rules, so re-applying the chart's route conflicts (naming the
+// controller), and a forced apply puts the chart's weights back until the
+// controller's next change. The README tells GitOps users to ignore the
+// weights.
+func TestServerSideApplyMeetsTheController(t *testing.T) {
+	c := startCluster(t)
+	const ns = "llm"
+	for _, n := range []string{ns, "envoy-gateway-system"} {
+		c.createNamespace(t, n)
+	}
+	manifest, err := c.helmRender(t, ns, "infergate", chartVariantNamed(t, "scaled, Envoy Gateway, TLS from a Secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var route *unstructured.Unstructured
+	for _, obj := range decodeObjects(t, []byte(manifest)) {
+		if obj.GetKind() == "HTTPRoute" {
+			route = obj
+		}
+	}
+	if route == nil {
+		t.Fatal("the chart rendered no HTTPRoute")
+	}
+	route.SetNamespace(ns)
+	body, err := route.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := c.dyn.Resource(httpRoutes).Namespace(ns)
+	gitops := func(force bool) error {
+		_, err := routes.Patch(t.Context(), route.GetName(), types.ApplyPatchType, body, metav1.PatchOptions{FieldManager: "gitops", Force: &force})
+		return err
+	}
+	if err := gitops(false); err != nil {
+		t.Fatalf("server-side apply of the chart's route: %v", err)
+	}
+	kube, err := weightsink.NewKube(c.admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := &weightsink.HTTPRoute{Kube: kube, Namespace: ns, Name: route.GetName()}
+	if err := sink.Apply(t.Context(), map[string]map[string]uint32{"llama-3-70b": {"vllm-a100": 30, "vllm-h100": 70}}); err != nil {
+		t.Fatal(err)
+	}
+	err = gitops(false)
+	if !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "infergate-controller") || !strings.Contains(err.Error(), ".spec.rules") {
+		t.Errorf("re-applying after the controller: %v, want a conflict over .spec.rules naming infergate-controller", err)
+	}
+	if w := backendWeights(c.get(t, routes, route.GetName()), 0); w != "vllm-a100=30 vllm-h100=70" {
+		t.Errorf("a refused apply changed the weights: %s", w)
+	}
+	if err := gitops(true); err != nil {
+		t.Fatal(err)
+	}
+	if w := backendWeights(c.get(t, routes, route.GetName()), 0); w != "vllm-a100=80 vllm-h100=20" {
+		t.Errorf("a forced apply: weights %s, want the chart's 80/20 back", w)
+	}
+}
