@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
 )
 
@@ -226,7 +225,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	wg.Wait()
 	t.Logf("HTTPRoute weights %v -> %v, %v after vllm-a100 slowed down", w0, weights, moved.Sub(slowed).Round(time.Millisecond))
 	// The write was the controller's, as the release's service account
-	// (impersonated): the chart's RBAC allowed it.
+	// (its token): the chart's RBAC allowed it.
 	if !writtenBy(t, c, "infergate-controller") {
 		t.Error("the HTTPRoute's managedFields show no update by infergate-controller")
 	}
@@ -539,7 +538,8 @@ type infergateProc struct {
 
 // startInfergateFromRelease runs infergate with the release's ConfigMap,
 // API keys Secret and policies ConfigMap as its pod would mount them (the
-// mount paths rewritten), as the release's service account (impersonated)
+// mount paths rewritten), as the release's service account (a token from
+// the TokenRequest API, as the kubelet projects it into the pod)
 // for the weight sink, so the chart's RBAC is what allows its writes.
 func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Unstructured) *infergateProc {
 	t.Helper()
@@ -594,7 +594,11 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 		t.Fatal(err)
 	}
 	sa := nested[string](dep.Object, "spec", "template", "spec", "serviceAccountName")
-	kc := saKubeconfig(t, c, "system:serviceaccount:"+llmNS+":"+sa)
+	// The pod must get the token the controller's writes need.
+	if !nested[bool](dep.Object, "spec", "template", "spec", "automountServiceAccountToken") {
+		t.Errorf("Deployment %s runs the weight sink but does not mount its service account's token", dep.GetName())
+	}
+	kc := writeKubeconfig(t, c.tokenConfig(t, llmNS, sa))
 	startProc(t, "infergate", []string{"KUBECONFIG=" + kc}, p.requests, infergateBin(t), "serve", "--config", cfgPath)
 	waitFor(t, 20*time.Second, "infergate to be ready", func() bool {
 		resp, err := http.Get(fmt.Sprintf("http://%s/readyz", net.JoinHostPort(hostIP(t), strconv.Itoa(p.admin))))
@@ -604,23 +608,6 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 		return err == nil && resp.StatusCode == 200
 	})
 	return p
-}
-
-// saKubeconfig is the admin's kubeconfig impersonating user.
-func saKubeconfig(t *testing.T, c *cluster, user string) string {
-	t.Helper()
-	kc, err := clientcmd.LoadFromFile(c.kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range kc.AuthInfos {
-		a.Impersonate = user
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // logLine is one line of infergate's request log.
