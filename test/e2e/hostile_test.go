@@ -353,7 +353,11 @@ func TestDeepJSONRefusedAtOnce(t *testing.T) {
 		}
 		st := s.Gateway.stamp(t, resp.Header.Get("x-request-id"))
 		t.Logf("%s × 1 MiB: 400 after %.3f ms in the gate (receiving the body included)", name, st.Gatems)
-		if st.Gatems > 50 {
+		// "At once": the depth check stops the parse, so the time is
+		// receiving 1 MiB (16-60 ms here under the race detector and a
+		// loaded CI). A parser that descended would exhaust its stack or
+		// take far longer; the bound is for that, not the machine's load.
+		if st.Gatems > 500 {
 			t.Errorf("the gate took %.1f ms", st.Gatems)
 		}
 	}

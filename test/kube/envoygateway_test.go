@@ -53,7 +53,7 @@ func TestEnvoyGatewayKubernetesMode(t *testing.T) {
 	c := startCluster(t)
 	ctx := t.Context()
 	c.createNamespace(t, egNamespace)
-	startEnvoyGatewayK8s(t, c)
+	startEnvoyGateway(t, c)
 
 	// The pools, as local mocks, and infergate's release.
 	mocks := map[string]*mockPool{}
@@ -275,14 +275,11 @@ func writtenBy(t *testing.T, c *cluster, manager string) bool {
 	return false
 }
 
-// egProc is Envoy Gateway running in Kubernetes mode.
-type egProc struct{ log *testutil.Buffer }
-
-// startEnvoyGatewayK8s runs certgen against the API server, then the
+// startEnvoyGateway runs certgen against the API server, then the
 // controller. EG's xDS server reads its certificate from the fixed path
 // /certs (a Secret volume in its pod): it runs in a mount namespace of its
 // own where a temp dir is bind-mounted there.
-func startEnvoyGatewayK8s(t *testing.T, c *cluster) *egProc {
+func startEnvoyGateway(t *testing.T, c *cluster) {
 	t.Helper()
 	bin := os.Getenv("EG_BIN")
 	if bin == "" {
@@ -292,9 +289,8 @@ func startEnvoyGatewayK8s(t *testing.T, c *cluster) *egProc {
 	if _, err := os.Stat(bin); err != nil {
 		t.Fatalf("envoy-gateway not found (%v): run scripts/install-test-deps.sh, or set EG_BIN", err)
 	}
-	env := append(os.Environ(), "KUBECONFIG="+c.kubeconfig, "ENVOY_GATEWAY_NAMESPACE="+egNamespace)
-	certgen := exec.Command(bin, "certgen", "--disable-topology-injector")
-	certgen.Env = env
+	env := []string{"KUBECONFIG=" + c.kubeconfig, "ENVOY_GATEWAY_NAMESPACE=" + egNamespace}
+	certgen := withEnv(exec.Command(bin, "certgen", "--disable-topology-injector"), env...)
 	if out, err := certgen.CombinedOutput(); err != nil {
 		t.Fatalf("certgen: %v\n%s", err, out)
 	}
@@ -327,31 +323,14 @@ logging: {level: {default: info}}
 		}
 		t.Cleanup(func() { _ = os.Remove("/certs") })
 	}
-	log := &testutil.Buffer{}
-	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
-		`mount --bind "$1" /certs && exec "$2" server --config-path "$3"`, "sh", certs, bin, cfg)
-	cmd.Env, cmd.Stdout, cmd.Stderr, cmd.Dir = env, log, log, dir
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("envoy-gateway log:\n%s", log.String())
-		}
-	})
+	cmd := withEnv(exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount --bind "$1" /certs && exec "$2" server --config-path "$3"`, "sh", certs, bin, cfg), env...)
+	cmd.Dir = dir
+	done := startProc(t, "envoy-gateway", cmd, nil)
 	waitFor(t, 30*time.Second, "EG's xDS server on :18000", func() bool {
 		select {
 		case <-done:
-			t.Fatalf("envoy-gateway exited:\n%s", log.String())
+			t.Fatal("envoy-gateway exited")
 		default:
 		}
 		conn, err := net.Dial("tcp", "127.0.0.1:18000")
@@ -360,7 +339,6 @@ logging: {level: {default: info}}
 		}
 		return err == nil
 	})
-	return &egProc{log: log}
 }
 
 // writeSecret writes a Secret's keys as files in dir.
@@ -483,7 +461,7 @@ func startMock(t *testing.T, name string) *mockPool {
 	t.Helper()
 	p := freePort(t)
 	m := &mockPool{addr: net.JoinHostPort(hostIP(t), strconv.Itoa(p)), port: p}
-	startProc(t, name, nil, nil, infergateBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms")
+	startProc(t, name, exec.Command(infergateBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms"), nil)
 	waitFor(t, 15*time.Second, name+" to listen", func() bool {
 		resp, err := http.Get("http://" + m.addr + "/healthz")
 		if err == nil {
@@ -599,7 +577,7 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 		t.Errorf("Deployment %s runs the weight sink but does not mount its service account's token", dep.GetName())
 	}
 	kc := writeKubeconfig(t, c.tokenConfig(t, llmNS, sa))
-	startProc(t, "infergate", []string{"KUBECONFIG=" + kc}, p.requests, infergateBin(t), "serve", "--config", cfgPath)
+	startProc(t, "infergate", withEnv(exec.Command(infergateBin(t), "serve", "--config", cfgPath), "KUBECONFIG="+kc), p.requests)
 	waitFor(t, 20*time.Second, "infergate to be ready", func() bool {
 		resp, err := http.Get(fmt.Sprintf("http://%s/readyz", net.JoinHostPort(hostIP(t), strconv.Itoa(p.admin))))
 		if err == nil {
@@ -642,16 +620,15 @@ func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) boo
 	return found[0]
 }
 
-// startProc runs a child process whose output is shown when the test
-// fails; stdout, if not nil, gets its standard output.
-func startProc(t *testing.T, name string, env []string, stdout *testutil.Buffer, bin string, args ...string) {
+// startProc runs cmd as a child process, stopped (interrupt, then kill)
+// when the test ends, its output shown if the test failed; stdout, if not
+// nil, gets its standard output. The channel closes when it exits.
+func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) <-chan struct{} {
 	t.Helper()
 	logs := &testutil.Buffer{}
 	if stdout == nil {
 		stdout = logs
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = stdout, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -662,7 +639,7 @@ func startProc(t *testing.T, name string, env []string, stdout *testutil.Buffer,
 		_ = cmd.Process.Signal(os.Interrupt)
 		select {
 		case <-done:
-		case <-time.After(5 * time.Second):
+		case <-time.After(10 * time.Second):
 			_ = cmd.Process.Kill()
 			<-done
 		}
@@ -673,6 +650,13 @@ func startProc(t *testing.T, name string, env []string, stdout *testutil.Buffer,
 			}
 		}
 	})
+	return done
+}
+
+// withEnv is cmd with env added to this process's environment.
+func withEnv(cmd *exec.Cmd, env ...string) *exec.Cmd {
+	cmd.Env = append(os.Environ(), env...)
+	return cmd
 }
 
 // applyYAML applies every object of a YAML document.
