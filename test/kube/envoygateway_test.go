@@ -28,6 +28,8 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
+var endpointSlices = schema.GroupVersionResource{Group: "discovery.k8s.io", Version: "v1", Resource: "endpointslices"}
+
 const (
 	egNamespace = "envoy-gateway-system"
 	llmNS       = "llm"
@@ -155,6 +157,45 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	if after := servedAll(t, mocks); after != before {
 		t.Errorf("a refused request reached a pool: %d -> %d", before, after)
 	}
+
+	// No ready gate pod (its EndpointSlice gone): Envoy Gateway answers
+	// every request itself (a direct 500, not the gate's 503: README,
+	// Limits), and no pool sees one. Ready again, the gate decides again.
+	slices := c.dyn.Resource(endpointSlices).Namespace(llmNS)
+	if err := slices.Delete(ctx, relName+"-local", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before = servedAll(t, mocks)
+	waitFor(t, 30*time.Second, "Envoy Gateway to fail closed without gate endpoints", func() bool {
+		resp, err := chat(gw, "llama-3-70b", 1, false, map[string]string{"authorization": "Bearer " + apiKey})
+		if err != nil {
+			return false
+		}
+		drain(resp)
+		return resp.StatusCode == http.StatusInternalServerError
+	})
+	for range 10 {
+		resp, err := chat(gw, "llama-3-70b", 1, true, map[string]string{"authorization": "Bearer " + apiKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+		if resp.StatusCode != http.StatusInternalServerError {
+			t.Errorf("without gate endpoints: %d, want Envoy Gateway's 500", resp.StatusCode)
+		}
+	}
+	if after := servedAll(t, mocks); after != before {
+		t.Errorf("without a gate, %d requests reached a pool", after-before)
+	}
+	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
+	waitFor(t, 30*time.Second, "the gate to decide again", func() bool {
+		resp, err := chat(gw, "llama-3-70b", 1, false, nil)
+		if err != nil {
+			return false
+		}
+		drain(resp)
+		return resp.StatusCode == http.StatusUnauthorized
+	})
 
 	// A stream: byte-exact against the mock that served it, incremental,
 	// stamped by the meter.
