@@ -473,6 +473,16 @@ func TestStrictDecodeCombinations(t *testing.T) {
 				}
 			}
 		}},
+		{"Envoy Gateway route with annotations (GitOps)", func() map[string]any {
+			v := readValues(t, chartDir+"/ci/envoygateway-values.yaml")
+			v["envoyGateway"].(map[string]any)["route"].(map[string]any)["annotations"] = map[string]any{"kustomize.toolkit.fluxcd.io/ssa": "IfNotPresent"}
+			return v
+		}(), func(t *testing.T, objs map[string][]any) {
+			r := objs["gateway.networking.k8s.io/v1/HTTPRoute"][0].(*gwapiv1.HTTPRoute)
+			if r.Annotations["kustomize.toolkit.fluxcd.io/ssa"] != "IfNotPresent" {
+				t.Errorf("HTTPRoute annotations %v", r.Annotations)
+			}
+		}},
 		{"Envoy Gateway on a Gateway, no example route", map[string]any{
 			"envoyGateway": map[string]any{"enabled": true, "route": map[string]any{"enabled": false},
 				"targetRefs": []any{map[string]any{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "eg"}}},
