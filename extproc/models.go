@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,6 +63,13 @@ func (s *Server) modelsRequest(method, path string) (id string, one, ok bool) {
 // other (authentication, the policy's say on the listing, its budgets);
 // retrieving one model is decided as the listing, which is what it reveals.
 func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admission, id string, one bool) []*extprocv3.ProcessingResponse {
+	// The id is the client's (a path may be tens of KiB): refused past the
+	// bound a body's model has, before the policy, the stamp or the log.
+	if len(id) > MaxModelBytes {
+		e := openai.BadRequest("invalid_value", "model",
+			"model is "+strconv.Itoa(len(id))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
+		return s.deny(ctx, g, truncate(id, MaxModelBytes), request.Verdict{Deny: e, Reason: e.Code})
+	}
 	adm.Path = ModelsPath
 	g.policyAt = s.now()
 	v := s.policy.Decide(ctx, adm)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -165,6 +166,24 @@ func TestModelsRetrieve(t *testing.T) {
 		if json.Unmarshal(ir.GetBody(), &e) != nil || e.Error.Code != "model_not_found" || e.Error.Type != openai.TypeInvalidRequest {
 			t.Errorf("%s: %s, want OpenAI's model_not_found", c.path, ir.GetBody())
 		}
+	}
+}
+
+// A model id in the path is bounded as a body's model is: a long one is
+// refused 400 and never reaches the policy, nor the stamp whole.
+func TestModelsRetrieveLongIDRefused(t *testing.T) {
+	s, p, sink := modelsServer(t)
+	p.settled = nil
+	ir := get(s, "/v1/models/"+strings.Repeat("m", 60<<10), "sk-premium")
+	var e struct{ Error openai.Error }
+	if ir.GetStatus().GetCode() != 400 || json.Unmarshal(ir.GetBody(), &e) != nil || e.Error.Code != "invalid_value" || e.Error.Param == nil || *e.Error.Param != "model" {
+		t.Fatalf("a 60 KiB id: %d %s", ir.GetStatus().GetCode(), ir.GetBody())
+	}
+	if n := len(sink.stamps); n != 1 || len(sink.stamps[0].Model) > MaxModelBytes || sink.stamps[0].Status != 400 {
+		t.Errorf("stamps %d, model %d bytes", n, len(sink.stamps[n-1].Model))
+	}
+	if len(p.settled) != 0 {
+		t.Errorf("the policy saw it: %+v", p.settled)
 	}
 }
 

@@ -101,21 +101,22 @@ func parseResponsesEvent(name, data []byte) (Chunk, error) {
 	case strings.HasSuffix(typ, ".delta"):
 		c.Content = delta.Type == gjson.String && delta.Raw != `""`
 	case resp.Exists() && strings.HasPrefix(typ, "response."):
-		if !readResponse(resp, &c) {
+		if !readModelUsage(resp, &c, responsesInput) {
 			return Chunk{}, ErrBadChunk
 		}
 	}
 	return c, nil
 }
 
-// readResponse reads a lifecycle event's response object: its model and,
-// once it is over, its usage.
-func readResponse(resp gjson.Result, c *Chunk) bool {
-	if !resp.IsObject() {
+// readModelUsage reads the model and the usage of a response object (a
+// Responses lifecycle event's response, Anthropic's message_start message),
+// the usage's input counted from inputs.
+func readModelUsage(obj gjson.Result, c *Chunk, inputs []string) bool {
+	if !obj.IsObject() {
 		return false
 	}
 	ok := true
-	resp.ForEach(func(key, v gjson.Result) bool {
+	obj.ForEach(func(key, v gjson.Result) bool {
 		switch key.Str {
 		case "model":
 			if c.Model == "" {
@@ -123,7 +124,7 @@ func readResponse(resp gjson.Result, c *Chunk) bool {
 			}
 		case "usage":
 			if v.Type != gjson.Null && c.Usage == nil {
-				c.Usage, _, ok = readTokens(v, responsesInput, "output_tokens")
+				c.Usage, _, ok = readTokens(v, inputs, "output_tokens")
 			}
 		}
 		return ok
@@ -156,24 +157,7 @@ func parseMessagesEvent(name, data []byte) (Chunk, error) {
 			return !c.Content
 		})
 	case "message_start":
-		if !message.IsObject() {
-			return Chunk{}, ErrBadChunk
-		}
-		ok := true
-		message.ForEach(func(key, v gjson.Result) bool {
-			switch key.Str {
-			case "model":
-				if c.Model == "" {
-					c.Model = strings.Clone(v.Str)
-				}
-			case "usage":
-				if c.Usage == nil {
-					c.Usage, _, ok = readTokens(v, anthropicInput, "output_tokens")
-				}
-			}
-			return ok
-		})
-		if !ok {
+		if !readModelUsage(message, &c, anthropicInput) {
 			return Chunk{}, ErrBadChunk
 		}
 		c.InputOnly = c.Usage != nil // its output_tokens is a placeholder

@@ -78,6 +78,24 @@ func (a apiStream) contentOf(evs []namedEvent) []namedEvent {
 // API, status and completeness, its cadence, one content event per token,
 // and the usage the stream reported equal to the stamp's and to what the
 // mock billed between before and after.
+// throughGateway streams a's request to pool-b directly, then through
+// Envoy and infergate, and fails unless the two bodies are byte-identical.
+// It returns the gateway's stream and pool-b's billing ledger around it.
+func (a apiStream) throughGateway(t *testing.T, s *stack, tokens int, hdr map[string]string) (got streamResult, before, after mock.Usage) {
+	t.Helper()
+	want := stream(t, "http://"+s.PoolB.Addr+a.path, a.body(tokens), hdr)
+	before = s.PoolB.Usage()
+	got = stream(t, s.Envoy.URL+a.path, a.body(tokens), hdr)
+	after = s.PoolB.Usage()
+	if got.Status != 200 {
+		t.Fatalf("status %d: %s", got.Status, got.Body)
+	}
+	if !bytes.Equal(got.Body, want.Body) {
+		t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
+	}
+	return got, before, after
+}
+
 func (a apiStream) checkStamp(t *testing.T, st Stamp, evs []namedEvent, tokens, ttft, itl int, before, after mock.Usage) {
 	t.Helper()
 	if st.API != a.api || st.Status != 200 || !st.Stream || !st.Complete {
@@ -165,16 +183,7 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 			for _, itl := range []int{5, 20} {
 				t.Run(fmt.Sprintf("%s/ttft=%dms/itl=%dms", a.api, ttft, itl), func(t *testing.T) {
 					hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft), "x-mock-itl-ms": fmt.Sprint(itl)}
-					want := stream(t, "http://"+s.PoolB.Addr+a.path, a.body(tokens), hdr)
-					before := s.PoolB.Usage()
-					got := stream(t, s.Envoy.URL+a.path, a.body(tokens), hdr)
-					ledger := s.PoolB.Usage()
-					if got.Status != 200 {
-						t.Fatalf("status %d: %s", got.Status, got.Body)
-					}
-					if !bytes.Equal(got.Body, want.Body) {
-						t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
-					}
+					got, before, ledger := a.throughGateway(t, s, tokens, hdr)
 					evs := namedEvents(got.Events)
 					content := a.contentOf(evs)
 					if len(content) != tokens {

@@ -88,8 +88,11 @@ func TestStreamingIsByteExactAndIncremental(t *testing.T) {
 }
 
 // The meter's stamped TTFT and ITL match the mock's configured cadence.
-func TestStampMatchesCadence(t *testing.T) {
-	s := startStack(t)
+func TestStampMatchesCadence(t *testing.T) { stampsMatchCadence(t, startStack(t)) }
+
+// stampsMatchCadence streams at nine cadences through s and checks each
+// stamp against the mock's configured TTFT and ITL (both meters).
+func stampsMatchCadence(t *testing.T, s *stack) {
 	for _, ttft := range []int{50, 300, 1000} {
 		for _, itl := range []int{5, 20, 50} {
 			t.Run(fmt.Sprintf("ttft=%dms/itl=%dms", ttft, itl), func(t *testing.T) {

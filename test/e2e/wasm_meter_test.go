@@ -113,29 +113,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 // The Wasm meter's stamped TTFT and ITL match the mock's cadence, as the
 // ext_proc meter's do (TestStampMatchesCadence).
 func TestWasmMeterStampMatchesCadence(t *testing.T) {
-	s := startWasmStack(t, testConfig)
-	for _, ttft := range []int{50, 300, 1000} {
-		for _, itl := range []int{5, 20, 50} {
-			t.Run(fmt.Sprintf("ttft=%dms/itl=%dms", ttft, itl), func(t *testing.T) {
-				hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft), "x-mock-itl-ms": fmt.Sprint(itl)}
-				r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", 16, true, ""), hdr)
-				if r.Status != 200 {
-					t.Fatalf("status %d: %s", r.Status, r.Body)
-				}
-				st := s.Gateway.stamp(t, r.RequestID)
-				t.Logf("stamp ttft=%.3fms itl p50=%.3fms p95=%.3fms max=%.3fms gateway=%.3fms",
-					st.TTFTms, st.ITLP50ms, st.ITLP95ms, st.ITLMaxms, st.Gatewayms)
-				content := contentEvents(r.Events)
-				if len(content) == 0 {
-					t.Fatal("no content events")
-				}
-				checkCadence(t, st, content[0].At, ttft, itl)
-				if st.ContentEvents != 16 || st.CompletionTokens != 16 {
-					t.Errorf("stamp counted %d events / %d tokens, want 16", st.ContentEvents, st.CompletionTokens)
-				}
-			})
-		}
-	}
+	stampsMatchCadence(t, startWasmStack(t, testConfig))
 }
 
 // The summary settles the gate's reservation: the request is charged its
@@ -254,16 +232,7 @@ func TestWasmMeterPerAPI(t *testing.T) {
 	hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft), "x-mock-itl-ms": fmt.Sprint(itl)}
 	for _, a := range namedAPIs {
 		t.Run(a.api, func(t *testing.T) {
-			want := stream(t, "http://"+s.PoolB.Addr+a.path, a.body(tokens), hdr)
-			before := s.PoolB.Usage()
-			got := stream(t, s.Envoy.URL+a.path, a.body(tokens), hdr)
-			ledger := s.PoolB.Usage()
-			if got.Status != 200 {
-				t.Fatalf("status %d: %s", got.Status, got.Body)
-			}
-			if !bytes.Equal(got.Body, want.Body) {
-				t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
-			}
+			got, before, ledger := a.throughGateway(t, s, tokens, hdr)
 			evs := namedEvents(got.Events)
 			content := a.contentOf(evs)
 			if len(content) != tokens || len(got.Reads) < tokens {

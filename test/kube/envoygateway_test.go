@@ -130,12 +130,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	// EG's Envoy, on EG's bootstrap.
 	gw := startEGEnvoy(t, c, gwPort)
 	waitFor(t, 60*time.Second, "Envoy to route through the gate", func() bool {
-		resp, err := chat(gw, "llama-3-70b", 1, false, nil)
-		if err != nil {
-			return false
-		}
-		drain(resp)
-		return resp.StatusCode == http.StatusUnauthorized
+		return status(gw, false, nil) == http.StatusUnauthorized
 	})
 	t.Logf("up after %v", time.Since(start).Round(time.Millisecond))
 
@@ -167,21 +162,11 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	}
 	before = servedAll(t, mocks)
 	waitFor(t, 30*time.Second, "Envoy Gateway to fail closed without gate endpoints", func() bool {
-		resp, err := chat(gw, "llama-3-70b", 1, false, map[string]string{"authorization": "Bearer " + apiKey})
-		if err != nil {
-			return false
-		}
-		drain(resp)
-		return resp.StatusCode == http.StatusInternalServerError
+		return status(gw, false, withKey) == http.StatusInternalServerError
 	})
 	for range 10 {
-		resp, err := chat(gw, "llama-3-70b", 1, true, map[string]string{"authorization": "Bearer " + apiKey})
-		if err != nil {
-			t.Fatal(err)
-		}
-		drain(resp)
-		if resp.StatusCode != http.StatusInternalServerError {
-			t.Errorf("without gate endpoints: %d, want Envoy Gateway's 500", resp.StatusCode)
+		if code := status(gw, true, withKey); code != http.StatusInternalServerError {
+			t.Errorf("without gate endpoints: %d, want Envoy Gateway's 500", code)
 		}
 	}
 	if after := servedAll(t, mocks); after != before {
@@ -189,12 +174,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	}
 	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 	waitFor(t, 30*time.Second, "the gate to decide again", func() bool {
-		resp, err := chat(gw, "llama-3-70b", 1, false, nil)
-		if err != nil {
-			return false
-		}
-		drain(resp)
-		return resp.StatusCode == http.StatusUnauthorized
+		return status(gw, false, nil) == http.StatusUnauthorized
 	})
 
 	// A stream: byte-exact against the mock that served it, incremental,
@@ -878,6 +858,20 @@ func chat(base, model string, maxTokens int, stream bool, hdr map[string]string)
 		req.Header.Set(k, v)
 	}
 	return http.DefaultClient.Do(req)
+}
+
+// withKey is the headers of a request with the release's API key.
+var withKey = map[string]string{"authorization": "Bearer " + apiKey}
+
+// status is the status of a one-token llama-3-70b request through gw, 0 if
+// it could not be sent.
+func status(gw string, stream bool, hdr map[string]string) int {
+	resp, err := chat(gw, "llama-3-70b", 1, stream, hdr)
+	if err != nil {
+		return 0
+	}
+	drain(resp)
+	return resp.StatusCode
 }
 
 func drain(resp *http.Response) {
