@@ -327,6 +327,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	st := &m.stamp
 	t := &m.tally
 	t.End(end)
+	if at, ok := t.Terminal(); ok && !complete { // the client left at [DONE]
+		complete, end, m.cut = true, at, false
+	}
 	st.API, st.ResponseModel, st.ContentEvents, st.ITLMax = t.API, t.Model, t.ContentEvents, t.ITLMax
 	// The response's counts, range-checked: they are charged to a budget.
 	// An input reported ahead of the output replaces the gate's estimate;

@@ -127,15 +127,20 @@ func (p *settleRecorder) Settle(ctx context.Context, s *request.Settlement) {
 // A response that ends early is settled anyway, on a context of its own.
 // Envoy closing the meter's stream (the client or the pool reset the
 // response) marks it cut: what was counted is what passed. A stream that
-// breaks (cancelled) may have carried on unseen: not cut.
+// breaks (cancelled) may have carried on unseen: not cut. A client that
+// leaves at [DONE] (the OpenAI SDKs close there, before the response's end
+// reaches Envoy) had it all: complete.
 func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
+	closeSend := func(c extprocv3.ExternalProcessor_ProcessClient, _ context.CancelFunc) { _ = c.CloseSend() }
 	for _, tc := range []struct {
 		name    string
+		done    bool // [DONE] arrived before the end
 		end     func(extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc)
 		wantCut bool
 	}{
-		{"envoy closes the stream", func(c extprocv3.ExternalProcessor_ProcessClient, _ context.CancelFunc) { _ = c.CloseSend() }, true},
-		{"the stream breaks", func(_ extprocv3.ExternalProcessor_ProcessClient, reset context.CancelFunc) { reset() }, false},
+		{"envoy closes the stream", false, closeSend, true},
+		{"the stream breaks", false, func(_ extprocv3.ExternalProcessor_ProcessClient, reset context.CancelFunc) { reset() }, false},
+		{"the client leaves at [DONE]", true, closeSend, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _ := newTestServer(t, "")
@@ -153,7 +158,11 @@ func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 				request.MetadataNamespace: {Fields: map[string]*structpb.Value{
 					"reservation": structpb.NewStringValue("r-1"), "tenant": structpb.NewStringValue("acme")}},
 			}}
-			for _, msg := range []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(roleChunk, false), respBody(contentChunk, false)} {
+			msgs := []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(roleChunk, false), respBody(contentChunk, false)}
+			if tc.done {
+				msgs = append(msgs, respBody("data: [DONE]\n\n", false))
+			}
+			for _, msg := range msgs {
 				msg.ObservabilityMode = true
 				if err := stream.Send(msg); err != nil {
 					t.Fatal(err)
@@ -166,8 +175,8 @@ func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 				if got.err != nil {
 					t.Errorf("settled on a dead context: %v", got.err)
 				}
-				if got.s.Reservation != "r-1" || got.s.Complete || got.s.CompletionTokens != 1 || got.s.Cut != tc.wantCut {
-					t.Errorf("settlement %+v, want reservation r-1, incomplete, 1 completion token counted, cut %v", got.s, tc.wantCut)
+				if got.s.Reservation != "r-1" || got.s.Complete != tc.done || got.s.CompletionTokens != 1 || got.s.Cut != tc.wantCut {
+					t.Errorf("settlement %+v, want reservation r-1, complete %v, 1 completion token counted, cut %v", got.s, tc.done, tc.wantCut)
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatal("the reservation was never settled")

@@ -45,10 +45,11 @@ type Response struct {
 	HasInput  bool
 	BadEvents int // events that could not be read
 
-	emit    func(sse.Event) // bound once: no closure per chunk
-	chunkAt time.Time
-	last    time.Time
-	body    jsonBody
+	emit     func(sse.Event) // bound once: no closure per chunk
+	chunkAt  time.Time
+	terminal time.Time // the arrival of the stream's [DONE]
+	last     time.Time
+	body     jsonBody
 }
 
 // Body takes one chunk of the response body, arrived at `at`. chunk is only
@@ -84,6 +85,12 @@ func (r *Response) End(at time.Time) {
 	}
 }
 
+// Terminal reports when the stream's terminal event ([DONE]) arrived. A
+// client may leave right then, before the response's end reaches Envoy
+// (the official OpenAI SDKs close the response on [DONE]): it had the
+// whole response, so the meters count it complete, ended then.
+func (r *Response) Terminal() (time.Time, bool) { return r.terminal, !r.terminal.IsZero() }
+
 // MaxKept is the most a Response holds of a non-streamed body.
 const MaxKept = 2 * jsonKeep
 
@@ -97,6 +104,7 @@ func (r *Response) Unread() int { return r.BadEvents + r.Parser.Dropped + r.Pars
 // content-bearing events.
 func (r *Response) onEvent(ev sse.Event) {
 	if ev.Done {
+		r.terminal = r.chunkAt
 		return
 	}
 	if r.API == "" {

@@ -54,6 +54,9 @@ func (r *Recorder) End(complete bool, at time.Time) (s *Summary, ok bool) {
 	r.ended = true
 	t := &r.t
 	t.End(at)
+	if done, ok := t.Terminal(); ok && !complete { // the client left at [DONE]
+		complete, at = true, done
+	}
 	r.sum = Summary{
 		Start: r.start, Complete: complete, SSE: t.SSE, API: t.API, E2E: at.Sub(r.start),
 		ContentEvents: t.ContentEvents, Usage: t.Usage, OutputOnly: t.OutputOnly, Input: t.Input, HasInput: t.HasInput,
