@@ -49,6 +49,21 @@ func TestRecorderStream(t *testing.T) {
 	}
 }
 
+// A client that left at [DONE] (the OpenAI SDKs close there) had the whole
+// response: complete, ended at [DONE], not when Envoy saw the reset.
+func TestRecorderClientLeftAtDone(t *testing.T) {
+	t0 := time.Now()
+	var r Recorder
+	r.Start(t0, "")
+	r.ResponseHeaders("text/event-stream")
+	r.Body([]byte(chunk("a")), t0.Add(50*time.Millisecond))
+	r.Body([]byte("data: [DONE]\n\n"), t0.Add(60*time.Millisecond))
+	s, _ := r.End(false, t0.Add(5*time.Second))
+	if !s.Complete || s.E2E != 60*time.Millisecond || s.ContentEvents != 1 {
+		t.Errorf("left at [DONE]: complete %v, E2E %v, %d events", s.Complete, s.E2E, s.ContentEvents)
+	}
+}
+
 // A cut stream, an event with no blank line before the end, a bounded
 // number of gaps, a response the gate answered itself (never started).
 func TestRecorderCutAndBounds(t *testing.T) {
