@@ -270,7 +270,14 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	defer stopFeed()
 	defer stopWatching()
 
-	g.Go(func() error { return s.grpc.Serve(extprocLis) })
+	g.Go(func() error {
+		// A stop that comes before Serve runs makes it return at once
+		// (and close the listener): that is a clean stop too.
+		if err := s.grpc.Serve(extprocLis); !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	})
 	if s.certs != nil {
 		g.Go(func() error { s.certs.Run(watchCtx, s.cfg.Policy.ReloadInterval); return nil })
 	}
