@@ -196,8 +196,18 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 							t.Errorf("content event %d arrived %v after the previous one: coalesced (ITL %dms)", i, gap, itl)
 						}
 					}
-					if len(got.Reads) < tokens {
+					// At 5 ms the same hiccup may join two events in one read;
+					// a buffered body would still arrive in one or two, and
+					// all at once.
+					minReads := tokens
+					if itl < 20 {
+						minReads = tokens / 2
+					}
+					if len(got.Reads) < minReads {
 						t.Errorf("body arrived in %d reads for %d content events: buffered", len(got.Reads), tokens)
+					}
+					if spread, want := content[tokens-1].At-content[0].At, time.Duration(itl*(tokens-1))*time.Millisecond/2; spread < want {
+						t.Errorf("content events spread over %v, want at least %v: buffered", spread, want)
 					}
 
 					st := s.Gateway.stamp(t, got.RequestID)
