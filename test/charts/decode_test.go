@@ -25,8 +25,9 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	// Registers the ExternalProcessor type, so the typed_config of the
-	// EnvoyFilters' patches resolves.
+	// Register the types the EnvoyFilters' patches name in typed_config:
+	// the ExternalProcessor and the local-reply mapper's CEL filter.
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/filters/cel/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 )
 

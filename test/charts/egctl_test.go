@@ -154,6 +154,7 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 	filters := map[string]*extprocv3.ExternalProcessor{} // by HTTP filter name
 	var order []string
 	var bufferLimits []float64
+	var preservesRequestID []bool // per HTTP connection manager of the Gateway's listener
 	var routes []map[string]any
 	walk(xds, func(m map[string]any) {
 		if tc, ok := m["typedConfig"].(map[string]any); ok && tc["@type"] == "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor" {
@@ -170,6 +171,12 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 		if m["@type"] == "type.googleapis.com/envoy.config.listener.v3.Listener" && m["name"] == "envoy-gateway-system/eg/http" {
 			v, _ := m["perConnectionBufferLimitBytes"].(float64)
 			bufferLimits = append(bufferLimits, v)
+			walk(m, func(hcm map[string]any) {
+				if hcm["@type"] == "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager" {
+					v, _ := hcm["preserveExternalRequestId"].(bool)
+					preservesRequestID = append(preservesRequestID, v)
+				}
+			})
 		}
 		if _, ok := m["match"]; ok {
 			if _, ok := m["name"].(string); ok {
@@ -231,6 +238,9 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 	// The ClientTrafficPolicy's buffer limit reaches the Gateway's listener.
 	if len(bufferLimits) != 1 || bufferLimits[0] != 1<<20 {
 		t.Errorf("listener perConnectionBufferLimitBytes %v, want [1048576] from the ClientTrafficPolicy", bufferLimits)
+	}
+	if len(preservesRequestID) != 1 || !preservesRequestID[0] {
+		t.Errorf("HTTP connection managers' the Gateway listener's preserveExternalRequestId %v, want [true] from the ClientTrafficPolicy", preservesRequestID)
 	}
 	for _, want := range []string{"exact: llama-3-70b", "weight: 80", "weight: 20", "key: x-infergate-pool", "status: 404",
 		"value: '%DYNAMIC_METADATA(infergate:x-ratelimit-remaining-tokens)%'"} {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -60,7 +61,8 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 		t.Fatal(err)
 	}
 	var snippet struct {
-		HTTPFilters []json.RawMessage `json:"http_filters"`
+		HTTPFilters      []json.RawMessage `json:"http_filters"`
+		LocalReplyConfig json.RawMessage   `json:"local_reply_config"`
 	}
 	js, err := yaml.YAMLToJSON(b)
 	if err != nil {
@@ -72,6 +74,17 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 	if len(snippet.HTTPFilters) != 2 {
 		t.Fatalf("envoy/snippet.yaml has %d http_filters, want the gate and the meter", len(snippet.HTTPFilters))
 	}
+
+	// The gate's failures: the snippet's first local-reply mapper (the
+	// second rewrites every local reply, which in a mesh are not all ours).
+	var snippetReply hcmv3.LocalReplyConfig
+	if err := protojson.Unmarshal(snippet.LocalReplyConfig, &snippetReply); err != nil {
+		t.Fatal(err)
+	}
+	if len(snippetReply.GetMappers()) == 0 {
+		t.Fatal("envoy/snippet.yaml has no local-reply mapper")
+	}
+	wantReply := &hcmv3.LocalReplyConfig{Mappers: snippetReply.GetMappers()[:1]}
 
 	r := mustRender(t, variant{"istio", filepath.Join(chartDir, "ci", "istio-values.yaml")})
 	const cluster = "outbound|50051||infergate.llm.svc.cluster.local"
@@ -87,7 +100,7 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 		if len(procs) != 2 || names[0] != "infergate.gate" || names[1] != "infergate.meter" {
 			t.Fatalf("EnvoyFilter patches %v, want [infergate.gate infergate.meter] in that order", names)
 		}
-		underscores := false
+		underscores, reply := false, false
 		for _, cp := range spec.GetConfigPatches() {
 			if cp.GetApplyTo().String() != "NETWORK_FILTER" {
 				continue
@@ -99,9 +112,17 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 			}
 			underscores = cp.GetPatch().GetOperation().String() == "MERGE" &&
 				hcm.GetCommonHttpProtocolOptions().GetHeadersWithUnderscoresAction().String() == "DROP_HEADER"
+			reply = cp.GetPatch().GetOperation().String() == "MERGE" && proto.Equal(hcm.GetLocalReplyConfig(), wantReply)
+			if !reply {
+				t.Errorf("the HCM patch's local_reply_config differs from envoy/snippet.yaml's first mapper:\nchart:   %v\nsnippet: %v",
+					hcm.GetLocalReplyConfig(), wantReply)
+			}
 		}
 		if !underscores {
 			t.Error("no MERGE patch dropping headers with underscores")
+		}
+		if !reply {
+			t.Error("no MERGE patch answering the gate's failures in OpenAI's error format")
 		}
 		for i, cp := range spec.GetConfigPatches()[:len(procs)] {
 			if cp.GetApplyTo().String() != "HTTP_FILTER" || cp.GetPatch().GetOperation().String() != "INSERT_BEFORE" ||

@@ -19,6 +19,7 @@ package e2e
 // test switches between forwarding to infergate and those three.
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -273,8 +274,9 @@ func gwDo(base string, p gwProbe) (status int, body string, elapsed time.Duratio
 }
 
 // gwExpectClosed sends every probe at once and wants the status for each
-// within gwFailBound, and no request at any pool.
-func gwExpectClosed(t *testing.T, how, base string, want int, probes []gwProbe, pools ...*gwPool) {
+// within gwFailBound, and no request at any pool. With code set, each body
+// must be an OpenAI-style error with that code.
+func gwExpectClosed(t *testing.T, how, base string, want int, code string, probes []gwProbe, pools ...*gwPool) {
 	t.Helper()
 	before := make([]int64, len(pools))
 	served := make([]int64, len(pools))
@@ -306,6 +308,12 @@ func gwExpectClosed(t *testing.T, how, base string, want int, probes []gwProbe, 
 		}
 		if r.status != want {
 			t.Errorf("%s: %s %s (%s): %d %q, want %d", how, p.method, p.path, p.route, r.status, r.body, want)
+		}
+		var e struct {
+			Error struct{ Message, Type, Code string }
+		}
+		if code != "" && (json.Unmarshal([]byte(r.body), &e) != nil || e.Error.Code != code || e.Error.Message == "") {
+			t.Errorf("%s: %s %s (%s): body %q, want an OpenAI-style error with code %s", how, p.method, p.path, p.route, r.body, code)
 		}
 		if r.elapsed > gwFailBound {
 			t.Errorf("%s: %s %s (%s): answered after %v, want within %v (message timeout %v)",
@@ -445,7 +453,8 @@ spec:
 	for _, down := range gwFailures("gate", muteAddr) {
 		gate.set(down.mode, down.target)
 		accepted, streams := gate.accepted.Load(), mute.streams.Load()
-		gwExpectClosed(t, "Envoy Gateway, "+down.how, s.URL, gwStatusTimeout, probes, poolA, poolB)
+		// Envoy Gateway's own body: it has no local-reply override (README Limits).
+		gwExpectClosed(t, "Envoy Gateway, "+down.how, s.URL, gwStatusTimeout, "", probes, poolA, poolB)
 		// The failure must have been met, not routed around.
 		if reached := gate.accepted.Load() > accepted; down.mode == gwMute && !reached ||
 			down.mode == gwForward && mute.streams.Load() == streams {
@@ -454,5 +463,5 @@ spec:
 	}
 	s.Gateway.Stop(t)
 	gate.set(gwRefuse, "")
-	gwExpectClosed(t, "Envoy Gateway, infergate stopped", s.URL, gwStatusOnError, probes, poolA, poolB)
+	gwExpectClosed(t, "Envoy Gateway, infergate stopped", s.URL, gwStatusOnError, "", probes, poolA, poolB)
 }

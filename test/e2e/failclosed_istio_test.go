@@ -807,7 +807,7 @@ func istioFailClosed(t *testing.T, proxy istioProxy) {
 	for _, down := range gwFailures("gate", muteAddr) {
 		gate.set(down.mode, down.target)
 		accepted, streams := gate.accepted.Load(), mute.streams.Load()
-		gwExpectClosed(t, proxy.name+", "+down.how, exact.url, gwStatusTimeout, probes, poolA, poolB)
+		gwExpectClosed(t, proxy.name+", "+down.how, exact.url, gwStatusTimeout, "gate_unavailable", probes, poolA, poolB)
 		// The failure must have been met, not routed around.
 		if reached := gate.accepted.Load() > accepted; down.mode == gwMute && !reached ||
 			down.mode == gwForward && mute.streams.Load() == streams {
@@ -816,7 +816,7 @@ func istioFailClosed(t *testing.T, proxy istioProxy) {
 	}
 	g.Stop(t)
 	gate.set(gwRefuse, "")
-	gwExpectClosed(t, proxy.name+", infergate stopped", exact.url, gwStatusOnError, probes, poolA, poolB)
+	gwExpectClosed(t, proxy.name+", infergate stopped", exact.url, gwStatusOnError, "gate_unavailable", probes, poolA, poolB)
 }
 
 // istioDocs decodes every YAML document of a file under the repository.

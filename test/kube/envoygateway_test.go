@@ -178,8 +178,10 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	})
 
 	// A stream: byte-exact against the mock that served it, incremental,
-	// stamped by the meter.
-	hdr := map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "60", "x-mock-itl-ms": "15"}
+	// stamped by the meter under the client's request id (the chart's
+	// ClientTrafficPolicy keeps it; EG's default would replace it).
+	hdr := map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "60", "x-mock-itl-ms": "15",
+		"x-request-id": "kube-eg-stream-1"}
 	got := streamChat(t, gw, chatBody("llama-3-70b", 8, true, ""), hdr)
 	pool := got.header.Get("x-infergate-pool")
 	m := mocks[pool]
@@ -196,10 +198,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	if got.firstByte > 0 && got.total-got.firstByte < 7*15*time.Millisecond*8/10 {
 		t.Errorf("first bytes at %v, end at %v: the stream was buffered", got.firstByte, got.total)
 	}
-	// EG's Envoy replaces a client's x-request-id (the chart's
-	// ClientTrafficPolicy does not preserve it): this is the only allowed
-	// stream so far.
-	st := ig.stamp(t, "the allowed stream", func(s logLine) bool { return s.Decision == "allow" && s.Stream })
+	st := ig.stamp(t, "the allowed stream", func(s logLine) bool { return s.RequestID == "kube-eg-stream-1" })
 	if st.Pool != pool || st.Decision != "allow" || st.Tenant != "acme" || st.CompletionTokens != 8 || !st.Complete ||
 		st.TTFTms < 55 || st.TTFTms > 120 {
 		t.Errorf("stamp %+v (pool %s)", st, pool)

@@ -74,3 +74,26 @@ typed_config:
       - {exact: content-type}
       - {exact: x-infergate-pool}
 {{- end }}
+
+{{/*
+The gate's failures in OpenAI's error format: envoy/snippet.yaml's first
+local-reply mapper (a test keeps them identical). Only replies the ext_proc
+filter made: a mesh's other local replies are left as they are.
+*/}}
+{{- define "infergate.envoy.localReply" -}}
+mappers:
+- filter:
+    extension_filter:
+      name: envoy.access_loggers.extension_filters.cel
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.access_loggers.filters.cel.v3.ExpressionFilter
+        expression: "!('x-infergate-error' in response.headers) && response.code_details.startsWith('ext_proc')"
+  body_format_override:
+    json_format:
+      error:
+        message: "the gateway's request filter is unavailable; the request was not forwarded"
+        type: "gateway_error"
+        param: null
+        code: "gate_unavailable"
+    content_type: application/json
+{{- end }}
