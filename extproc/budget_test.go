@@ -85,6 +85,26 @@ func TestGateSendsEffectiveMaxTokens(t *testing.T) {
 	}
 }
 
+// gate.chatOutputLimit names the key added to a chat completion without a
+// cap: max_completion_tokens for pools serving OpenAI's reasoning models,
+// which refuse max_tokens.
+func TestGateAddsTheConfiguredChatOutputLimit(t *testing.T) {
+	for _, key := range []string{"max_tokens", "max_completion_tokens"} {
+		s, _ := newTestServer(t, "gate:\n  chatOutputLimit: "+key+"\n")
+		s.policy = &capPolicy{maxTokens: 64}
+		g := &gateRequest{started: time.Now(), eager: true}
+		s.gateStep(context.Background(), g, headersMsg(false, chatHeaders...))
+		out := s.gateStep(context.Background(), g, bodyMsg(`{"model":"o3","messages":[]}`, true))
+		if len(out) != 2 {
+			t.Fatalf("answers %v", out)
+		}
+		body := string(out[1].GetRequestBody().GetResponse().GetBodyMutation().GetBody())
+		if want := `{"model":"o3","messages":[],"` + key + `":64}`; body != want {
+			t.Errorf("chatOutputLimit %s: upstream body %s, want %s", key, body, want)
+		}
+	}
+}
+
 // A request Envoy retried on the next pool reaches the meter once, as the
 // answering attempt's response: one settlement, with that attempt's usage,
 // and a stamp that names every attempt and the pool charged (the last).

@@ -33,6 +33,7 @@ func newTestServer(t testing.TB, yaml string) (*Server, *captureSink) {
 	}
 	sink := &captureSink{}
 	s, err := New(Options{CompletionPaths: cfg.Gate.Paths, MaxBodyBytes: cfg.Gate.MaxBodyBytes, KeepUsageOption: !*cfg.Gate.InjectUsage,
+		HonourUsageOptOut: cfg.Gate.HonourUsageOptOut, ChatOutputLimit: cfg.Gate.ChatOutputLimit,
 		MaxEventBytes: cfg.Meter.MaxEventBytes, MaxTrackedGaps: cfg.Meter.MaxTrackedGaps,
 		Meter: m.Meter(), Sinks: []request.Sink{sink}})
 	if err != nil {

@@ -284,7 +284,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		if body == nil {
 			body = g.body
 		}
-		b, err := withMaxTokens(body, v.MaxTokens, outputLimitKeys(api)...)
+		b, err := withMaxTokens(body, v.MaxTokens, outputLimitKeys(api, s.opts.ChatOutputLimit)...)
 		if err != nil {
 			s.log.Error("gate max_tokens", "err", err)
 			s.unreserve(ctx, adm, v)
@@ -537,15 +537,21 @@ func (g *gateRequest) immediate(e *openai.Error, extra ...*corev3.HeaderValueOpt
 }
 
 // outputLimitKeys are the body keys that cap an API's output, the first
-// the one added when none is sent (see withMaxTokens).
-func outputLimitKeys(api openai.API) []string {
+// the one added when none is sent (see withMaxTokens); chatKey is the one
+// added to a chat completion (Options.ChatOutputLimit).
+func outputLimitKeys(api openai.API, chatKey string) []string {
 	switch api {
 	case openai.APIResponses:
 		return []string{"max_output_tokens"}
 	case openai.APIMessages:
 		return []string{"max_tokens"}
+	case openai.APIChat:
+		if chatKey == "max_completion_tokens" {
+			return []string{"max_completion_tokens", "max_tokens"}
+		}
 	}
 	// Every OpenAI-compatible server and both completion endpoints know
-	// max_tokens; max_completion_tokens is chat-only.
+	// max_tokens; max_completion_tokens is chat-only (both are read, so
+	// both are capped).
 	return []string{"max_tokens", "max_completion_tokens"}
 }

@@ -19,7 +19,7 @@ func TestWithMaxTokens(t *testing.T) {
 		{`{"model":"m","metadata":{"max_tokens":9999}}`, `{"model":"m","metadata":{"max_tokens":9999},"max_tokens":64}`},
 		{`{"model":"m","max\u005ftokens":5000}`, `{"model":"m","max\u005ftokens":64}`},
 	} {
-		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(openai.APIChat)...)
+		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(openai.APIChat, "max_tokens")...)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("withMaxTokens(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
 			continue
@@ -47,14 +47,38 @@ func TestWithMaxTokensPerAPI(t *testing.T) {
 		{openai.APIMessages, `{"model":"m","max_tokens":4096,"messages":[]}`, `{"model":"m","max_tokens":64,"messages":[]}`},
 		{openai.APIMessages, `{"model":"m","max_tokens":8,"messages":[]}`, `{"model":"m","max_tokens":8,"messages":[]}`},
 	} {
-		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(tc.api)...)
+		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(tc.api, "max_tokens")...)
 		if err != nil || string(got) != tc.want {
 			t.Errorf("%s: withMaxTokens(%s) = %s, %v; want %s", tc.api, tc.in, got, err, tc.want)
 		}
 	}
 }
 
-var generatingAPIs = []openai.API{openai.APIChat, openai.APICompletions, openai.APIResponses, openai.APIMessages}
+// With gate.chatOutputLimit: max_completion_tokens a chat completion that
+// names no cap gets max_completion_tokens (OpenAI's reasoning models refuse
+// max_tokens); a cap the client sent is lowered under its own key, and text
+// completions keep max_tokens.
+func TestWithMaxTokensChatKey(t *testing.T) {
+	for _, tc := range []struct {
+		api      openai.API
+		in, want string
+	}{
+		{openai.APIChat, `{"model":"o3","messages":[]}`, `{"model":"o3","messages":[],"max_completion_tokens":64}`},
+		{openai.APIChat, `{"model":"m","max_tokens":500,"messages":[]}`, `{"model":"m","max_tokens":64,"messages":[]}`},
+		{openai.APIChat, `{"model":"m","max_completion_tokens":500}`, `{"model":"m","max_completion_tokens":64}`},
+		{openai.APICompletions, `{"model":"m","prompt":"hi"}`, `{"model":"m","prompt":"hi","max_tokens":64}`},
+	} {
+		got, err := withMaxTokens([]byte(tc.in), 64, outputLimitKeys(tc.api, "max_completion_tokens")...)
+		if err != nil || string(got) != tc.want {
+			t.Errorf("%s: withMaxTokens(%s) = %s, %v; want %s", tc.api, tc.in, got, err, tc.want)
+		}
+	}
+}
+
+var (
+	generatingAPIs = []openai.API{openai.APIChat, openai.APICompletions, openai.APIResponses, openai.APIMessages}
+	chatKeys       = []string{"max_tokens", "max_completion_tokens"}
+)
 
 func FuzzWithMaxTokens(f *testing.F) {
 	f.Add([]byte(`{"model":"m","max_tokens":5000,"messages":[]}`), 64, uint8(0))
@@ -68,7 +92,7 @@ func FuzzWithMaxTokens(f *testing.F) {
 		if err != nil {
 			return // the gate rewrites only what it validated
 		}
-		got, err := withMaxTokens(body, n, outputLimitKeys(api)...)
+		got, err := withMaxTokens(body, n, outputLimitKeys(api, chatKeys[int(which)/len(generatingAPIs)%2])...)
 		if err != nil {
 			t.Fatalf("validated body %q: %v", body, err)
 		}

@@ -73,6 +73,12 @@ type Options struct {
 	// whatever the client asked; the client then receives the final usage
 	// chunk (empty choices) as OpenAI sends it to clients that ask.
 	HonourUsageOptOut bool
+	// ChatOutputLimit is the key the gate adds to a chat completion that
+	// names no output cap when the policy caps it: "max_tokens" (the
+	// default, which every OpenAI-compatible server reads) or
+	// "max_completion_tokens" (OpenAI's reasoning models refuse
+	// max_tokens).
+	ChatOutputLimit string
 	// MaxEventBytes bounds one SSE line the meter keeps across chunks
 	// (default 1 MiB); MaxTrackedGaps the inter-token gaps kept per
 	// request for the stamp (default 16384).

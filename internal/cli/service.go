@@ -115,6 +115,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		MaxBodyBytes:      cfg.Gate.MaxBodyBytes,
 		KeepUsageOption:   !*cfg.Gate.InjectUsage,
 		HonourUsageOptOut: cfg.Gate.HonourUsageOptOut,
+		ChatOutputLimit:   cfg.Gate.ChatOutputLimit,
 		MaxEventBytes:     cfg.Meter.MaxEventBytes,
 		MaxTrackedGaps:    cfg.Meter.MaxTrackedGaps,
 		Logger:            logger,

@@ -316,6 +316,13 @@ type Gate struct {
 	// alone (default false: usage is asked for on every stream, so a client
 	// cannot lower its charge by opting out).
 	HonourUsageOptOut bool `yaml:"honourUsageOptOut"`
+	// ChatOutputLimit is the key the gate adds to a chat completion that
+	// names no output cap when the policy caps it: max_tokens (default:
+	// every OpenAI-compatible server reads it) or max_completion_tokens
+	// (OpenAI's reasoning models refuse max_tokens; a server that ignores
+	// it would write past the reservation). A cap the client sent is
+	// rewritten under the key it used.
+	ChatOutputLimit string `yaml:"chatOutputLimit"`
 	// Paths are the request paths the gate treats as inference requests
 	// (JSON bodies with a model), each read as the API its last segments
 	// name (openai.APIOf; a chat or text completion when they name none).
@@ -420,6 +427,7 @@ func (c *Config) fillDefaults() {
 	if c.Gate.InjectUsage == nil {
 		c.Gate.InjectUsage = ptr(true)
 	}
+	setDefault(&c.Gate.ChatOutputLimit, "max_tokens")
 	if c.Gate.Paths == nil {
 		c.Gate.Paths = []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}
 	}
@@ -498,6 +506,8 @@ func (c *Config) validate() error {
 	check(validAddr(c.Admin.Listen), "admin.listen", "%q is not host:port", c.Admin.Listen)
 	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",
 		"must be between 1 and 67108864, got %d", c.Gate.MaxBodyBytes)
+	check(oneOf(c.Gate.ChatOutputLimit, "max_tokens", "max_completion_tokens"), "gate.chatOutputLimit",
+		"must be max_tokens or max_completion_tokens; got %q", c.Gate.ChatOutputLimit)
 	for _, p := range c.Gate.Paths {
 		check(strings.HasPrefix(p, "/"), "gate.paths", "%q must start with /", p)
 	}

@@ -23,9 +23,10 @@ func defaults() *Config {
 		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000},
 		Admin:   Admin{Listen: ":9090", RecentRequests: ptr(1000)},
 		Gate: Gate{
-			MaxBodyBytes: 1 << 20,
-			InjectUsage:  ptr(true),
-			Paths:        []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"},
+			MaxBodyBytes:    1 << 20,
+			InjectUsage:     ptr(true),
+			ChatOutputLimit: "max_tokens",
+			Paths:           []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"},
 		},
 		Meter: Meter{MaxEventBytes: 1 << 20, MaxTrackedGaps: 16384},
 		Auth: Auth{
@@ -72,8 +73,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -109,9 +110,10 @@ func TestValidFile(t *testing.T) {
 			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"}},
 		Admin: Admin{Listen: "[::1]:9191", RecentRequests: ptr(50), Pprof: true},
 		Gate: Gate{
-			MaxBodyBytes: 64 << 20,
-			InjectUsage:  ptr(false),
-			Paths:        []string{"/v1/chat/completions", "/openai/v1/responses"},
+			MaxBodyBytes:    64 << 20,
+			InjectUsage:     ptr(false),
+			ChatOutputLimit: "max_completion_tokens",
+			Paths:           []string{"/v1/chat/completions", "/openai/v1/responses"},
 		},
 		Meter: Meter{MaxEventBytes: 1024, MaxTrackedGaps: 100},
 		Auth: Auth{
