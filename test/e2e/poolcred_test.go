@@ -159,8 +159,9 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	}, "pool-b to receive the rotated key")
 	t.Logf("rotated key in use after %v", time.Since(rotatedAt).Round(time.Millisecond))
 
-	// Streaming through the injecting cluster: byte-exact, new key.
-	hdr := map[string]string{"x-mock-ttft-ms": "50", "x-mock-itl-ms": "10", "authorization": "Bearer sk-client"}
+	// Streaming through the injecting cluster: byte-exact, new key, one read
+	// per event (at a cadence a loaded machine keeps apart).
+	hdr := map[string]string{"x-mock-ttft-ms": "50", "x-mock-itl-ms": "20", "authorization": "Bearer sk-client"}
 	got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", 12, true, ""), hdr)
 	if got.Status != 200 {
 		t.Fatalf("stream: status %d: %s", got.Status, got.Body)
