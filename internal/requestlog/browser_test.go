@@ -66,7 +66,9 @@ func TestPagesInChromium(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(`#requests tbody tr a`)); err != nil {
 		t.Fatal(err)
 	}
-	waitJS(t, ctx, `document.getElementById("waterfall") !== null`)
+	// The whole page, not just its first bytes: CI once read a row whose
+	// bar had not been parsed yet.
+	waitJS(t, ctx, `document.readyState === "complete" && document.getElementById("waterfall") !== null`)
 	type bar struct {
 		Phase string  `json:"phase"`
 		Width float64 `json:"width"`
