@@ -24,8 +24,8 @@ import (
 // 30s and 3m). Every 10s it samples infergate's memory, goroutines and file
 // descriptors and Redis' memory and keys. It passes when no request was
 // lost or corrupted, the ledger balances, and each sample series is flat
-// after warm-up (RSS and fds on runs of judgedFrom or longer). The report (table and plots) goes to SOAK_REPORT
-// (default bin/soak.html).
+// after warm-up (RSS and fds on runs of their judgedFrom or longer). The
+// report (table and plots) goes to SOAK_REPORT (default bin/soak.html).
 func TestSoak(t *testing.T) {
 	d := envDuration(t, "SOAK_DURATION", 3*time.Minute)
 	every := envDuration(t, "SOAK_FAULT_EVERY", min(max(d/6, 30*time.Second), 3*time.Minute))

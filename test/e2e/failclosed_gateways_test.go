@@ -309,9 +309,7 @@ func gwExpectClosed(t *testing.T, how, base string, want int, code string, probe
 		if r.status != want {
 			t.Errorf("%s: %s %s (%s): %d %q, want %d", how, p.method, p.path, p.route, r.status, r.body, want)
 		}
-		var e struct {
-			Error struct{ Message, Type, Code string }
-		}
+		var e openAIError
 		if code != "" && (json.Unmarshal([]byte(r.body), &e) != nil || e.Error.Code != code || e.Error.Message == "") {
 			t.Errorf("%s: %s %s (%s): body %q, want an OpenAI-style error with code %s", how, p.method, p.path, p.route, r.body, code)
 		}
