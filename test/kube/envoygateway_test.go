@@ -479,15 +479,11 @@ func infergateBin(t *testing.T) string {
 
 func startMock(t *testing.T, name string) *mockPool {
 	t.Helper()
-	p := freePort(t)
-	m := &mockPool{addr: net.JoinHostPort(hostIP(t), strconv.Itoa(p)), port: p}
-	startProc(t, name, exec.Command(infergateBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms"), nil)
-	waitFor(t, 15*time.Second, name+" to listen", func() bool {
-		resp, err := http.Get("http://" + m.addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err == nil && resp.StatusCode == 200
+	m := &mockPool{}
+	serveOnFreePorts(t, name, 1, 15*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
+		m.port = ports[0]
+		m.addr = net.JoinHostPort(hostIP(t), strconv.Itoa(m.port))
+		return exec.Command(infergateBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms"), "http://" + m.addr + "/healthz"
 	})
 	return m
 }
@@ -575,35 +571,32 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 			}
 		}
 	}
-	p := &infergateProc{extproc: freePort(t), admin: freePort(t), xds: freePort(t), requests: &testutil.Buffer{}}
-	cfg["extproc"].(map[string]any)["listen"] = net.JoinHostPort(hostIP(t), strconv.Itoa(p.extproc))
-	cfg["admin"].(map[string]any)["listen"] = net.JoinHostPort(hostIP(t), strconv.Itoa(p.admin))
-	cfg["xds"].(map[string]any)["listen"] = net.JoinHostPort(hostIP(t), strconv.Itoa(p.xds))
-	b, _ := json.Marshal(cfg)
-	conf := string(b)
-	for path, dir := range mounts {
-		conf = strings.ReplaceAll(conf, `"`+path, `"`+dir)
-	}
-	if strings.Contains(conf, `"/etc/infergate`) {
-		t.Fatalf("config still names a pod path: %s", conf)
-	}
-	cfgPath := filepath.Join(t.TempDir(), "config.yaml")
-	if err := os.WriteFile(cfgPath, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	sa := nested[string](dep.Object, "spec", "template", "spec", "serviceAccountName")
 	// The pod must get the token the controller's writes need.
 	if !nested[bool](dep.Object, "spec", "template", "spec", "automountServiceAccountToken") {
 		t.Errorf("Deployment %s runs the weight sink but does not mount its service account's token", dep.GetName())
 	}
 	kc := writeKubeconfig(t, c.tokenConfig(t, llmNS, sa))
-	startProc(t, "infergate", withEnv(exec.Command(infergateBin(t), "serve", "--config", cfgPath), "KUBECONFIG="+kc), p.requests)
-	waitFor(t, 20*time.Second, "infergate to be ready", func() bool {
-		resp, err := http.Get(fmt.Sprintf("http://%s/readyz", net.JoinHostPort(hostIP(t), strconv.Itoa(p.admin))))
-		if err == nil {
-			resp.Body.Close()
+	p := &infergateProc{requests: &testutil.Buffer{}}
+	serveOnFreePorts(t, "infergate", 3, 20*time.Second, p.requests, func(ports []int) (*exec.Cmd, string) {
+		p.extproc, p.admin, p.xds = ports[0], ports[1], ports[2]
+		listen := func(port int) string { return net.JoinHostPort(hostIP(t), strconv.Itoa(port)) }
+		cfg["extproc"].(map[string]any)["listen"] = listen(p.extproc)
+		cfg["admin"].(map[string]any)["listen"] = listen(p.admin)
+		cfg["xds"].(map[string]any)["listen"] = listen(p.xds)
+		b, _ := json.Marshal(cfg)
+		conf := string(b)
+		for path, dir := range mounts {
+			conf = strings.ReplaceAll(conf, `"`+path, `"`+dir)
 		}
-		return err == nil && resp.StatusCode == 200
+		if strings.Contains(conf, `"/etc/infergate`) {
+			t.Fatalf("config still names a pod path: %s", conf)
+		}
+		cfgPath := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(cfgPath, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return withEnv(exec.Command(infergateBin(t), "serve", "--config", cfgPath), "KUBECONFIG="+kc), "http://" + listen(p.admin) + "/readyz"
 	})
 	return p
 }
@@ -645,6 +638,13 @@ func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) boo
 // nil, gets its standard output. The channel closes when it exits.
 func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) <-chan struct{} {
 	t.Helper()
+	done, _ := startProcLogged(t, name, cmd, stdout)
+	return done
+}
+
+// startProcLogged is startProc, also returning the process's log.
+func startProcLogged(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) (<-chan struct{}, *testutil.Buffer) {
+	t.Helper()
 	logs := &testutil.Buffer{}
 	if stdout == nil {
 		stdout = logs
@@ -670,7 +670,46 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer
 			}
 		}
 	})
-	return done
+	return done, logs
+}
+
+// serveOnFreePorts starts the server start returns (its command and the
+// URL that answers 200 once it is ready) on n ports that were free, and
+// again on new ones if another socket took one before the server bound it:
+// a port is only free until someone binds it, and on a busy machine an
+// outgoing connection's source port may be the one chosen.
+func serveOnFreePorts(t *testing.T, name string, n int, timeout time.Duration, stdout *testutil.Buffer,
+	start func(ports []int) (cmd *exec.Cmd, readyURL string)) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		ports := make([]int, n)
+		for i := range ports {
+			ports[i] = freePort(t)
+		}
+		cmd, readyURL := start(ports)
+		done, logs := startProcLogged(t, name, cmd, stdout)
+		exited := false
+		waitFor(t, timeout, name+" to be ready", func() bool {
+			select {
+			case <-done:
+				exited = true
+				return true
+			default:
+			}
+			resp, err := http.Get(readyURL)
+			if err == nil {
+				resp.Body.Close()
+			}
+			return err == nil && resp.StatusCode == 200
+		})
+		if !exited {
+			return
+		}
+		if attempt == 3 || !strings.Contains(logs.String(), "address already in use") {
+			t.Fatalf("%s exited before it was ready:\n%s", name, logs.String())
+		}
+		t.Logf("%s: a chosen port was taken before it bound it; again on new ports", name)
+	}
 }
 
 // withEnv is cmd with env added to this process's environment.
@@ -818,9 +857,10 @@ func num(v any) int64 {
 	return 0
 }
 
+// freePort is a port no socket on any of this host's addresses holds now.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp4", ":0")
 	if err != nil {
 		t.Fatal(err)
 	}
