@@ -26,9 +26,14 @@ import (
 	"sigs.k8s.io/yaml"
 
 	// Register the types the EnvoyFilters' patches name in typed_config:
-	// the ExternalProcessor and the local-reply mapper's CEL filter.
+	// the ExternalProcessor, the local-reply mapper's CEL filter, and the
+	// sidecars' skip for the gateway's identity (a matcher on the peer's
+	// URI SAN wrapping each filter).
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/filters/cel/v3"
+	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/ssl/v3"
 )
 
 // typed maps each kind the chart may render to its Go API type. A kind
@@ -224,8 +229,24 @@ func decodeHTTPFilter(js []byte) (*extprocv3.ExternalProcessor, string, error) {
 	if err := protojson.Unmarshal(js, &f); err != nil {
 		return nil, "", err
 	}
+	config := f.GetTypedConfig()
+	var wrapped matchingv3.ExtensionWithMatcher
+	if config.MessageIs(&wrapped) {
+		// A sidecar's filter, skipped for the gateway's identity: the
+		// filter itself is the extension_config, under the same name.
+		if err := config.UnmarshalTo(&wrapped); err != nil {
+			return nil, "", fmt.Errorf("typed_config: %w", err)
+		}
+		if err := wrapped.ValidateAll(); err != nil {
+			return nil, "", err
+		}
+		if inner := wrapped.GetExtensionConfig().GetName(); inner != f.GetName() {
+			return nil, "", fmt.Errorf("extension_config %q inside filter %q", inner, f.GetName())
+		}
+		config = wrapped.GetExtensionConfig().GetTypedConfig()
+	}
 	var proc extprocv3.ExternalProcessor
-	if err := f.GetTypedConfig().UnmarshalTo(&proc); err != nil {
+	if err := config.UnmarshalTo(&proc); err != nil {
 		return nil, "", fmt.Errorf("typed_config: %w", err)
 	}
 	if err := proc.ValidateAll(); err != nil {

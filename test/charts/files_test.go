@@ -11,8 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
+	actionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	sslv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/ssl/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -189,6 +192,99 @@ func TestIstioGateForwardsPolicyHeaders(t *testing.T) {
 		if !slices.Equal(prefix, []string{"x-infergate-", "x_infergate_"}) {
 			t.Errorf("gate forwards prefixes %v", prefix)
 		}
+	}
+}
+
+// A request the chart's Istio gateway routes to a model server's sidecar
+// was gated and metered at the gateway: the sidecar's filters skip the
+// gateway's identities, and only when the chart gates that gateway (else a
+// request from it would pass ungated).
+func TestIstioSidecarSkipsOnlyTheChartsGateway(t *testing.T) {
+	const defaultID = "spiffe://cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account"
+	cases := []struct {
+		name    string
+		gateway bool
+		ids     []any // nil: the default
+		want    []string
+	}{
+		{"default", true, nil, []string{defaultID}},
+		{"two gateways", true, []any{"spiffe://td/ns/a/sa/gw", "spiffe://td/ns/b/sa/gw"}, []string{"spiffe://td/ns/a/sa/gw", "spiffe://td/ns/b/sa/gw"}},
+		{"none", true, []any{}, nil},
+		{"the chart's gateway off", false, nil, nil},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			vals := readValues(t, filepath.Join(chartDir, "ci", "istio-values.yaml"))
+			istio := vals["istio"].(map[string]any)
+			istio["gateway"].(map[string]any)["enabled"] = c.gateway
+			if c.ids != nil {
+				istio["sidecar"].(map[string]any)["gatewayIdentities"] = c.ids
+			}
+			r, err := render(t, vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			skips := map[string][]string{} // EnvoyFilter/filter -> identities skipped
+			for _, doc := range r.docs {
+				if !strings.Contains(doc, "kind: EnvoyFilter") {
+					continue
+				}
+				ef, _, _, err := decodeEnvoyFilter([]byte(doc))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var name struct {
+					Metadata struct{ Name string } `json:"metadata"`
+				}
+				if err := yaml.Unmarshal([]byte(doc), &name); err != nil {
+					t.Fatal(err)
+				}
+				for _, cp := range ef.GetConfigPatches() {
+					if cp.GetApplyTo().String() != "HTTP_FILTER" {
+						continue
+					}
+					js, err := protojson.Marshal(cp.GetPatch().GetValue())
+					if err != nil {
+						t.Fatal(err)
+					}
+					var f hcmv3.HttpFilter
+					if err := protojson.Unmarshal(js, &f); err != nil {
+						t.Fatal(err)
+					}
+					var w matchingv3.ExtensionWithMatcher
+					key := name.Metadata.Name + "/" + f.GetName()
+					if f.GetTypedConfig().UnmarshalTo(&w) != nil {
+						skips[key] = nil
+						continue
+					}
+					tree := w.GetXdsMatcher().GetMatcherTree()
+					var input sslv3.UriSanInput
+					if err := tree.GetInput().GetTypedConfig().UnmarshalTo(&input); err != nil {
+						t.Errorf("%s: the matcher's input is not the peer's URI SAN: %v", key, err)
+					}
+					for id, m := range tree.GetExactMatchMap().GetMap() {
+						var skip actionv3.SkipFilter
+						if err := m.GetAction().GetTypedConfig().UnmarshalTo(&skip); err != nil {
+							t.Errorf("%s: %s does not skip the filter: %v", key, id, err)
+						}
+						skips[key] = append(skips[key], id)
+					}
+					slices.Sort(skips[key])
+				}
+			}
+			for key, ids := range skips {
+				want := c.want
+				if strings.HasPrefix(key, "infergate-gateway/") {
+					want = nil // the gateway itself always gates
+				}
+				if !slices.Equal(ids, want) {
+					t.Errorf("%s skips %v, want %v", key, ids, want)
+				}
+			}
+			if n := len(skips); n != 2 && !c.gateway || n != 4 && c.gateway {
+				t.Errorf("HTTP filters patched: %v", skips)
+			}
+		})
 	}
 }
 
@@ -473,6 +569,10 @@ func TestValuesRejected(t *testing.T) {
 		{"NetworkPolicy peer misspelt", func() map[string]any {
 			return map[string]any{"networkPolicy": map[string]any{"enabled": true, "extprocFrom": []any{map[string]any{"podSelectors": map[string]any{}}}}}
 		}, "podSelectors"},
+		{"gateway identity that is not a SPIFFE ID", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true, "sidecar": map[string]any{
+				"enabled": true, "workloadSelector": map[string]any{"app": "vllm"}, "gatewayIdentities": []any{"istio-ingressgateway"}}}}
+		}, "gatewayIdentities"},
 		{"PeerAuthentication without Istio", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"peerAuthentication": map[string]any{"enabled": true}}}
 		}, "istio.peerAuthentication needs istio.enabled"},

@@ -332,13 +332,19 @@ func gwExpectClosed(t *testing.T, how, base string, want int, code string, probe
 // header on the request the pool got (the gate ran).
 func gwExpectStream(t *testing.T, how, base string, p *gwPool, model string, hdr map[string]string) {
 	t.Helper()
+	gwExpectStreamWith(t, http.DefaultClient, how, base, p, model, hdr)
+}
+
+// gwExpectStreamWith is gwExpectStream through client.
+func gwExpectStreamWith(t *testing.T, client *http.Client, how, base string, p *gwPool, model string, hdr map[string]string) {
+	t.Helper()
 	const tokens, itl = 10, 25 * time.Millisecond
 	h := map[string]string{"x-mock-ttft-ms": "60", "x-mock-itl-ms": fmt.Sprint(itl.Milliseconds())}
 	for k, v := range hdr {
 		h[k] = v
 	}
 	served := p.Served()
-	got := stream(t, base+"/v1/chat/completions", chatBody(model, tokens, true, ""), h)
+	got := streamWith(t, client, base+"/v1/chat/completions", chatBody(model, tokens, true, ""), h)
 	if got.Status != 200 {
 		t.Fatalf("%s: status %d: %s", how, got.Status, got.Body)
 	}

@@ -633,7 +633,7 @@ type istioProxyRun struct {
 // its own on that endpoint (a test-side change: in the chart both filters
 // share the Service's cluster, so only an L7 failure of the meter's streams
 // could leave the gate up; this models that one failure at L4).
-func istioStartProxy(t *testing.T, proxy istioProxy, filters []istioEnvoyFilter, extproc, meterEndpoint string, poolA, poolB *gwPool) istioProxyRun {
+func istioStartProxy(t *testing.T, proxy istioProxy, filters []istioEnvoyFilter, extproc, meterEndpoint string, poolA, poolB *gwPool, tweaks ...func(bootstrap map[string]any)) istioProxyRun {
 	t.Helper()
 	raw := istioSidecarBootstrap(extproc, poolA.Addr, poolB.Addr)
 	if proxy.gateway {
@@ -667,7 +667,7 @@ func istioStartProxy(t *testing.T, proxy istioProxy, filters []istioEnvoyFilter,
 					hf, _ := hcm["http_filters"].([]any)
 					for _, h := range hf {
 						if hm := h.(map[string]any); hm["name"] == "infergate.meter" {
-							gs := istioMap(t, "grpc_service", istioMap(t, "typed_config", hm["typed_config"])["grpc_service"])
+							gs := istioMap(t, "grpc_service", istioExtProcConfig(t, hm)["grpc_service"])
 							istioMap(t, "envoy_grpc", gs["envoy_grpc"])["cluster_name"] = meterCluster
 							n++
 						}
@@ -685,6 +685,9 @@ func istioStartProxy(t *testing.T, proxy istioProxy, filters []istioEnvoyFilter,
 		sr := istioMap(t, "static_resources", bootstrap["static_resources"])
 		sr["clusters"] = append(sr["clusters"].([]any), extra...)
 	}
+	for _, tweak := range tweaks {
+		tweak(bootstrap)
+	}
 	out, err := yaml.Marshal(bootstrap)
 	if err != nil {
 		t.Fatal(err)
@@ -695,6 +698,18 @@ func istioStartProxy(t *testing.T, proxy istioProxy, filters []istioEnvoyFilter,
 		run.url = istioRedirect(t, istioListenerAddr(t, e.AdminURL, "virtualInbound"), 8000)
 	}
 	return run
+}
+
+// istioExtProcConfig is an HTTP filter's ExternalProcessor config, inside
+// the matcher a sidecar's filter may be wrapped in (skipped for the
+// gateway's identity).
+func istioExtProcConfig(t *testing.T, filter map[string]any) map[string]any {
+	t.Helper()
+	tc := istioMap(t, "typed_config", filter["typed_config"])
+	if inner, ok := tc["extension_config"]; ok {
+		tc = istioMap(t, "extension_config.typed_config", istioMap(t, "extension_config", inner)["typed_config"])
+	}
+	return tc
 }
 
 // The patched config itself: the filters in order before the router, the

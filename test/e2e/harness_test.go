@@ -353,6 +353,12 @@ type streamResult struct {
 // stream POSTs body and records every byte with its arrival time.
 func stream(t *testing.T, url string, body string, hdr map[string]string) streamResult {
 	t.Helper()
+	return streamWith(t, http.DefaultClient, url, body, hdr)
+}
+
+// streamWith is stream through client (e.g. one with a TLS identity).
+func streamWith(t *testing.T, client *http.Client, url string, body string, hdr map[string]string) streamResult {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +368,7 @@ func stream(t *testing.T, url string, body string, hdr map[string]string) stream
 		req.Header.Set(k, v)
 	}
 	start := time.Now()
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"math/big"
+	"net/url"
 	"os"
 	"testing"
 	"time"
@@ -57,6 +58,21 @@ func (ca *CA) Client(t testing.TB, name string) Leaf {
 	return ca.issue(t, []string{name}, x509.ExtKeyUsageClientAuth)
 }
 
+// Workload issues a certificate as a service mesh issues a workload's: its
+// identity as the one URI SAN (a SPIFFE ID), for both ends of mutual TLS,
+// with the DNS names a client may verify it by.
+func (ca *CA) Workload(t testing.TB, spiffeID string, dnsNames ...string) Leaf {
+	t.Helper()
+	id, err := url.Parse(spiffeID)
+	if err != nil || id.Scheme != "spiffe" {
+		t.Fatalf("testpki: %q is not a SPIFFE ID", spiffeID)
+	}
+	return ca.sign(t, dnsNames, func(c *x509.Certificate) {
+		c.URIs = []*url.URL{id}
+		c.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	})
+}
+
 // Pool is a pool holding the CA alone.
 func (ca *CA) Pool() *x509.CertPool {
 	p := x509.NewCertPool()
@@ -65,9 +81,20 @@ func (ca *CA) Pool() *x509.CertPool {
 }
 
 func (ca *CA) issue(t testing.TB, names []string, usage x509.ExtKeyUsage) Leaf {
+	return ca.sign(t, names, func(c *x509.Certificate) { c.ExtKeyUsage = []x509.ExtKeyUsage{usage} })
+}
+
+// sign issues a leaf for the DNS names (the first, if any, is also its
+// common name), as set adjusts it.
+func (ca *CA) sign(t testing.TB, names []string, set func(*x509.Certificate)) Leaf {
 	key := newKey(t)
-	tmpl := template(t, names[0])
-	tmpl.DNSNames, tmpl.KeyUsage, tmpl.ExtKeyUsage = names, x509.KeyUsageDigitalSignature, []x509.ExtKeyUsage{usage}
+	cn := ""
+	if len(names) > 0 {
+		cn = names[0]
+	}
+	tmpl := template(t, cn)
+	tmpl.DNSNames, tmpl.KeyUsage = names, x509.KeyUsageDigitalSignature
+	set(tmpl)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
