@@ -358,8 +358,14 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if !m.envoyStart.IsZero() {
 		// External checks (moderation) happen before the request leaves but
 		// are neither gateway nor model time: the stamp keeps them apart.
-		st.Gateway.Total = max(0, m.sentAt.Sub(m.envoyStart)-st.Gateway.Checks)
+		// The start is Envoy's clock, the rest infergate's: where they
+		// disagree by more than the gateway took, its time is 0 and the
+		// start moves, so that Total stays the sum of the parts.
 		st.Start = m.envoyStart
+		if earliest := m.sentAt.Add(-st.Gateway.Checks); earliest.Before(st.Start) {
+			st.Start = earliest
+		}
+		st.Gateway.Total = m.sentAt.Sub(st.Start) - st.Gateway.Checks
 	}
 	st.Total = end.Sub(st.Start)
 	switch {

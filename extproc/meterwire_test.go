@@ -68,6 +68,47 @@ func TestMeterFieldAsRequestAttribute(t *testing.T) {
 	}
 }
 
+// Envoy's request.time is Envoy's clock, the arrivals infergate's: where
+// Envoy's runs ahead by more than the gateway took (or the external checks
+// took longer than the two clocks allow), the gateway's time is 0, never
+// negative, and Total is still its parts' sum.
+func TestStampAddsUpUnderClockSkew(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		envoyAhead  time.Duration // Envoy's start after the headers' arrival
+		checks      time.Duration
+		wantGateway time.Duration
+	}{
+		{"in step", -3 * time.Millisecond, 0, 3 * time.Millisecond},
+		{"Envoy ahead", 64 * time.Microsecond, 0, 0},
+		{"checks longer than the clocks allow", -time.Millisecond, 2 * time.Millisecond, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, sink := newTestServer(t, "")
+			t0 := time.Unix(1_796_000_000, 0)
+			f := sampleField
+			f.sent, f.checksUS = t0.UnixMicro(), tc.checks.Microseconds()
+			hdrs := headersMsg(false, "x-request-id", "hdr-id")
+			hdrs.ObservabilityMode = true
+			hdrs.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
+				request.MeterAttribute: structpb.NewStringValue(f.encode()),
+				"request.time":         structpb.NewStringValue(t0.Add(tc.envoyAhead).UTC().Format(time.RFC3339Nano))}}}
+			m := newMeter(s)
+			m.observe(hdrs, t0)
+			m.observe(respHeaders("application/json"), t0.Add(40*time.Millisecond))
+			s.finish(context.Background(), m, t0.Add(60*time.Millisecond), true)
+			st := sink.stamps[0]
+			if st.Gateway.Total != tc.wantGateway || st.E2E != 60*time.Millisecond {
+				t.Errorf("gateway %v, E2E %v; want %v, 60ms", st.Gateway.Total, st.E2E, tc.wantGateway)
+			}
+			if sum := st.Gateway.Total + st.Gateway.Checks + st.E2E; st.Total != sum || !st.Start.Equal(st.Sent.Add(-sum+st.E2E)) {
+				t.Errorf("total %v, parts %v (gateway %v + checks %v + E2E %v), start %v before sent",
+					st.Total, sum, st.Gateway.Total, st.Gateway.Checks, st.E2E, st.Sent.Sub(st.Start))
+			}
+		})
+	}
+}
+
 // A meter that skips the request headers reads everything the gate
 // decided from its one field, and times the response from the gate's
 // answer: TTFT and E2E from there, the gateway's time up to it.
