@@ -223,11 +223,7 @@ func TestPoolCredentialHostedTLS(t *testing.T) {
 	if len(content) != tokens || len(got.Reads) < tokens {
 		t.Fatalf("stream: %d content events in %d reads, want %d arriving one by one", len(content), len(got.Reads), tokens)
 	}
-	for i := 1; i < len(content); i++ {
-		if gap := content[i].At - content[i-1].At; gap < itl/3 {
-			t.Errorf("content event %d arrived %v after the previous one: coalesced (ITL %v)", i, gap, itl)
-		}
-	}
+	checkNotCoalesced(t, arrivals(content), itl)
 	if st := s.Gateway.stamp(t, got.RequestID); st.Pool != "pool-b" || !st.Complete || st.Status != 200 || st.CompletionTokens != tokens {
 		t.Errorf("stream stamp = %+v", st)
 	}

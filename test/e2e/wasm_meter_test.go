@@ -77,11 +77,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 	if len(content) != tokens {
 		t.Fatalf("got %d content events, want %d", len(content), tokens)
 	}
-	for i := 1; i < len(content); i++ {
-		if gap := content[i].At - content[i-1].At; gap < 10*time.Millisecond {
-			t.Errorf("content event %d arrived %v after the previous one: coalesced (ITL 30ms)", i, gap)
-		}
-	}
+	checkNotCoalesced(t, arrivals(content), 30*time.Millisecond)
 	if len(got.Reads) < tokens {
 		t.Errorf("body arrived in %d reads for %d content events: buffered", len(got.Reads), tokens)
 	}
