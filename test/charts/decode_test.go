@@ -31,9 +31,9 @@ import (
 	// URI SAN wrapping each filter).
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/filters/cel/v3"
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
+	actionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/ssl/v3"
+	sslv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/ssl/v3"
 )
 
 // typed maps each kind the chart may render to its Go API type. A kind
@@ -154,36 +154,34 @@ type istioObject struct {
 // decodeEnvoyFilter decodes an EnvoyFilter strictly, down to the Envoy
 // config of each patch: the HTTP filter and its ExternalProcessor, which
 // are also checked against Envoy's proto validation rules.
-func decodeEnvoyFilter(doc []byte) (*istionet.EnvoyFilter, []*extprocv3.ExternalProcessor, []string, error) {
+func decodeEnvoyFilter(doc []byte) (*istionet.EnvoyFilter, []httpFilter, error) {
 	var ef istioObject
 	if err := strictDecode(doc, &ef); err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	spec := &istionet.EnvoyFilter{}
 	if err := protojson.Unmarshal(ef.Spec, spec); err != nil {
-		return nil, nil, nil, fmt.Errorf("spec: %w", err)
+		return nil, nil, fmt.Errorf("spec: %w", err)
 	}
-	var procs []*extprocv3.ExternalProcessor
-	var names []string
+	var filters []httpFilter
 	for i, cp := range spec.GetConfigPatches() {
 		value, err := protojson.Marshal(cp.GetPatch().GetValue())
 		if err != nil {
-			return nil, nil, nil, err
+			return nil, nil, err
 		}
 		if cp.GetApplyTo().String() == "NETWORK_FILTER" {
 			if _, err := decodeHCMPatch(value); err != nil {
-				return nil, nil, nil, fmt.Errorf("configPatches[%d].patch.value: %w", i, err)
+				return nil, nil, fmt.Errorf("configPatches[%d].patch.value: %w", i, err)
 			}
 			continue
 		}
-		proc, name, err := decodeHTTPFilter(value)
+		f, err := decodeHTTPFilter(value)
 		if err != nil {
-			return nil, nil, nil, fmt.Errorf("configPatches[%d].patch.value: %w", i, err)
+			return nil, nil, fmt.Errorf("configPatches[%d].patch.value: %w", i, err)
 		}
-		procs = append(procs, proc)
-		names = append(names, name)
+		filters = append(filters, f)
 	}
-	return spec, procs, names, nil
+	return spec, filters, nil
 }
 
 // decodePeerAuthentication decodes a PeerAuthentication strictly.
@@ -204,7 +202,7 @@ func decodeIstio(gvk string, doc []byte) (any, error) {
 	if strings.HasSuffix(gvk, "/PeerAuthentication") {
 		return decodePeerAuthentication(doc)
 	}
-	spec, _, _, err := decodeEnvoyFilter(doc)
+	spec, _, err := decodeEnvoyFilter(doc)
 	return spec, err
 }
 
@@ -222,37 +220,58 @@ func decodeHCMPatch(js []byte) (*hcmv3.HttpConnectionManager, error) {
 	return &hcm, nil
 }
 
+// httpFilter is an HTTP filter patch: its name, its ext_proc config, and
+// the peer identities (URI SANs) it is skipped for, if it is wrapped in a
+// matcher that skips it.
+type httpFilter struct {
+	name  string
+	proc  *extprocv3.ExternalProcessor
+	skips []string // sorted
+}
+
 // decodeHTTPFilter decodes an Envoy HttpFilter holding an ext_proc filter,
-// from proto JSON, and validates it.
-func decodeHTTPFilter(js []byte) (*extprocv3.ExternalProcessor, string, error) {
+// maybe inside a matcher skipping it for peer identities, from proto JSON,
+// and validates it.
+func decodeHTTPFilter(js []byte) (httpFilter, error) {
 	var f hcmv3.HttpFilter
 	if err := protojson.Unmarshal(js, &f); err != nil {
-		return nil, "", err
+		return httpFilter{}, err
 	}
+	out := httpFilter{name: f.GetName(), proc: &extprocv3.ExternalProcessor{}}
 	config := f.GetTypedConfig()
 	var wrapped matchingv3.ExtensionWithMatcher
 	if config.MessageIs(&wrapped) {
 		// A sidecar's filter, skipped for the gateway's identity: the
 		// filter itself is the extension_config, under the same name.
 		if err := config.UnmarshalTo(&wrapped); err != nil {
-			return nil, "", fmt.Errorf("typed_config: %w", err)
+			return httpFilter{}, fmt.Errorf("typed_config: %w", err)
 		}
 		if err := wrapped.ValidateAll(); err != nil {
-			return nil, "", err
+			return httpFilter{}, err
 		}
 		if inner := wrapped.GetExtensionConfig().GetName(); inner != f.GetName() {
-			return nil, "", fmt.Errorf("extension_config %q inside filter %q", inner, f.GetName())
+			return httpFilter{}, fmt.Errorf("extension_config %q inside filter %q", inner, f.GetName())
 		}
+		tree := wrapped.GetXdsMatcher().GetMatcherTree()
+		if err := tree.GetInput().GetTypedConfig().UnmarshalTo(&sslv3.UriSanInput{}); err != nil {
+			return httpFilter{}, fmt.Errorf("the matcher's input is not the peer's URI SAN: %w", err)
+		}
+		for id, m := range tree.GetExactMatchMap().GetMap() {
+			if err := m.GetAction().GetTypedConfig().UnmarshalTo(&actionv3.SkipFilter{}); err != nil {
+				return httpFilter{}, fmt.Errorf("%s does not skip the filter: %w", id, err)
+			}
+			out.skips = append(out.skips, id)
+		}
+		slices.Sort(out.skips)
 		config = wrapped.GetExtensionConfig().GetTypedConfig()
 	}
-	var proc extprocv3.ExternalProcessor
-	if err := config.UnmarshalTo(&proc); err != nil {
-		return nil, "", fmt.Errorf("typed_config: %w", err)
+	if err := config.UnmarshalTo(out.proc); err != nil {
+		return httpFilter{}, fmt.Errorf("typed_config: %w", err)
 	}
-	if err := proc.ValidateAll(); err != nil {
-		return nil, "", err
+	if err := out.proc.ValidateAll(); err != nil {
+		return httpFilter{}, err
 	}
-	return &proc, f.GetName(), nil
+	return out, nil
 }
 
 // decodeAll decodes every rendered object; it returns them by
@@ -406,7 +425,7 @@ spec:
           grpc_service: {envoy_grpc: {cluster_name: x}}
           processing_mode: {request_body_mode: STREAMING}
 `
-	if _, _, _, err := decodeEnvoyFilter([]byte(ef)); err == nil || !strings.Contains(err.Error(), "STREAMING") {
+	if _, _, err := decodeEnvoyFilter([]byte(ef)); err == nil || !strings.Contains(err.Error(), "STREAMING") {
 		t.Errorf("EnvoyFilter with a bad Envoy enum value: err = %v", err)
 	}
 	pa := "apiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {name: x}\nspec: {mtls: {mode: STRICT}, portLevelMTLS: {}}\n"
@@ -418,7 +437,7 @@ spec:
 		t.Errorf("Certificate with an unknown usage: decode %v, check %v", err, c.check())
 	}
 	ef = strings.Replace(ef, "  configPatches:", "  configPatchez:", 1)
-	if _, _, _, err := decodeEnvoyFilter([]byte(ef)); err == nil {
+	if _, _, err := decodeEnvoyFilter([]byte(ef)); err == nil {
 		t.Error("EnvoyFilter with an unknown spec field decoded without error")
 	}
 }

@@ -11,11 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
-	actionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	sslv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/ssl/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	corev1 "k8s.io/api/core/v1"
@@ -96,12 +93,12 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 		if !strings.Contains(doc, "kind: EnvoyFilter") {
 			continue
 		}
-		spec, procs, names, err := decodeEnvoyFilter([]byte(doc))
+		spec, filters, err := decodeEnvoyFilter([]byte(doc))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(procs) != 2 || names[0] != "infergate.gate" || names[1] != "infergate.meter" {
-			t.Fatalf("EnvoyFilter patches %v, want [infergate.gate infergate.meter] in that order", names)
+		if len(filters) != 2 || filters[0].name != "infergate.gate" || filters[1].name != "infergate.meter" {
+			t.Fatalf("EnvoyFilter patches %v, want [infergate.gate infergate.meter] in that order", filters)
 		}
 		underscores, reply := false, false
 		for _, cp := range spec.GetConfigPatches() {
@@ -127,24 +124,24 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 		if !reply {
 			t.Error("no MERGE patch answering the gate's failures in OpenAI's error format")
 		}
-		for i, cp := range spec.GetConfigPatches()[:len(procs)] {
+		for i, cp := range spec.GetConfigPatches()[:len(filters)] {
 			if cp.GetApplyTo().String() != "HTTP_FILTER" || cp.GetPatch().GetOperation().String() != "INSERT_BEFORE" ||
 				cp.GetMatch().GetListener().GetFilterChain().GetFilter().GetSubFilter().GetName() != "envoy.filters.http.router" {
 				t.Errorf("patch %d is not an HTTP_FILTER INSERT_BEFORE the router: %v", i, cp)
 			}
 			contexts[cp.GetMatch().GetContext().String()] = true
-			want, wantName, err := decodeHTTPFilter(snippet.HTTPFilters[i])
+			want, err := decodeHTTPFilter(snippet.HTTPFilters[i])
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := procs[i]
+			name, got := filters[i].name, filters[i].proc
 			if got.GetGrpcService().GetEnvoyGrpc().GetClusterName() != cluster {
-				t.Errorf("%s: cluster %q, want %q", names[i], got.GetGrpcService().GetEnvoyGrpc().GetClusterName(), cluster)
+				t.Errorf("%s: cluster %q, want %q", name, got.GetGrpcService().GetEnvoyGrpc().GetClusterName(), cluster)
 			}
 			got = proto.Clone(got).(*extprocv3.ExternalProcessor)
-			got.GetGrpcService().GetEnvoyGrpc().ClusterName = want.GetGrpcService().GetEnvoyGrpc().GetClusterName()
-			if names[i] != wantName || !proto.Equal(got, want) {
-				t.Errorf("%s differs from envoy/snippet.yaml's %s:\nchart:   %v\nsnippet: %v", names[i], wantName, got, want)
+			got.GetGrpcService().GetEnvoyGrpc().ClusterName = want.proc.GetGrpcService().GetEnvoyGrpc().GetClusterName()
+			if name != want.name || !proto.Equal(got, want.proc) {
+				t.Errorf("%s differs from envoy/snippet.yaml's %s:\nchart:   %v\nsnippet: %v", name, want.name, got, want.proc)
 			}
 		}
 	}
@@ -173,12 +170,12 @@ func TestIstioGateForwardsPolicyHeaders(t *testing.T) {
 		if !strings.Contains(doc, "kind: EnvoyFilter") {
 			continue
 		}
-		_, procs, _, err := decodeEnvoyFilter([]byte(doc))
+		_, filters, err := decodeEnvoyFilter([]byte(doc))
 		if err != nil {
 			t.Fatal(err)
 		}
 		var exact, prefix []string
-		for _, p := range procs[0].GetForwardRules().GetAllowedHeaders().GetPatterns() {
+		for _, p := range filters[0].proc.GetForwardRules().GetAllowedHeaders().GetPatterns() {
 			if e := p.GetExact(); e != "" {
 				exact = append(exact, e)
 			}
@@ -229,47 +226,18 @@ func TestIstioSidecarSkipsOnlyTheChartsGateway(t *testing.T) {
 				if !strings.Contains(doc, "kind: EnvoyFilter") {
 					continue
 				}
-				ef, _, _, err := decodeEnvoyFilter([]byte(doc))
+				_, filters, err := decodeEnvoyFilter([]byte(doc))
 				if err != nil {
 					t.Fatal(err)
 				}
-				var name struct {
+				var ef struct {
 					Metadata struct{ Name string } `json:"metadata"`
 				}
-				if err := yaml.Unmarshal([]byte(doc), &name); err != nil {
+				if err := yaml.Unmarshal([]byte(doc), &ef); err != nil {
 					t.Fatal(err)
 				}
-				for _, cp := range ef.GetConfigPatches() {
-					if cp.GetApplyTo().String() != "HTTP_FILTER" {
-						continue
-					}
-					js, err := protojson.Marshal(cp.GetPatch().GetValue())
-					if err != nil {
-						t.Fatal(err)
-					}
-					var f hcmv3.HttpFilter
-					if err := protojson.Unmarshal(js, &f); err != nil {
-						t.Fatal(err)
-					}
-					var w matchingv3.ExtensionWithMatcher
-					key := name.Metadata.Name + "/" + f.GetName()
-					if f.GetTypedConfig().UnmarshalTo(&w) != nil {
-						skips[key] = nil
-						continue
-					}
-					tree := w.GetXdsMatcher().GetMatcherTree()
-					var input sslv3.UriSanInput
-					if err := tree.GetInput().GetTypedConfig().UnmarshalTo(&input); err != nil {
-						t.Errorf("%s: the matcher's input is not the peer's URI SAN: %v", key, err)
-					}
-					for id, m := range tree.GetExactMatchMap().GetMap() {
-						var skip actionv3.SkipFilter
-						if err := m.GetAction().GetTypedConfig().UnmarshalTo(&skip); err != nil {
-							t.Errorf("%s: %s does not skip the filter: %v", key, id, err)
-						}
-						skips[key] = append(skips[key], id)
-					}
-					slices.Sort(skips[key])
+				for _, f := range filters {
+					skips[ef.Metadata.Name+"/"+f.name] = f.skips
 				}
 			}
 			for key, ids := range skips {
