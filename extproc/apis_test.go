@@ -21,6 +21,10 @@ type recordingPolicy struct {
 	asked   []*request.Admission
 }
 
+func (p *recordingPolicy) Identify(context.Context, *request.Admission) request.Verdict {
+	return request.Verdict{}
+}
+
 func (p *recordingPolicy) Decide(_ context.Context, a *request.Admission) request.Verdict {
 	p.asked = append(p.asked, a)
 	return p.verdict

@@ -23,6 +23,10 @@ type capPolicy struct {
 	settled   []request.Settlement
 }
 
+func (p *capPolicy) Identify(context.Context, *request.Admission) request.Verdict {
+	return request.Verdict{}
+}
+
 func (p *capPolicy) Decide(context.Context, *request.Admission) request.Verdict {
 	return request.Verdict{MaxTokens: p.maxTokens, Reservation: "r-1", Metadata: p.metadata}
 }

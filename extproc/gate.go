@@ -95,6 +95,9 @@ func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.Pr
 		g.headers = headersFrom(m.RequestHeaders.GetHeaders())
 		g.metadata = metadataFrom(msg.GetMetadataContext())
 		g.headersOwed = true
+		if out := s.identify(ctx, g); out != nil {
+			return out // refused unread: no body awaited, buffered or parsed
+		}
 		if m.RequestHeaders.GetEndOfStream() {
 			return s.decide(ctx, g)
 		}
@@ -194,6 +197,42 @@ func UnforwardedHeaders(names []string) []string {
 // longer one is refused (400) before anything stores it. Model ids in use
 // (e.g. "meta-llama/Llama-3.1-70B-Instruct") are far shorter.
 const MaxModelBytes = 256
+
+// identify asks the policy who is calling from the request headers and
+// Envoy's metadata alone, before the body: an unauthenticated caller is
+// answered at once, whatever its body, and costs the gate no parsing (nor,
+// in either mode, the wait for a body Envoy has not sent). An immediate
+// response is a valid answer to any message: Envoy drops the answers
+// still owed and closes the stream. nil: decide as ever, once the body is
+// in (Decide identifies the caller again).
+func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
+	h := g.headers
+	path, _, _ := strings.Cut(h[":path"], "?")
+	adm := &request.Admission{
+		RequestID:  truncate(h["x-request-id"], maxStampField),
+		Method:     h[":method"],
+		Path:       path,
+		Headers:    h,
+		Completion: slices.Contains(s.opts.CompletionPaths, path),
+		Metadata:   g.metadata,
+	}
+	if adm.Completion {
+		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
+	}
+	if spoofed := g.spoofed(); len(spoofed) > 0 {
+		adm.Headers = maps.Clone(h)
+		for _, k := range spoofed {
+			delete(adm.Headers, k)
+		}
+	}
+	policyAt := s.now()
+	v := s.policy.Identify(ctx, adm)
+	if v.Deny == nil || v.Decision == "shadow_deny" {
+		return nil
+	}
+	g.api, g.policyAt = adm.API, policyAt // the stamp's, as decide would have set them
+	return s.deny(ctx, g, "", v)
+}
 
 // decide validates the request, asks the policy, and either admits it
 // (routing header, body and header mutations, metadata for the meter) or

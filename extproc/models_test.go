@@ -27,9 +27,16 @@ var tiers = map[string]struct{ models, apis []string }{
 	"Bearer sk-search":  {[]string{"embed"}, []string{"embeddings"}},
 }
 
-func (p *tierPolicy) Decide(ctx context.Context, a *request.Admission) request.Verdict {
+func (p *tierPolicy) Identify(_ context.Context, a *request.Admission) request.Verdict {
 	if _, ok := tiers[a.Headers["authorization"]]; !ok {
 		return request.Verdict{Deny: openai.NewError(401, openai.TypeAuthentication, "invalid_api_key", "", "no key"), Reason: "unauthenticated"}
+	}
+	return request.Verdict{}
+}
+
+func (p *tierPolicy) Decide(ctx context.Context, a *request.Admission) request.Verdict {
+	if v := p.Identify(ctx, a); v.Deny != nil {
+		return v
 	}
 	return request.Verdict{Reason: "ok", Tenant: "t", Reservation: "r-1", Metadata: map[string]any{"x-ratelimit-remaining-requests": "9"}}
 }

@@ -56,12 +56,19 @@ type Controller struct {
 	DefaultMaxTokens int
 }
 
-// Decide implements request.Policy.
-func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.Verdict {
+// Identify implements request.Policy: a caller without a valid API key or
+// verified JWT claims (when authentication is on) is refused from the
+// headers and Envoy's metadata alone, before the gate reads the body.
+func (c *Controller) Identify(_ context.Context, a *request.Admission) request.Verdict {
+	v, _, _ := c.authenticate(a)
+	return v
+}
+
+// authenticate is Decide's first step and all of Identify: who is calling,
+// the Verdict so far (denied when unauthenticated), and when it finished.
+func (c *Controller) authenticate(a *request.Admission) (request.Verdict, identity.Principal, time.Time) {
 	var v request.Verdict
 	start := c.now()
-
-	// Who is calling.
 	p, authErr := c.identify(a)
 	v.Principal, v.Tenant = p.ID, p.Tenant
 	mark := c.now()
@@ -69,6 +76,16 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	if authErr != nil {
 		v.Deny = openai.NewError(http.StatusUnauthorized, openai.TypeAuthentication, "invalid_api_key", "", authErr.Error())
 		v.Reason = "unauthenticated"
+	}
+	return v, p, mark
+}
+
+// Decide implements request.Policy.
+func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.Verdict {
+	// Who is calling: asked again whatever Identify said (the keys may
+	// have been reloaded since, and a Decide must never be weaker alone).
+	v, p, mark := c.authenticate(a)
+	if v.Deny != nil {
 		return v
 	}
 

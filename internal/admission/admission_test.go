@@ -78,6 +78,11 @@ func TestIdentity(t *testing.T) {
 		if v.Deny == nil || v.Deny.Status != 401 || v.Deny.Type != openai.TypeAuthentication {
 			t.Errorf("%s: verdict %+v, want 401", name, v.Deny)
 		}
+		// Before the body (no parsed request), the same answer.
+		iv := c.Identify(ctx, &request.Admission{Method: "POST", Path: "/v1/chat/completions", Headers: hdr, Completion: true})
+		if iv.Deny == nil || iv.Deny.Code != v.Deny.Code || iv.Reason != v.Reason {
+			t.Errorf("%s: Identify %+v, Decide %+v", name, iv, v)
+		}
 		if strings.Contains(string(v.Deny.JSON()), "sk-") {
 			t.Errorf("%s: a key leaked into the error: %s", name, v.Deny.JSON())
 		}
@@ -87,6 +92,9 @@ func TestIdentity(t *testing.T) {
 		if v.Deny != nil || v.Principal != "acme-prod" || v.Tenant != "acme" {
 			t.Errorf("good key: %+v", v)
 		}
+		if iv := c.Identify(ctx, &request.Admission{Headers: hdr}); iv.Deny != nil || iv.Principal != "acme-prod" {
+			t.Errorf("good key: Identify %+v", iv)
+		}
 		in := c.Policy.(*fakePolicy).last
 		if in.Principal.Type != "api_key" || in.Labels["tier"] != "premium" || in.Request.Model != "llama" || in.Request.EstimatedPromptTokens != 20 {
 			t.Errorf("policy input = %+v", in)
@@ -95,6 +103,9 @@ func TestIdentity(t *testing.T) {
 	// Verified JWT claims (from jwt_authn) win over headers.
 	a := chat(map[string]string{"user-agent": "sdk/1"})
 	a.Metadata = map[string]map[string]any{"envoy.filters.http.jwt_authn": {"jwt_payload": map[string]any{"sub": "alice", "tenant": "globex", "tier": "free"}}}
+	if iv := c.Identify(ctx, &request.Admission{Metadata: a.Metadata}); iv.Deny != nil || iv.Principal != "alice" {
+		t.Errorf("jwt: Identify %+v", iv)
+	}
 	v := c.Decide(ctx, a)
 	in := c.Policy.(*fakePolicy).last
 	if v.Deny != nil || v.Principal != "alice" || v.Tenant != "globex" || in.Principal.Type != "jwt" || in.Labels["tier"] != "free" || in.Request.Headers["user-agent"] != "sdk/1" {

@@ -86,7 +86,18 @@ type Settlement struct {
 // Policy decides whether a request may reach an upstream, and settles what
 // it reserved. It is the seam for authentication, Rego and rate limits.
 // Implementations must be safe for concurrent use and fail closed.
+//
+// The gate asks Identify first, as soon as it has the request headers and
+// Envoy's metadata, before it waits for the body or parses it: a carries no
+// body (Request, Body and PromptTokens are zero). A Verdict with Deny set
+// refuses the request there (its Principal, Tenant, Reason and
+// Timings.Auth go in the stamp); any other Verdict is not an admission:
+// the gate goes on to Decide, which identifies the caller again, so a
+// Policy that cannot tell before the body returns the zero Verdict.
+// Authentication thus comes before every check of the request itself: a
+// caller without a valid credential learns nothing about its body.
 type Policy interface {
+	Identify(ctx context.Context, a *Admission) Verdict
 	Decide(ctx context.Context, a *Admission) Verdict
 	Settle(ctx context.Context, s *Settlement)
 }
@@ -94,6 +105,9 @@ type Policy interface {
 // AllowAll admits every well-formed inference request (gate.paths) and
 // answers 404 for other paths.
 type AllowAll struct{}
+
+// Identify implements Policy: every caller goes on to Decide.
+func (AllowAll) Identify(context.Context, *Admission) Verdict { return Verdict{} }
 
 // Decide implements Policy.
 func (AllowAll) Decide(_ context.Context, a *Admission) Verdict {
