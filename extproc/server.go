@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"runtime/debug"
 	"time"
 
@@ -48,6 +49,7 @@ type Server struct {
 	now     func() time.Time
 	meters  *meters
 	orders  poolOrders
+	peers   peerStreams
 }
 
 // DefaultCompletionPaths are the paths whose bodies the gate parses: one
@@ -63,6 +65,10 @@ type Options struct {
 	CompletionPaths []string
 	// MaxBodyBytes bounds a request body (413 above it; default 1 MiB).
 	MaxBodyBytes int
+	// MaxGateStreamsPerPeer bounds the gate streams one peer (an IP
+	// address) holds open at once; a stream beyond it is answered 503
+	// gate_overloaded. Default DefaultMaxGateStreamsPerPeer.
+	MaxGateStreamsPerPeer int
 	// KeepUsageOption leaves a streaming body without
 	// stream_options.include_usage as it is; by default the gate asks the
 	// model server for usage, so the meter can count tokens exactly.
@@ -116,8 +122,9 @@ func New(opts Options) (*Server, error) {
 	opts.MaxBodyBytes = cmp.Or(opts.MaxBodyBytes, 1<<20)
 	opts.MaxEventBytes = cmp.Or(opts.MaxEventBytes, 1<<20)
 	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
+	opts.MaxGateStreamsPerPeer = cmp.Or(opts.MaxGateStreamsPerPeer, DefaultMaxGateStreamsPerPeer)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
-		pool: opts.PoolName, now: opts.Now}
+		pool: opts.PoolName, now: opts.Now, peers: peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -162,11 +169,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 		role = "meter"
 	}
 	if role == "meter" {
-		err = s.meter(ctx, stream, first, arrived)
-	} else {
-		err = s.gate(ctx, stream, first, arrived)
+		return normalClose(s.meter(ctx, stream, first, arrived))
 	}
-	return normalClose(err)
+	peer := peerAddr(ctx)
+	if !s.peers.acquire(peer) {
+		return normalClose(s.overloaded(ctx, stream, first))
+	}
+	defer s.peers.release(peer)
+	return normalClose(s.gate(ctx, stream, first, arrived))
 }
 
 // recovered counts and logs a panic a stream survived, and returns it as

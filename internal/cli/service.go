@@ -125,6 +125,8 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		Catalog:           cfg.Catalog(),
 		Tracer:            tracing.Tracer(),
 		PoolName:          rt.PoolName,
+
+		MaxGateStreamsPerPeer: int(cfg.ExtProc.MaxGateStreamsPerPeer),
 	})
 	if err != nil {
 		adm.close()

@@ -233,6 +233,9 @@ type Check struct {
 	OnError string `yaml:"onError"`
 }
 
+// DefaultMaxGateStreamsPerPeer is extproc.maxGateStreamsPerPeer's default.
+const DefaultMaxGateStreamsPerPeer = 4096
+
 // ExtProc is the gRPC ExternalProcessor service Envoy calls.
 type ExtProc struct {
 	// Listen is host:port, or unix:PATH for a Unix domain socket (Envoy on
@@ -241,6 +244,15 @@ type ExtProc struct {
 	// MaxConcurrentStreams bounds in-flight ext_proc streams per connection
 	// (two per HTTP request: gate and meter).
 	MaxConcurrentStreams uint32 `yaml:"maxConcurrentStreams"`
+	// MaxGateStreamsPerPeer bounds the gate streams one peer (an IP
+	// address, over all its connections; a unix: socket is one peer) holds
+	// open at once; beyond it a new request is answered 503
+	// gate_overloaded, so one hostile peer cannot take the gate from the
+	// others. One Envoy is one peer: a gate stream lasts while Envoy reads
+	// a request, so the default is far above what a busy gateway keeps in
+	// flight. Behind a proxy that hides the peers' addresses (an Istio
+	// sidecar in infergate's pod), it bounds them all together.
+	MaxGateStreamsPerPeer uint32 `yaml:"maxGateStreamsPerPeer"`
 	// TLS serves the port over TLS and admits only clients whose
 	// certificate the CA signed (mTLS): anything that can reach a plaintext
 	// port can forge a meter's stamps or a gate's verified JWT claims.
@@ -408,6 +420,9 @@ func (c *Config) fillDefaults() {
 	setDefault(&c.ExtProc.Listen, ":50051")
 	if c.ExtProc.MaxConcurrentStreams == 0 {
 		c.ExtProc.MaxConcurrentStreams = 10000
+	}
+	if c.ExtProc.MaxGateStreamsPerPeer == 0 {
+		c.ExtProc.MaxGateStreamsPerPeer = DefaultMaxGateStreamsPerPeer
 	}
 	setDefault(&c.Admin.Listen, ":9090")
 	if c.Admin.RecentRequests == nil {

@@ -20,7 +20,7 @@ import (
 // that the code defaults and the embedded file cannot drift together.
 func defaults() *Config {
 	return &Config{
-		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000},
+		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000, MaxGateStreamsPerPeer: 4096},
 		Admin:   Admin{Listen: ":9090", RecentRequests: ptr(1000)},
 		Gate: Gate{
 			MaxBodyBytes:    1 << 20,
@@ -106,7 +106,7 @@ func TestDefaultFileSetsEveryKey(t *testing.T) {
 func TestValidFile(t *testing.T) {
 	yes := true
 	want := &Config{
-		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, TLS: TLS{
+		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, MaxGateStreamsPerPeer: 64, TLS: TLS{
 			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"}},
 		Admin: Admin{Listen: "[::1]:9191", RecentRequests: ptr(50), Pprof: true},
 		Gate: Gate{
@@ -193,7 +193,7 @@ func TestParsePartial(t *testing.T) {
 			// An explicit 0 cannot be told from an absent key: it means
 			// "use the default", not "invalid".
 			name:   "explicit zero means the default",
-			doc:    "extproc:\n  maxConcurrentStreams: 0\ngate:\n  maxBodyBytes: 0\nmeter:\n  maxEventBytes: 0\n  maxTrackedGaps: 0\n",
+			doc:    "extproc:\n  maxConcurrentStreams: 0\n  maxGateStreamsPerPeer: 0\ngate:\n  maxBodyBytes: 0\nmeter:\n  maxEventBytes: 0\n  maxTrackedGaps: 0\n",
 			modify: func(c *Config) {},
 		},
 		{
@@ -378,8 +378,8 @@ func checkBounds(t *testing.T, c *Config) {
 			t.Errorf("listen address %q is not host:port", addr)
 		}
 	}
-	if c.ExtProc.MaxConcurrentStreams == 0 {
-		t.Errorf("extproc.maxConcurrentStreams = 0")
+	if c.ExtProc.MaxConcurrentStreams == 0 || c.ExtProc.MaxGateStreamsPerPeer == 0 {
+		t.Errorf("extproc.maxConcurrentStreams = %d, maxGateStreamsPerPeer = %d", c.ExtProc.MaxConcurrentStreams, c.ExtProc.MaxGateStreamsPerPeer)
 	}
 	if tls := c.ExtProc.TLS; tls.Enabled() && (len(tls.missing()) > 0 || validUnix(c.ExtProc.Listen)) {
 		t.Errorf("extproc.tls = %+v on %q: partial, or on a Unix socket", tls, c.ExtProc.Listen)
