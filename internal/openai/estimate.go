@@ -418,39 +418,121 @@ func (e *estimate) prompt(p gjson.Result) {
 		e.chars += len(p.Raw) - 2
 		e.tokens += TokensPerPrompt
 		e.prompts = 1
-		return
-	case !p.IsArray():
-		return // null, or a shape no server accepts
+	case p.IsArray():
+		e.promptArray(p.Raw)
 	}
-	ids := false
-	p.ForEach(func(_, q gjson.Result) bool {
-		switch {
-		case q.Type == gjson.String:
-			e.chars += len(q.Raw) - 2
-			e.tokens += TokensPerPrompt
-			e.prompts++
-		case q.IsArray():
-			e.prompts++
-			q.ForEach(func(_, id gjson.Result) bool {
-				if id.Type == gjson.String { // not a token ID: no server accepts it
-					e.extra += len(id.Raw) - 2
-				} else {
-					e.tokens++
-				}
-				return true
-			})
-		default:
-			if t := q.Get("text"); q.IsObject() && t.Type == gjson.String {
-				e.chars += len(t.Raw) - 2
+	// Anything else is null, or a shape no server accepts.
+}
+
+// promptArray counts an array prompt in one pass over its bytes: token IDs
+// are the cheapest bytes a client can send (2 bytes an ID) and the dearest
+// to walk value by value, so each value is counted by its first byte and
+// skipped, with no value decoded. raw is valid JSON (the body was
+// validated); on anything else it neither panics nor reads past raw.
+//
+// Of each element: a string is a text prompt; an array is a prompt of
+// token IDs, each of its values one token (a string there, which no
+// server accepts, is counted as text); any other value is a token ID of
+// the one prompt all of them make (an object, which no server accepts,
+// adds its "text").
+func (e *estimate) promptArray(raw string) {
+	inner := false // in an array element
+	ids := false   // an element was a bare token ID
+scan:
+	for i := 1; i < len(raw); i++ {
+		switch c := raw[i]; c {
+		case ' ', '\t', '\n', '\r', ',':
+		case ']':
+			if !inner {
+				break scan // the prompt's end
 			}
-			e.tokens++ // a token ID (or a shape no server accepts)
-			ids = true
+			inner = false
+		case '"':
+			j := stringEnd(raw, i)
+			if inner {
+				e.extra += j - i - 1
+			} else {
+				e.chars += j - i - 1
+				e.tokens += TokensPerPrompt
+				e.prompts++
+			}
+			i = j
+		case '[', '{':
+			if c == '[' && !inner {
+				inner = true
+				e.prompts++
+				continue
+			}
+			j := containerEnd(raw, i)
+			e.tokens++
+			if !inner {
+				ids = true
+				if t := gjson.Get(raw[i:j+1], "text"); c == '{' && t.Type == gjson.String {
+					e.chars += len(t.Raw) - 2
+				}
+			}
+			i = j
+		default: // a number, true, false or null: one token ID
+			e.tokens++
+			ids = ids || !inner
+			for i+1 < len(raw) && !valueEnd(raw[i+1]) {
+				i++
+			}
 		}
-		return true
-	})
+	}
 	if ids {
 		e.prompts++
 	}
+}
+
+// valueEnd reports whether c ends a number or a literal.
+func valueEnd(c byte) bool {
+	switch c {
+	case ',', ']', '}', ' ', '\t', '\n', '\r':
+		return true
+	}
+	return false
+}
+
+// stringEnd is the index of the quote that closes the string opening at
+// raw[i]: the first one after an even run of backslashes (the run cannot
+// reach back past the opening quote). Without one, the last index.
+func stringEnd(raw string, i int) int {
+	j := i + 1
+	for {
+		k := strings.IndexByte(raw[j:], '"')
+		if k < 0 {
+			return len(raw) - 1
+		}
+		j += k
+		b := 0
+		for raw[j-1-b] == '\\' {
+			b++
+		}
+		if b%2 == 0 {
+			return j
+		}
+		j++
+	}
+}
+
+// containerEnd is the index of the bracket that closes the array or
+// object opening at raw[i], strings skipped. Without one, the last index.
+func containerEnd(raw string, i int) int {
+	depth := 0
+	for ; i < len(raw); i++ {
+		switch raw[i] {
+		case '[', '{':
+			depth++
+		case ']', '}':
+			if depth--; depth == 0 {
+				return i
+			}
+		case '"':
+			i = stringEnd(raw, i)
+		}
+	}
+	return len(raw) - 1
 }
 
 // text counts a value a template may render as text: a string by its

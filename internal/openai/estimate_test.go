@@ -556,3 +556,142 @@ func FuzzToolsScan(f *testing.F) {
 		}
 	})
 }
+
+// tokenIDBody is a /v1/completions body of about size bytes whose prompt
+// is token IDs.
+func tokenIDBody(size int) []byte {
+	const id = "12345,"
+	return []byte(`{"model":"m","prompt":[` + strings.Repeat(id, size/len(id)) + `1]}`)
+}
+
+func BenchmarkParseRequestTokenIDs(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		body []byte
+	}{
+		{"flat", tokenIDBody(960 << 10)},
+		{"nested", []byte(`{"model":"m","prompt":[` + strings.Repeat("["+strings.Repeat("12345,", 63)+"1],", 960<<10/384) + "[1]]}")},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			if _, err := ParseRequest(bc.body); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.body)))
+			for b.Loop() {
+				if _, err := ParseRequest(bc.body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// promptByValue is prompt's array branch as it was, walking each value
+// with gjson: the reference promptArray's byte scan must equal.
+func (e *estimate) promptByValue(p gjson.Result) {
+	ids := false
+	p.ForEach(func(_, q gjson.Result) bool {
+		switch {
+		case q.Type == gjson.String:
+			e.chars += len(q.Raw) - 2
+			e.tokens += TokensPerPrompt
+			e.prompts++
+		case q.IsArray():
+			e.prompts++
+			q.ForEach(func(_, id gjson.Result) bool {
+				if id.Type == gjson.String {
+					e.extra += len(id.Raw) - 2
+				} else {
+					e.tokens++
+				}
+				return true
+			})
+		default:
+			if t := q.Get("text"); q.IsObject() && t.Type == gjson.String {
+				e.chars += len(t.Raw) - 2
+			}
+			e.tokens++
+			ids = true
+		}
+		return true
+	})
+	if ids {
+		e.prompts++
+	}
+}
+
+var promptSeeds = []string{
+	`[]`, `[1,2,3]`, ` [ 1 , 2 ,3 ] `, `[[1,2],[3]]`, `[[],[]]`, `[[1,"x"],["a\"b",2]]`, `["a","b\\"]`,
+	`[1,"two",[3,4],{"text":"five"},null,true,false,-1.5e3]`, `[{"text":1},{"a":{"text":"x"}},{"text":"y","text":"z"}]`,
+	`[[[1,2],[3]],[{"a":[1]}],["]","["]]`, "[\n\t1,\r\n2\n]", `["\u00e9\\\\",[" ] , "]]`, `[{"text":"a\"]"}, 7]`,
+}
+
+// The byte scan counts exactly what the walk by value counted, on every
+// valid JSON array, and on anything else stays within the input.
+func FuzzPromptScan(f *testing.F) {
+	for _, s := range promptSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, raw string) {
+		if !gjson.Valid(raw) {
+			if strings.HasPrefix(raw, "[") {
+				var e estimate
+				e.promptArray(raw) // must not panic
+			}
+			return
+		}
+		p := gjson.Parse(raw)
+		if !p.IsArray() {
+			return
+		}
+		var scan, walk estimate
+		scan.promptArray(p.Raw)
+		walk.promptByValue(p)
+		if scan != walk {
+			t.Errorf("%q: scan %+v, walk %+v", raw, scan, walk)
+		}
+	})
+}
+
+// ParseRequest reads the same prompt counts as before the byte scan.
+func TestPromptScanInRequests(t *testing.T) {
+	for _, p := range promptSeeds {
+		body := []byte(`{"model":"m","prompt":` + p + `}`)
+		r, err := ParseRequest(body)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		var walk estimate
+		walk.promptByValue(gjson.Get(string(body), "prompt"))
+		if r.PromptChars != walk.chars || r.PromptTokens != walk.promptTokens() || r.Choices != max(walk.prompts, 1) {
+			t.Errorf("%s: chars %d tokens %d choices %d, want %d %d %d", p, r.PromptChars, r.PromptTokens, r.Choices,
+				walk.chars, walk.promptTokens(), max(walk.prompts, 1))
+		}
+	}
+}
+
+// BenchmarkPromptTokenIDs counts the prompt of a 960 KB body of token IDs:
+// the byte scan against the walk by value it replaced.
+func BenchmarkPromptTokenIDs(b *testing.B) {
+	p := gjson.GetBytes(tokenIDBody(960<<10), "prompt")
+	for _, bc := range []struct {
+		name  string
+		count func(*estimate)
+	}{
+		{"scan", func(e *estimate) { e.promptArray(p.Raw) }},
+		{"walk", func(e *estimate) { e.promptByValue(p) }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(p.Raw)))
+			for b.Loop() {
+				var e estimate
+				bc.count(&e)
+				if e.tokens != 960<<10/6+1 {
+					b.Fatal(e.tokens)
+				}
+			}
+		})
+	}
+}
