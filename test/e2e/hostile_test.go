@@ -77,7 +77,7 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 		key, body string
 		status    int
 	}{
-		{"", `{"model":"` + huge + `","messages":[{"role":"user","content":"hi"}]}`, 400},
+		{"", `{"model":"` + huge + `","messages":[{"role":"user","content":"hi"}]}`, 401}, // unread without a key
 		{"sk-acme-0001", `{"model":"` + huge + `","messages":[{"role":"user","content":"hi"}]}`, 400},
 		{"", `{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}`, 401},
 	}
