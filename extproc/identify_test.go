@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -220,4 +221,38 @@ type identifyRecorder struct {
 func (p *identifyRecorder) Identify(_ context.Context, a *request.Admission) request.Verdict {
 	p.asked = append(p.asked, a)
 	return request.Verdict{}
+}
+
+// FuzzGateUnauthenticated drives the gate, with a key required, through
+// arbitrary message sequences: request headers without the key are
+// answered 401 at once, and nothing a body carries after that is kept.
+func FuzzGateUnauthenticated(f *testing.F) {
+	f.Add([]byte{0, 1, 1, 1, 0, 0, 0, 3, 0, 7, 2, '/', 'v', 1, 1, 1, 1, 1, 0, 1, 2, '{', '}'})
+	f.Add([]byte{1, 0, 1, 2, 1, 0, 0, 255, 1, 3, 5, 0, 255, 0, 1})
+	f.Add([]byte{0, 0, 2, 0, 0, 1, 2, 255, 0, 0, 0, 1, 3, 0, 0, 0, 0, 0, 2, 0, 2, 0, 0, 0, 3, 1, 1, 'x'})
+	f.Add([]byte("001100011\x0300000")) // a body before the headers (kept), then keyless headers
+	s, _ := keyedServer(f)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		sc := &script{b: data}
+		g := &gateRequest{started: time.Now(), eager: sc.byte()%2 == 0}
+		refused, kept := false, 0
+		for i := 0; i < 8 && len(sc.b) > 0; i++ {
+			msg := sc.message()
+			h, isHeaders := msg.Request.(*extprocv3.ProcessingRequest_RequestHeaders)
+			keyless := isHeaders && !g.decided && !slices.ContainsFunc(h.RequestHeaders.GetHeaders().GetHeaders(),
+				func(v *corev3.HeaderValue) bool {
+					return v.GetKey() == "authorization" && string(v.GetRawValue()) == "Bearer "+testKey
+				})
+			out := s.gateStep(context.Background(), g, msg)
+			if keyless {
+				if len(out) != 1 || out[0].GetImmediateResponse().GetStatus().GetCode() != 401 {
+					t.Fatalf("keyless request headers answered %v", out)
+				}
+				refused, kept = true, len(g.body)
+			}
+			if refused && len(g.body) != kept {
+				t.Fatalf("%d body bytes kept after the 401", len(g.body)-kept)
+			}
+		}
+	})
 }
