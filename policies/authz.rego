@@ -3,8 +3,9 @@
 # the input is described in docs/policy-input.schema.json.
 #
 # The gate reads allow, reason, status, checks, max_tokens and
-# allow_unbounded from this package. The denials below are tried in order and the first that matches
-# is the answer; a request that matches none is allowed.
+# allow_unbounded from this package. The denials below are tried in order
+# and the first that matches is the answer; a request that matches none is
+# allowed.
 #
 # Every decision evaluates these rules, so they are kept few and cheap:
 # each rule is computed at most once per decision, lookups go through
