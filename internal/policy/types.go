@@ -41,7 +41,7 @@ type Request struct {
 	Model                 string            `json:"model"`
 	VirtualModel          string            `json:"virtual_model"`
 	Stream                bool              `json:"stream"`
-	MaxTokens             int               `json:"max_tokens"` // the API's output cap as the client set it; 0 when unset
+	MaxTokens             int               `json:"max_tokens"` // the largest output cap the client set under any key its API's servers read; 0 when unset
 	Choices               int               `json:"choices"`    // completions asked for (n, best_of, prompts in a batch); at least 1
 	EstimatedPromptTokens int               `json:"estimated_prompt_tokens"`
 	// PreviousResponseID is a Responses request's previous_response_id:
