@@ -307,8 +307,8 @@ const maxReservedOutput = 1 << 48
 
 // effectiveMaxTokens is what a request may write per choice: the client's
 // max_tokens (the largest of every output cap key it sets, see
-// openai.Request.MaxTokens), held to the policy's cap when it names one; unset, the
-// cap, else the configured default. Only APIs that generate write tokens:
+// openai.Request.MaxTokens), held to the policy's cap when it names one;
+// unset, the cap, else the configured default. Only APIs that generate write tokens:
 // other requests (embeddings, count_tokens, the model listing) reserve no
 // output. An Admission that names no API is a chat or text completion.
 func (c *Controller) effectiveMaxTokens(a *request.Admission, limit int) int {

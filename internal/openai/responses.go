@@ -121,9 +121,9 @@ func readConversation(v gjson.Result) (string, error) {
 }
 
 // storedPrompt reads a prompt template reference, {"id", "version",
-// "variables"}, and counts its variables as text (what the server renders
-// into the template, which the gate cannot see); it returns the id, ""
-// when absent or null.
+// "variables"}, and counts its variables as text (the server renders them
+// into a template the gate cannot see); it returns the id, "" when absent
+// or null.
 func (e *estimate) storedPrompt(v gjson.Result) (string, error) {
 	switch {
 	case v.Type == gjson.Null:
