@@ -3,14 +3,18 @@ package extproc
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/request"
 )
 
@@ -117,6 +121,55 @@ func TestGateCapsEachAPIsOutput(t *testing.T) {
 		s, _ := newTestServer(t, "")
 		s.policy = &capPolicy{maxTokens: 64}
 		out := through(s, apiHeaders(tc.path), tc.body)
+		if len(out) != 2 {
+			t.Fatalf("%s: answers %v", tc.path, out)
+		}
+		if got := string(out[1].GetRequestBody().GetResponse().GetBodyMutation().GetBody()); got != tc.want {
+			t.Errorf("%s %s: upstream body %q, want %q", tc.path, tc.body, got, tc.want)
+		}
+	}
+}
+
+// capDecider caps every request's output at max.
+type capDecider struct{ max int }
+
+func (d capDecider) Decide(context.Context, *policy.Input) (policy.Decision, error) {
+	return policy.Decision{Allow: true, MaxTokens: d.max}, nil
+}
+
+// However a client spells its output cap, and however many spellings it
+// sends, the body that goes upstream carries none above the policy's cap
+// (the admission reads the largest, the gate holds every key present to
+// the cap); a spelling another API defines is refused on Responses and
+// Messages.
+func TestGateCapsEveryOutputCapKey(t *testing.T) {
+	m, err := admission.NewMetrics(sdkmetric.NewMeterProvider().Meter("test"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path, body, want string
+	}{
+		{"/v1/chat/completions", `{"model":"m","max_completion_tokens":1,"max_tokens":50000,"messages":[]}`,
+			`{"model":"m","max_completion_tokens":1,"max_tokens":4096,"messages":[]}`},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":1,"max_completion_tokens":50000,"messages":[]}`,
+			`{"model":"m","max_tokens":1,"max_completion_tokens":4096,"messages":[]}`},
+		{"/v1/chat/completions", `{"model":"m","max_tokens":9000,"max_completion_tokens":50000,"messages":[]}`,
+			`{"model":"m","max_tokens":4096,"max_completion_tokens":4096,"messages":[]}`},
+		{"/v1/completions", `{"model":"m","prompt":"hi","max_completion_tokens":1,"max_tokens":50000}`,
+			`{"model":"m","prompt":"hi","max_completion_tokens":1,"max_tokens":4096}`},
+		{"/v1/responses", `{"model":"m","input":"hi","max_output_tokens":1,"max_tokens":50000}`, "400"},
+		{"/v1/messages", `{"model":"m","max_tokens":1,"max_completion_tokens":50000,"messages":[]}`, "400"},
+	} {
+		s, _ := newTestServer(t, "")
+		s.policy = &admission.Controller{Policy: capDecider{4096}, Log: slog.New(slog.DiscardHandler), Metrics: m}
+		out := through(s, apiHeaders(tc.path), tc.body)
+		if tc.want == "400" {
+			if ir := out[0].GetImmediateResponse(); ir == nil || ir.GetStatus().GetCode() != 400 {
+				t.Errorf("%s %s: answers %v, want a 400", tc.path, tc.body, out)
+			}
+			continue
+		}
 		if len(out) != 2 {
 			t.Fatalf("%s: answers %v", tc.path, out)
 		}

@@ -580,7 +580,7 @@ func (g *gateRequest) immediate(e *openai.Error, extra ...*corev3.HeaderValueOpt
 // added to a chat completion (Options.ChatOutputLimit).
 func outputLimitKeys(api openai.API, chatKey string) []string {
 	switch api {
-	case openai.APIResponses:
+	case openai.APIResponses: // other APIs' caps are refused there (internal/openai)
 		return []string{"max_output_tokens"}
 	case openai.APIMessages:
 		return []string{"max_tokens"}

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"testing"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/infergate/infergate/internal/openai"
 )
 
@@ -35,14 +37,14 @@ func TestWithMaxTokens(t *testing.T) {
 
 // Each API's output cap is its own key: max_output_tokens for Responses,
 // max_tokens for Anthropic's Messages (never max_completion_tokens, a key
-// Anthropic refuses).
+// Anthropic refuses). Another API's cap key never reaches the rewrite:
+// openai.ParseResponses and ParseMessages refuse it.
 func TestWithMaxTokensPerAPI(t *testing.T) {
 	for _, tc := range []struct {
 		api      openai.API
 		in, want string
 	}{
 		{openai.APIResponses, `{"model":"m","input":"hi"}`, `{"model":"m","input":"hi","max_output_tokens":64}`},
-		{openai.APIResponses, `{"model":"m","max_output_tokens":500,"max_tokens":500}`, `{"model":"m","max_output_tokens":64,"max_tokens":500}`},
 		{openai.APIResponses, `{"model":"m","max_output_tokens":10}`, `{"model":"m","max_output_tokens":10}`},
 		{openai.APIMessages, `{"model":"m","max_tokens":4096,"messages":[]}`, `{"model":"m","max_tokens":64,"messages":[]}`},
 		{openai.APIMessages, `{"model":"m","max_tokens":8,"messages":[]}`, `{"model":"m","max_tokens":8,"messages":[]}`},
@@ -80,11 +82,23 @@ var (
 	chatKeys       = []string{"max_tokens", "max_completion_tokens"}
 )
 
+// capSpellings are the output cap keys each API's servers read.
+var capSpellings = map[openai.API][]string{
+	openai.APIChat:        {"max_tokens", "max_completion_tokens"},
+	openai.APICompletions: {"max_tokens", "max_completion_tokens"},
+	openai.APIResponses:   {"max_output_tokens"},
+	openai.APIMessages:    {"max_tokens"},
+}
+
 func FuzzWithMaxTokens(f *testing.F) {
 	f.Add([]byte(`{"model":"m","max_tokens":5000,"messages":[]}`), 64, uint8(0))
 	f.Add([]byte(`{"model":"m","max_completion_tokens":null}`), 1, uint8(0))
 	f.Add([]byte(`{"model":"m","max_output_tokens":9000,"input":"hi"}`), 64, uint8(2))
 	f.Add([]byte(`{"model":"m","max_tokens":9000,"messages":[{"role":"user","content":"hi"}]}`), 64, uint8(3))
+	f.Add([]byte(`{"model":"m","max_completion_tokens":1,"max_tokens":50000,"messages":[]}`), 4096, uint8(0))
+	f.Add([]byte(`{"model":"m","max_tokens":1,"max_completion_tokens":50000,"prompt":"hi"}`), 4096, uint8(5))
+	f.Add([]byte(`{"model":"m","max_output_tokens":1,"max_tokens":50000,"input":"hi"}`), 4096, uint8(2))
+	f.Add([]byte(`{"model":"m","max_tokens":1,"max_completion_tokens":50000,"messages":[]}`), 4096, uint8(3))
 	f.Fuzz(func(t *testing.T, body []byte, n int, which uint8) {
 		n = 1 + int(uint(n)%(1<<31-1))
 		api := generatingAPIs[int(which)%len(generatingAPIs)]
@@ -102,6 +116,18 @@ func FuzzWithMaxTokens(f *testing.F) {
 		back, err := openai.Parse(api, got)
 		if err != nil || back.MaxTokens < 1 || back.MaxTokens > n || back.Model != r.Model {
 			t.Fatalf("%q -> %q: parsed %+v, %v", body, got, back, err)
+		}
+		// No spelling of a cap the API's servers read is left above n,
+		// and none below it raised (other APIs' spellings are refused by
+		// openai.Parse, or read by no server of this API).
+		for _, k := range capSpellings[api] {
+			before, after := gjson.GetBytes(body, k), gjson.GetBytes(got, k)
+			if after.Type == gjson.Number && after.Num > float64(n) {
+				t.Fatalf("%q -> %q: %s above %d", body, got, k, n)
+			}
+			if before.Type == gjson.Number && before.Num <= float64(n) && after.Num != before.Num {
+				t.Fatalf("%q -> %q: %s changed from %v", body, got, k, before.Num)
+			}
 		}
 	})
 }

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -110,6 +111,16 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	v.Reason = d.Reason
 	if !d.Allow {
 		v.Deny = policyError(d, a)
+		if c.Shadow {
+			return c.shadow(v)
+		}
+		return v
+	}
+
+	// A cost the gate cannot bound only with the policy's consent: decided
+	// here rather than in Rego, so a policy that forgets fails closed.
+	if e, field := refuseUnbounded(&a.Request, d.AllowUnbounded); e != nil {
+		v.Deny, v.Reason = e, "unbounded_cost:"+field
 		if c.Shadow {
 			return c.shadow(v)
 		}
@@ -250,9 +261,36 @@ func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.
 			Choices:               choices(a),
 			EstimatedPromptTokens: a.PromptTokens,
 			PreviousResponseID:    a.Request.PreviousResponseID,
+			Background:            a.Request.Background,
+			Conversation:          a.Request.Conversation,
+			PromptID:              a.Request.PromptID,
+			Store:                 a.Request.Store,
 		},
 		Usage: c.Metrics.usage(p.Tenant),
 	}
+}
+
+// unboundedWhy says, for each of openai.Request.Unbounded's fields, why
+// the gate cannot bound the cost of a request carrying it.
+var unboundedWhy = map[string]string{
+	"background":           "a background response is answered before it is generated, without usage",
+	"conversation":         "a conversation's stored items are input the gateway cannot see",
+	"prompt":               "a stored prompt template is input the gateway cannot see",
+	"previous_response_id": "a stored response's earlier turns are input the gateway cannot see",
+}
+
+// refuseUnbounded is the refusal of a request carrying a field whose cost
+// the gate cannot bound and that the policy's allowed does not name, and
+// that field; nil and "" when there is none.
+func refuseUnbounded(r *openai.Request, allowed []string) (*openai.Error, string) {
+	for field := range r.Unbounded() {
+		if !slices.Contains(allowed, field) {
+			return openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "unsupported_parameter", field,
+				fmt.Sprintf("%s is not accepted by this gateway: %s, so the cost of the request cannot be bounded before it runs",
+					field, unboundedWhy[field])), field
+		}
+	}
+	return nil, ""
 }
 
 // policyError renders a policy denial in OpenAI's error shape.
@@ -285,9 +323,9 @@ func policyError(d policy.Decision, a *request.Admission) *openai.Error {
 const maxReservedOutput = 1 << 48
 
 // effectiveMaxTokens is what a request may write per choice: the client's
-// max_tokens (max_completion_tokens when both are set, see
-// internal/openai), held to the policy's cap when it names one; unset, the
-// cap, else the configured default. Only APIs that generate write tokens:
+// max_tokens (the largest of every output cap key it sets, see
+// openai.Request.MaxTokens), held to the policy's cap when it names one;
+// unset, the cap, else the configured default. Only APIs that generate write tokens:
 // other requests (embeddings, count_tokens, the model listing) reserve no
 // output. An Admission that names no API is a chat or text completion.
 func (c *Controller) effectiveMaxTokens(a *request.Admission, limit int) int {

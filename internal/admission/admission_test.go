@@ -299,18 +299,21 @@ func TestForgedReservationsMoveNoCounter(t *testing.T) {
 }
 
 // The policy sees the request's API and what is particular to it: a
-// response's previous_response_id, its max_output_tokens as max_tokens.
+// response's previous_response_id, background, conversation, prompt and
+// store, its max_output_tokens as max_tokens.
 func TestPolicyInputNamesTheAPI(t *testing.T) {
 	c := newController(t)
 	c.Keys, c.JWT.Enabled = nil, false
-	c.Policy = &fakePolicy{d: policy.Decision{Allow: true}}
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, AllowUnbounded: policy.UnboundedFields}}
 	a := &request.Admission{RequestID: "r", Method: "POST", Path: "/v1/responses", Completion: true, API: openai.APIResponses,
-		Request: openai.Request{Model: "llama", Stream: true, MaxTokens: 300, Choices: 1, PreviousResponseID: "resp_1"}, PromptTokens: 20}
+		Request: openai.Request{Model: "llama", Stream: true, MaxTokens: 300, Choices: 1, PreviousResponseID: "resp_1",
+			Background: true, Conversation: "conv_1", PromptID: "pmpt_1", Store: true}, PromptTokens: 20}
 	if v := c.Decide(context.Background(), a); v.Deny != nil {
 		t.Fatal(v.Deny)
 	}
 	in := c.Policy.(*fakePolicy).last.Request
-	if in.API != "responses" || in.PreviousResponseID != "resp_1" || in.MaxTokens != 300 || !in.Stream || in.EstimatedPromptTokens != 20 {
+	if in.API != "responses" || in.PreviousResponseID != "resp_1" || in.MaxTokens != 300 || !in.Stream || in.EstimatedPromptTokens != 20 ||
+		!in.Background || in.Conversation != "conv_1" || in.PromptID != "pmpt_1" || !in.Store {
 		t.Errorf("policy input %+v", in)
 	}
 	c.Decide(context.Background(), &request.Admission{RequestID: "r", Method: "GET", Path: "/v1/models"})

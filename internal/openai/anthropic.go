@@ -8,6 +8,12 @@ import "github.com/tidwall/gjson"
 // PromptTokens: system (a string or text blocks), messages (content a
 // string or blocks: text, image and document blocks as a chat's parts;
 // tool_use, tool_result and thinking blocks by their text) and tools.
+//
+// Keys other APIs' servers read as an output cap or a multiplier
+// (max_completion_tokens, max_output_tokens, n, best_of) are refused:
+// Anthropic refuses them too, and a server that translates to a chat
+// engine and passed one on would write past the reservation, which counts
+// max_tokens once.
 func ParseMessages(body []byte) (Request, error) {
 	return parseAnthropic(body, true)
 }
@@ -19,7 +25,8 @@ func ParseCountTokens(body []byte) (Request, error) {
 	return parseAnthropic(body, false)
 }
 
-var anthropicKeys = [...]string{"model", "max_tokens", "stream", "system", "messages", "tools"}
+var anthropicKeys = [...]string{"model", "max_tokens", "stream", "system", "messages", "tools",
+	"max_completion_tokens", "max_output_tokens", "n", "best_of"} // the last four refused where it generates
 
 func parseAnthropic(body []byte, generates bool) (Request, error) {
 	var v [len(anthropicKeys)]gjson.Result
@@ -35,6 +42,9 @@ func parseAnthropic(body []byte, generates bool) (Request, error) {
 		return Request{}, err
 	}
 	if generates {
+		if err := refuseForeign(v[6:], anthropicKeys[6:], "max_tokens"); err != nil {
+			return Request{}, err
+		}
 		if maxTokens.Type == gjson.Null {
 			return Request{}, &FieldError{"max_tokens", "field required"}
 		}

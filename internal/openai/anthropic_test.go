@@ -48,7 +48,8 @@ func TestParseCountTokens(t *testing.T) {
 	if _, err := ParseMessages([]byte(body)); err == nil {
 		t.Error("a message without max_tokens was accepted")
 	}
-	if r, err := ParseCountTokens([]byte(`{"model":"m","max_tokens":9,"stream":true,"messages":[]}`)); err != nil || r.MaxTokens != 0 || r.Stream {
+	// Counting writes nothing: other APIs' caps are as harmless as its own.
+	if r, err := ParseCountTokens([]byte(`{"model":"m","max_tokens":9,"max_completion_tokens":9,"n":2,"stream":true,"messages":[]}`)); err != nil || r.MaxTokens != 0 || r.Stream {
 		t.Errorf("count_tokens with max_tokens and stream: %+v, %v", r, err)
 	}
 }
@@ -66,6 +67,12 @@ func TestParseMessagesErrors(t *testing.T) {
 		`{"model":"m","max_tokens":1,"messages":[{"role":"user","role":"assistant"}]}`: "messages[0].role",
 		`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"text":"a","text":"b"}]}]}]}`: "messages[0].content[0].content[0].text",
 		`{"model":"m","max_tokens":1,"messages":[],"system":[{"type":"text","type":"text"}]}`:                                              "system[0].type",
+		// Output caps and multipliers of other APIs: a server translating
+		// to a chat engine may pass them on, the reservation would not.
+		`{"model":"m","max_tokens":1,"max_completion_tokens":50000,"messages":[]}`: "max_completion_tokens",
+		`{"model":"m","max_tokens":1,"max_output_tokens":50000,"messages":[]}`:     "max_output_tokens",
+		`{"model":"m","max_tokens":1,"n":8,"messages":[]}`:                         "n",
+		`{"model":"m","max_tokens":1,"best_of":8,"messages":[]}`:                   "best_of",
 	} {
 		_, err := ParseMessages([]byte(body))
 		wantParseError(t, body, err, param)

@@ -100,6 +100,41 @@ func wantParseError(t *testing.T, body string, err error, param string) {
 	}
 }
 
+// Every API reads as its output cap the largest of the keys its servers
+// may read, and refuses a cap key of another API (see ParseResponses,
+// ParseMessages): nothing a pool may read as a cap escapes the
+// reservation.
+func TestOutputCaps(t *testing.T) {
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct {
+		api     API
+		body    string
+		want    int
+		refused string // the Param of the refusal
+	}{
+		{APIChat, `{"model":"m","max_completion_tokens":1,"max_tokens":50000,` + msgs + `}`, 50000, ""},
+		{APIChat, `{"model":"m","max_tokens":1,"max_completion_tokens":50000,` + msgs + `}`, 50000, ""},
+		{APIChat, `{"model":"m","max_tokens":null,"max_completion_tokens":9,` + msgs + `}`, 9, ""},
+		{APICompletions, `{"model":"m","prompt":"hi","max_completion_tokens":1,"max_tokens":50000}`, 50000, ""},
+		{APICompletions, `{"model":"m","prompt":"hi","max_tokens":1,"max_completion_tokens":50000}`, 50000, ""},
+		{APIResponses, `{"model":"m","input":"hi","max_output_tokens":1}`, 1, ""},
+		{APIResponses, `{"model":"m","input":"hi","max_output_tokens":1,"max_tokens":50000}`, 0, "max_tokens"},
+		{APIResponses, `{"model":"m","input":"hi","max_output_tokens":1,"max_completion_tokens":50000}`, 0, "max_completion_tokens"},
+		{APIMessages, `{"model":"m","max_tokens":1,` + msgs + `}`, 1, ""},
+		{APIMessages, `{"model":"m","max_tokens":1,"max_completion_tokens":50000,` + msgs + `}`, 0, "max_completion_tokens"},
+		{APIMessages, `{"model":"m","max_tokens":1,"max_output_tokens":50000,` + msgs + `}`, 0, "max_output_tokens"},
+	} {
+		r, err := Parse(tc.api, []byte(tc.body))
+		if tc.refused != "" {
+			wantParseError(t, tc.body, err, tc.refused)
+			continue
+		}
+		if err != nil || r.MaxTokens != tc.want {
+			t.Errorf("%s %s: MaxTokens %d, %v; want %d", tc.api, tc.body, r.MaxTokens, err, tc.want)
+		}
+	}
+}
+
 // A parser allocates only the strings it keeps (the model, a response's
 // previous_response_id): the estimate's error paths stay off the heap.
 func TestParsersAllocate(t *testing.T) {

@@ -80,18 +80,19 @@ func readPositive(name string, v gjson.Result) (int, error) {
 }
 
 // MaxIDBytes bounds an identifier a client sends for the server to look
-// up (previous_response_id): it reaches the policy input and the decision
+// up (previous_response_id, conversation, prompt.id): it reaches the policy input and the decision
 // memo's key, and real ones are a few dozen bytes.
 const MaxIDBytes = 256
 
 // readID is an optional identifier string of at most MaxIDBytes; "" when
-// absent or null.
+// absent or null. An empty one is refused: a server may read it as set
+// where the gate reads it as unset.
 func readID(name string, v gjson.Result) (string, error) {
 	switch {
 	case v.Type == gjson.Null:
 		return "", nil
-	case v.Type != gjson.String:
-		return "", &FieldError{name, "must be a string"}
+	case v.Type != gjson.String || v.Str == "":
+		return "", &FieldError{name, "must be a non-empty string"}
 	case len(v.Str) > MaxIDBytes:
 		return "", &FieldError{name, fmt.Sprintf("must be at most %d bytes", MaxIDBytes)}
 	}

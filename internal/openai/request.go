@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"iter"
 	"math"
 	"strconv"
 	"strings"
@@ -20,9 +21,15 @@ import (
 // (see API): MaxTokens is the API's own output cap (max_output_tokens for
 // Responses, Anthropic's max_tokens), 0 for an API that writes no output.
 type Request struct {
-	Model     string
-	Stream    bool
-	MaxTokens int // max_completion_tokens, else max_tokens; 0 when unset
+	Model  string
+	Stream bool
+	// MaxTokens is the largest output cap the body carries under any key
+	// its API's servers read (max_tokens, max_completion_tokens); 0 when
+	// unset. The largest, because servers disagree on which key wins
+	// (vLLM's and OpenAI's chat read max_completion_tokens, TGI's chat and
+	// every /v1/completions server max_tokens): what the gate reserves and
+	// caps must be the most any of them may write.
+	MaxTokens int
 	// IncludeUsage is the client's stream_options.include_usage; nil when absent.
 	IncludeUsage *bool
 	// PromptChars is the number of characters of text in messages/prompt
@@ -73,8 +80,42 @@ type Request struct {
 	// PreviousResponseID is a Responses request's previous_response_id:
 	// the stored conversation it continues; "" when unset.
 	PreviousResponseID string
+	// Background, Conversation and PromptID are a Responses request's
+	// background (answered at once with no usage, generated later), the
+	// id of its conversation (stored items the server adds to the input)
+	// and of its prompt (a stored template the server renders); false and
+	// "" when unset.
+	Background   bool
+	Conversation string
+	PromptID     string
+	// Store is a Responses request's store: true unless it sets false
+	// (the API's default); false for every other API.
+	Store bool
 	// Dimensions is an embeddings request's dimensions; 0 when unset.
 	Dimensions int
+}
+
+// Unbounded names the fields that make the request's cost one the gate
+// cannot bound before it runs, in a fixed order: previous_response_id,
+// conversation and prompt add stored input the gate never sees; with
+// background the server answers at once with no usage and generates
+// later, so nothing is left to settle. Each name is the body's key.
+func (r *Request) Unbounded() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for _, f := range [...]struct {
+			name string
+			set  bool
+		}{
+			{"background", r.Background},
+			{"conversation", r.Conversation != ""},
+			{"prompt", r.PromptID != ""},
+			{"previous_response_id", r.PreviousResponseID != ""},
+		} {
+			if f.set && !yield(f.name) {
+				return
+			}
+		}
+	}
 }
 
 // Sentinel errors for request bodies; each maps to an OpenAI error code.
@@ -196,9 +237,7 @@ func ParseRequest(body []byte) (Request, error) {
 		if !ok {
 			return Request{}, &FieldError{f.name, "must be a positive integer"}
 		}
-		if r.MaxTokens == 0 || f.name == "max_completion_tokens" {
-			r.MaxTokens = n
-		}
+		r.MaxTokens = max(r.MaxTokens, n)
 	}
 	if opts.Type != gjson.Null {
 		if !opts.IsObject() {

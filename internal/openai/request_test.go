@@ -55,17 +55,20 @@ func TestParseRequest(t *testing.T) {
 			want: Request{Model: "m", MaxTokens: 128},
 		},
 		{
-			name: "max_completion_tokens wins over max_tokens",
+			// Servers disagree on which key wins (vLLM's chat reads
+			// max_completion_tokens, TGI's chat and /v1/completions
+			// servers max_tokens): the largest is what one may write.
+			name: "both caps: the larger, max_tokens",
 			body: `{"model":"m","max_tokens":256,"max_completion_tokens":128}`,
-			want: Request{Model: "m", MaxTokens: 128},
+			want: Request{Model: "m", MaxTokens: 256},
 		},
 		{
-			name: "max_completion_tokens wins whatever the key order",
-			body: `{"model":"m","max_completion_tokens":128,"max_tokens":256}`,
-			want: Request{Model: "m", MaxTokens: 128},
+			name: "both caps: the larger whatever the key order",
+			body: `{"model":"m","max_completion_tokens":1,"max_tokens":50000}`,
+			want: Request{Model: "m", MaxTokens: 50000},
 		},
 		{
-			name: "max_completion_tokens wins when smaller or larger",
+			name: "both caps: the larger, max_completion_tokens",
 			body: `{"model":"m","max_tokens":10,"max_completion_tokens":4096}`,
 			want: Request{Model: "m", MaxTokens: 4096},
 		},
@@ -482,6 +485,8 @@ func mustUnmarshal(t *testing.T, b []byte, v any) {
 }
 
 var requestSeeds = []string{
+	`{"model":"m","max_completion_tokens":1,"max_tokens":50000,"messages":[]}`,
+	`{"model":"m","max_tokens":7,"max_completion_tokens":null,"n":3}`,
 	`{"model":"gpt-4o","messages":[{"role":"user","content":"Hello"}]}`,
 	`{"model":"gpt-4o","stream":true,"max_tokens":256,"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}]}`,
 	`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":false},"max_completion_tokens":64,"messages":[]}`,
@@ -558,6 +563,12 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if r.Choices < 1 {
 			t.Fatalf("ParseRequest(%q) = %s: Choices below 1", body, fmtRequest(r))
+		}
+		// MaxTokens is the largest cap the body carries under any key.
+		for _, k := range []string{"max_tokens", "max_completion_tokens"} {
+			if v := gjson.GetBytes(body, k); v.Type == gjson.Number && int(v.Num) > r.MaxTokens {
+				t.Fatalf("ParseRequest(%q) = %s: %s is larger", body, fmtRequest(r), k)
+			}
 		}
 		// What the estimate reads is what a last-wins decoder reads.
 		if err := lastWinsAgrees(body); err != nil {

@@ -107,6 +107,12 @@ func (e *Engine) decisionAnswers(b *bindings) (Decision, error) {
 	if d.Checks, err = parseChecks(v); err != nil {
 		return d, err
 	}
+	if v, err = e.answer(b, ansAllowUnbounded); err != nil {
+		return d, err
+	}
+	if d.AllowUnbounded, err = parseAllowUnbounded(v); err != nil {
+		return d, err
+	}
 	if v, err = e.answer(b, ansMaxTokens); err != nil {
 		return d, err
 	}
@@ -160,6 +166,32 @@ func parseChecks(v ast.Value) ([]string, error) {
 		s, ok := t.Value.(ast.String)
 		if !ok || s == "" {
 			return nil, fmt.Errorf("infergate.authz.checks: want non-empty strings, got %v", t)
+		}
+		out = append(out, string(s))
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// parseAllowUnbounded reads a set of UnboundedFields; a name the gate does
+// not know is an error (a typo must not read as an opt-in to nothing, nor
+// an opt-in to something else).
+func parseAllowUnbounded(v ast.Value) ([]string, error) {
+	if v == nil {
+		return nil, nil
+	}
+	ts, ok := elems(v)
+	if !ok {
+		return nil, fmt.Errorf("infergate.authz.allow_unbounded must be a set of strings, got %v", v)
+	}
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	out := make([]string, 0, len(ts))
+	for _, t := range ts {
+		s, ok := t.Value.(ast.String)
+		if !ok || !slices.Contains(UnboundedFields, string(s)) {
+			return nil, fmt.Errorf("infergate.authz.allow_unbounded: want one of %q, got %v", UnboundedFields, t)
 		}
 		out = append(out, string(s))
 	}

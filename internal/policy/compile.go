@@ -17,6 +17,7 @@ var answers = [...]struct{ name, ref string }{
 	{"max_tokens", "data.infergate.authz.max_tokens"},
 	{"limits", "data.infergate.ratelimit.limits"},
 	{"reserve", "data.infergate.ratelimit.reserve"},
+	{"allow_unbounded", "data.infergate.authz.allow_unbounded"},
 }
 
 const (
@@ -27,6 +28,7 @@ const (
 	ansMaxTokens
 	ansLimits
 	ansReserve
+	ansAllowUnbounded
 )
 
 // buildQuery returns the one query Decide evaluates, which binds every

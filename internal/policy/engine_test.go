@@ -123,7 +123,8 @@ status := [x | x := data.infergate.authz.status]
 checks := data.infergate.authz.checks
 max_tokens := [x | x := data.infergate.authz.max_tokens]
 limits := data.infergate.ratelimit.limits
-reserve := [x | x := data.infergate.ratelimit.reserve]`
+reserve := [x | x := data.infergate.ratelimit.reserve]
+allow_unbounded := data.infergate.authz.allow_unbounded`
 	if got := loadDefault(t).Query(); got != want {
 		t.Errorf("query:\n%s\nwant:\n%s", got, want)
 	}
@@ -316,6 +317,32 @@ func TestDecideNamesTierCap(t *testing.T) {
 	}
 }
 
+// allow_unbounded names, per tier of the default policies, the costs the
+// gate cannot bound that a request may carry; a policy's own set is read
+// sorted, without duplicates.
+func TestDecideAllowUnbounded(t *testing.T) {
+	e := loadDefault(t)
+	for tenant, want := range map[string][]string{
+		"initech": nil,
+		"globex":  {"previous_response_id"},
+		"acme":    {"conversation", "previous_response_id", "prompt"},
+	} {
+		d, err := e.Decide(context.Background(), chat(tenant, "llama-3.1-8b-instruct"))
+		if err != nil || !d.Allow || !slices.Equal(d.AllowUnbounded, want) {
+			t.Errorf("%s: %+v, %v; want allow_unbounded %q", tenant, d, err, want)
+		}
+	}
+	e, err := Load(context.Background(), policyDir(t, map[string]string{"authz.rego": allowAll +
+		"allow_unbounded := [\"background\", \"prompt\", \"background\"]\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := e.Decide(context.Background(), chat("acme", "m"))
+	if err != nil || !slices.Equal(d.AllowUnbounded, []string{"background", "prompt"}) {
+		t.Errorf("Decide = %+v, %v", d, err)
+	}
+}
+
 func TestDecideChecks(t *testing.T) {
 	dir := copyPolicies(t)
 	data, err := os.ReadFile(filepath.Join(dir, "data.yaml"))
@@ -481,6 +508,9 @@ func TestDecideFailsClosed(t *testing.T) {
 		{"max_tokens fractional", "allow := true\nmax_tokens := 10.5", "", "max_tokens must be a positive integer"},
 		{"max_tokens string", "allow := true\nmax_tokens := \"1024\"", "", "max_tokens must be a positive integer"},
 		{"max_tokens too large", "allow := true\nmax_tokens := 4294967296", "", "max_tokens must be a positive integer"},
+		{"allow_unbounded unknown field", "allow := true\nallow_unbounded := {\"previous_response\"}", "", "allow_unbounded: want one of"},
+		{"allow_unbounded not strings", "allow := true\nallow_unbounded := {true}", "", "allow_unbounded: want one of"},
+		{"allow_unbounded not set", "allow := true\nallow_unbounded := \"background\"", "", "allow_unbounded must be a set"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -25,6 +25,10 @@ var (
 	keyPath                  = ast.StringTerm("path")
 	keyAPI                   = ast.StringTerm("api")
 	keyPreviousResponseID    = ast.StringTerm("previous_response_id")
+	keyBackground            = ast.StringTerm("background")
+	keyConversation          = ast.StringTerm("conversation")
+	keyPromptID              = ast.StringTerm("prompt_id")
+	keyStore                 = ast.StringTerm("store")
 	keyHeaders               = ast.StringTerm("headers")
 	keyModel                 = ast.StringTerm("model")
 	keyVirtualModel          = ast.StringTerm("virtual_model")
@@ -82,6 +86,10 @@ func (r *Request) term() *ast.Term {
 		ast.Item(keyChoices, ast.InternedTerm(r.Choices)),
 		ast.Item(keyEstimatedPromptTokens, ast.InternedTerm(r.EstimatedPromptTokens)),
 		ast.Item(keyPreviousResponseID, stringTerm(r.PreviousResponseID)),
+		ast.Item(keyBackground, ast.InternedTerm(r.Background)),
+		ast.Item(keyConversation, stringTerm(r.Conversation)),
+		ast.Item(keyPromptID, stringTerm(r.PromptID)),
+		ast.Item(keyStore, ast.InternedTerm(r.Store)),
 	)
 }
 

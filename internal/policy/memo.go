@@ -199,7 +199,8 @@ func readable(p []string) bool {
 		return len(p) == 1 || slices.Contains([]string{"id", "type", "claims"}, p[1])
 	case "request":
 		return len(p) == 1 || slices.Contains([]string{"method", "path", "api", "headers", "model", "virtual_model",
-			"stream", "max_tokens", "choices", "estimated_prompt_tokens", "previous_response_id"}, p[1])
+			"stream", "max_tokens", "choices", "estimated_prompt_tokens", "previous_response_id",
+			"background", "conversation", "prompt_id", "store"}, p[1])
 	}
 	return false
 }
@@ -303,6 +304,18 @@ func appendKey(b []byte, in *Input, paths [][]string) []byte {
 			}
 			if all || field == "previous_response_id" {
 				str(r.PreviousResponseID)
+			}
+			if all || field == "background" {
+				b = append(b, boolByte(r.Background))
+			}
+			if all || field == "conversation" {
+				str(r.Conversation)
+			}
+			if all || field == "prompt_id" {
+				str(r.PromptID)
+			}
+			if all || field == "store" {
+				b = append(b, boolByte(r.Store))
 			}
 		}
 	}

@@ -49,6 +49,8 @@ func TestMemoMatchesEvaluation(t *testing.T) {
 		in.Request.Path = pick("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/embeddings", "/v1/messages/count_tokens")
 		in.Request.API = pick("chat", "completions", "embeddings", "count_tokens", "")
 		in.Request.PreviousResponseID = pick("", "resp_1")
+		in.Request.Background, in.Request.Store = rng.IntN(2) == 0, rng.IntN(2) == 0
+		in.Request.Conversation, in.Request.PromptID = pick("", "conv_1"), pick("", "pmpt_1")
 		in.Request.MaxTokens = []int{0, 16, 1024, 5000, 20000}[rng.IntN(5)]
 		in.Request.EstimatedPromptTokens = rng.IntN(3) * 100
 		in.Request.Headers["x-request-id"] = fmt.Sprint(rng.Int())
@@ -171,6 +173,39 @@ func TestMemoAPIFields(t *testing.T) {
 		}
 	}
 	if hits, _ := e.MemoStats(); hits < 4 {
+		t.Errorf("%d memo hits", hits)
+	}
+}
+
+// A policy reading a response's background, conversation, prompt_id and
+// store is memoized, keyed on each.
+func TestMemoResponsesFields(t *testing.T) {
+	e, err := Load(context.Background(), policyDir(t, map[string]string{
+		"authz.rego": "package infergate.authz\n\ndefault allow := false\n\n" +
+			"allow if { not input.request.background; input.request.conversation == \"\"; input.request.prompt_id == \"\"; input.request.store }\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !e.Memoize() {
+		t.Fatal("not memoized")
+	}
+	in := chat("acme", "m")
+	for _, tc := range []struct {
+		background, store      bool
+		conversation, promptID string
+		allow                  bool
+	}{
+		{false, true, "", "", true}, {true, true, "", "", false}, {false, false, "", "", false},
+		{false, true, "c", "", false}, {false, true, "", "p", false}, {false, true, "", "", true},
+	} {
+		in.Request.Background, in.Request.Store, in.Request.Conversation, in.Request.PromptID = tc.background, tc.store, tc.conversation, tc.promptID
+		for range 2 {
+			if d, err := e.Decide(context.Background(), in); err != nil || d.Allow != tc.allow {
+				t.Fatalf("%+v: %+v %v", tc, d, err)
+			}
+		}
+	}
+	if hits, _ := e.MemoStats(); hits < 6 {
 		t.Errorf("%d memo hits", hits)
 	}
 }

@@ -41,12 +41,21 @@ type Request struct {
 	Model                 string            `json:"model"`
 	VirtualModel          string            `json:"virtual_model"`
 	Stream                bool              `json:"stream"`
-	MaxTokens             int               `json:"max_tokens"` // the API's output cap as the client set it; 0 when unset
+	MaxTokens             int               `json:"max_tokens"` // the largest output cap the client set under any key its API's servers read; 0 when unset
 	Choices               int               `json:"choices"`    // completions asked for (n, best_of, prompts in a batch); at least 1
 	EstimatedPromptTokens int               `json:"estimated_prompt_tokens"`
 	// PreviousResponseID is a Responses request's previous_response_id:
 	// the stored conversation it continues; "" when unset.
 	PreviousResponseID string `json:"previous_response_id"`
+	// Background, Conversation, PromptID and Store are a Responses
+	// request's background, conversation id, prompt (template) id and
+	// store (true unless set false); false, "", "" and false for other
+	// APIs. With previous_response_id, the first three make a cost the
+	// gate cannot bound: see Decision.AllowUnbounded.
+	Background   bool   `json:"background"`
+	Conversation string `json:"conversation"`
+	PromptID     string `json:"prompt_id"`
+	Store        bool   `json:"store"`
 }
 
 // Usage is a tenant's standing in the current minute.
@@ -81,7 +90,17 @@ type Decision struct {
 	// Checks are external checks the request must pass
 	// (infergate.authz.checks), sorted, without duplicates; nil if none.
 	Checks []string
+	// AllowUnbounded names the request fields whose unboundable cost the
+	// policy accepts (infergate.authz.allow_unbounded, a set of
+	// UnboundedFields), sorted, without duplicates; nil if none. The gate
+	// refuses a request carrying any other (openai.Request.Unbounded).
+	AllowUnbounded []string
 }
+
+// UnboundedFields are the request fields that make a cost the gate cannot
+// bound before the request runs (openai.Request.Unbounded): what
+// infergate.authz.allow_unbounded may name.
+var UnboundedFields = []string{"background", "conversation", "prompt", "previous_response_id"}
 
 // Unset marks a field of Decision.Reserve the policy left out: the gate
 // fills it in (it alone knows the configured default output).

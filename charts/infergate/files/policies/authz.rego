@@ -2,9 +2,10 @@
 # tokens. An example to copy and adapt: tenants and tiers live in data.yaml;
 # the input is described in docs/policy-input.schema.json.
 #
-# The gate reads allow, reason, status, checks and max_tokens from this
-# package. The denials below are tried in order and the first that matches
-# is the answer; a request that matches none is allowed.
+# The gate reads allow, reason, status, checks, max_tokens and
+# allow_unbounded from this package. The denials below are tried in order
+# and the first that matches is the answer; a request that matches none is
+# allowed.
 #
 # Every decision evaluates these rules, so they are kept few and cheap:
 # each rule is computed at most once per decision, lookups go through
@@ -40,6 +41,17 @@ checks contains check if {
 	some check in tier.checks # first: most tiers have none
 	allow
 	route.model
+}
+
+# The request fields whose cost the gate cannot bound before the request
+# runs that a tier accepts (data.yaml's allow_unbounded): a response's
+# previous_response_id, conversation or stored prompt adds input the gate
+# never sees (the pool's usage is charged when the response ends), and a
+# background response answers with no usage at all (its whole reservation
+# is kept). The gate refuses a request carrying one not named here.
+allow_unbounded contains field if {
+	some field in tier.allow_unbounded
+	allow
 }
 
 # The endpoints served, by path and method. model: true marks the

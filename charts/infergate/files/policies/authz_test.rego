@@ -19,6 +19,10 @@ chat(tenant, model) := {
 		"choices": 1,
 		"estimated_prompt_tokens": 40,
 		"previous_response_id": "",
+		"background": false,
+		"conversation": "",
+		"prompt_id": "",
+		"store": false,
 	},
 	"usage": {"requests": 0, "tokens": 0},
 }
@@ -372,4 +376,29 @@ test_tier_without_apis_allows_every_api if {
 		with data.infergate.tiers.search as object.remove(data.infergate.tiers.search, ["apis"])
 	authz.allow with input as chat("vandelay", "bge-m3")
 		with data.infergate.tiers.search as object.remove(data.infergate.tiers.search, ["apis"])
+}
+
+# Costs the gate cannot bound: opted into per tier, never by default.
+
+responses(tenant, fields) := with_request(chat(tenant, "llama-3.1-8b-instruct"), object.union(
+	{"path": "/v1/responses", "api": "responses", "store": true},
+	fields,
+))
+
+test_free_tier_accepts_no_unbounded_cost if {
+	count(authz.allow_unbounded) == 0 with input as responses("initech", {"background": true})
+}
+
+test_standard_tier_continues_stored_responses_only if {
+	authz.allow_unbounded == {"previous_response_id"} with input as responses("globex", {"previous_response_id": "resp_1"})
+}
+
+test_premium_tier_accepts_stored_input_not_background if {
+	inp := responses("acme", {"conversation": "conv_1", "prompt_id": "pmpt_1"})
+	authz.allow_unbounded == {"previous_response_id", "conversation", "prompt"} with input as inp
+	not "background" in authz.allow_unbounded with input as inp
+}
+
+test_no_unbounded_cost_on_a_denial if {
+	count(authz.allow_unbounded) == 0 with input as responses("acme", {"path": "/v1/nope"})
 }

@@ -19,6 +19,10 @@ chat(tenant, model) := {
 		"choices": 1,
 		"estimated_prompt_tokens": 40,
 		"previous_response_id": "",
+		"background": false,
+		"conversation": "",
+		"prompt_id": "",
+		"store": false,
 	},
 	"usage": {"requests": 0, "tokens": 0},
 }
