@@ -128,9 +128,13 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	}
 
 	// What the request may write per choice: reserved below, and where a
-	// cap changed it, sent upstream (the gate rewrites the body).
+	// cap changed it, sent upstream (the gate rewrites the body). A
+	// request under a budget that names no cap goes with the default it
+	// reserved: a server's own default (vLLM's: the rest of the context)
+	// could write past the reservation, unseen if no usage comes back.
 	maxTokens := c.effectiveMaxTokens(a, d.MaxTokens)
-	if d.MaxTokens > 0 && maxTokens != a.Request.MaxTokens {
+	budgeted := len(d.Limits) > 0 && c.Limiter != nil
+	if (d.MaxTokens > 0 || budgeted) && maxTokens > 0 && maxTokens != a.Request.MaxTokens {
 		v.MaxTokens = maxTokens
 	}
 

@@ -35,8 +35,8 @@ func TestEffectiveMaxTokens(t *testing.T) {
 		{name: "below the cap", asked: 100, cap: 4096, wantReserved: 20 + 100},
 		{name: "at the cap", asked: 4096, cap: 4096, wantReserved: 20 + 4096},
 		{name: "above the cap, allowed by the policy", asked: 5000, cap: 4096, wantReserved: 20 + 4096, wantUpstreamLimit: 4096},
-		{name: "unset, no cap", wantReserved: 20 + DefaultOutputReservation},
-		{name: "unset, no cap, configured default, n=2", choices: 2, defaultMax: 300, wantReserved: 20 + 2*300},
+		{name: "unset, no cap", wantReserved: 20 + DefaultOutputReservation, wantUpstreamLimit: DefaultOutputReservation},
+		{name: "unset, no cap, configured default, n=2", choices: 2, defaultMax: 300, wantReserved: 20 + 2*300, wantUpstreamLimit: 300},
 		{name: "set, no cap", asked: 5000, defaultMax: 300, wantReserved: 20 + 5000},
 		{name: "policy reserve without output", cap: 4096, choices: 2,
 			reserve: &ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: unset}, wantReserved: 7 + 2*4096, wantUpstreamLimit: 4096},
@@ -46,7 +46,7 @@ func TestEffectiveMaxTokens(t *testing.T) {
 		// Each API's output cap (max_output_tokens, Anthropic's max_tokens)
 		// arrives as Request.MaxTokens and is reserved and capped alike.
 		{name: "responses, above the cap", api: openai.APIResponses, asked: 5000, cap: 4096, wantReserved: 20 + 4096, wantUpstreamLimit: 4096},
-		{name: "responses, unset, no cap", api: openai.APIResponses, wantReserved: 20 + DefaultOutputReservation},
+		{name: "responses, unset, no cap", api: openai.APIResponses, wantReserved: 20 + DefaultOutputReservation, wantUpstreamLimit: DefaultOutputReservation},
 		{name: "messages, below the cap", api: openai.APIMessages, asked: 100, cap: 4096, wantReserved: 20 + 100},
 		// Embeddings write nothing: their input is the reservation, and no
 		// cap goes upstream.
