@@ -26,6 +26,8 @@ type envelope struct {
 	Model   string `json:"model"`
 	Choices any    `json:"choices"`
 	Usage   *usage `json:"usage,omitempty"`
+	// vLLM writes these after usage (see completion.promptLogprobs).
+	PromptLogprobs any `json:"prompt_logprobs,omitempty"`
 }
 
 type usage struct {
@@ -157,6 +159,7 @@ func (c *completion) fullResponse() any {
 		e = c.envelope("text_completion", []textChoice{{Text: text, FinishReason: &reason}})
 	}
 	e.Usage = c.usage()
+	e.PromptLogprobs = c.promptLogprobs()
 	return e
 }
 
