@@ -20,6 +20,9 @@ const maxOutputTokens = 1 << 20
 // any test need, so a typo cannot park a handler for days.
 const maxOverrideMillis = 3_600_000
 
+// maxChoices bounds n, as OpenAI's API does (128) and well beyond any test.
+const maxChoices = 128
+
 // maxPromptLogprobs bounds prompt_logprobs, as vLLM's max_logprobs (20) does.
 const maxPromptLogprobs = 20
 
@@ -64,6 +67,7 @@ type request struct {
 	Dimensions          int             `json:"dimensions"`        // embeddings
 	EncodingFormat      string          `json:"encoding_format"`   // embeddings
 	Stream              bool            `json:"stream"`
+	N                   int             `json:"n"`               // chat, completions: choices
 	Background          bool            `json:"background"`      // responses (see Server.background)
 	PromptLogprobs      int             `json:"prompt_logprobs"` // chat, completions: vLLM's, written after usage
 	StreamOptions       *struct {
@@ -232,6 +236,7 @@ type completion struct {
 	// The ledger's record (see ledger.go): prompt tokens billed at
 	// admission, output tokens decoded so far.
 	prompted, decoded int
+	choices           int  // n: chat and completions write each token once per choice
 	background        bool // a Responses request answered at once (see Server.background)
 	promptLogprobsN   int  // vLLM's prompt_logprobs, after usage in a non-streamed answer
 }
@@ -256,7 +261,7 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 		return nil, &requestError{"invalid_max_tokens", fmt.Sprintf("max tokens %d exceeds the mock's limit of %d", output, maxOutputTokens)}
 	}
 
-	c := &completion{kind: k, model: req.Model, outputTokens: output}
+	c := &completion{kind: k, model: req.Model, outputTokens: output, choices: 1}
 	input, words, apiErr := c.input(req)
 	if apiErr != nil {
 		return nil, apiErr
@@ -289,6 +294,9 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 	c.faults = p.faults
 	c.emitTimestamps = p.emitTimestamps
 	c.background = k == kindResponses && req.Background && !req.Stream
+	if k == kindChat || k == kindText {
+		c.choices = min(max(req.N, 1), maxChoices)
+	}
 	if k == kindChat || k == kindText {
 		c.promptLogprobsN = min(max(req.PromptLogprobs, 0), maxPromptLogprobs)
 	}

@@ -90,7 +90,7 @@ func (e *ledgerEntry) book(c *completion) {
 	e.account.Open--
 	e.account.Requests++
 	e.account.PromptTokens += int64(c.prompted)
-	e.account.OutputTokens += int64(min(c.decoded, c.outputTokens))
+	e.account.OutputTokens += int64(min(c.decoded, c.outputTokens) * c.choices)
 }
 
 // Ledger returns a copy of every account.

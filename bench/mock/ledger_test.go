@@ -132,3 +132,42 @@ func TestPromptLogprobsAndLargestCap(t *testing.T) {
 		t.Errorf("x-mock-output-cap: smallest answered %d, want 400", resp.StatusCode)
 	}
 }
+
+// n choices write every token n times, each choice's events apart, and
+// usage and the ledger count them all.
+func TestChoicesAreGeneratedAndBooked(t *testing.T) {
+	s, ts := newTestServer(t, noDelay())
+	hdr := map[string]string{ledgerHeader: "n"}
+	resp, b := do(t, ts, http.MethodPost, "/v1/chat/completions",
+		`{"model":"m","n":3,"max_tokens":4,"messages":[{"role":"user","content":"one two"}]}`, hdr)
+	var full struct {
+		Choices []struct {
+			Index int `json:"index"`
+		} `json:"choices"`
+		Usage usage `json:"usage"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(b, &full) != nil || len(full.Choices) != 3 || full.Choices[2].Index != 2 ||
+		full.Usage.CompletionTokens != 12 {
+		t.Fatalf("n=3: %d %s, want 3 choices and 12 completion tokens", resp.StatusCode, b)
+	}
+	events, _ := streamRequest(t, ts, "/v1/completions",
+		`{"model":"m","n":2,"max_tokens":5,"stream":true,"stream_options":{"include_usage":true},"prompt":"one two"}`, hdr)
+	perChoice := map[int]int{}
+	for _, e := range events {
+		var c struct {
+			Choices []struct {
+				Index int    `json:"index"`
+				Text  string `json:"text"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(e.data), &c) == nil && len(c.Choices) == 1 && c.Choices[0].Text != "" {
+			perChoice[c.Choices[0].Index]++
+		}
+	}
+	if perChoice[0] != 5 || perChoice[1] != 5 {
+		t.Errorf("content events per choice %v, want 5 each", perChoice)
+	}
+	if got := waitLedger(t, s, "n"); got.OutputTokens != 12+10 {
+		t.Errorf("ledger output %d, want 22", got.OutputTokens)
+	}
+}

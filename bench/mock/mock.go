@@ -83,6 +83,8 @@
 // completions writes vLLM's prompt_logprobs after usage. The header
 // x-mock-output-cap: largest makes the largest output cap the body names
 // the output length, as a server reading another key than the gateway did.
+// n on chat and text completions writes every token once per choice
+// (streamed, one event per choice) and counts them all in usage.
 //
 // # Emit timestamps
 //
@@ -541,7 +543,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 		return statusClientClosed, nil
 	}
 	if malformed {
-		s.usage.completion.Add(int64(c.outputTokens))
+		s.usage.completion.Add(int64(c.outputTokens * c.choices))
 		b, _ := json.Marshal(c.fullResponse())
 		b = b[:len(b)/2]
 		w.Header().Set("Content-Type", "application/json")
@@ -550,7 +552,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 		_, _ = w.Write(b)
 		return http.StatusOK, nil
 	}
-	s.usage.completion.Add(int64(c.outputTokens))
+	s.usage.completion.Add(int64(c.outputTokens * c.choices))
 	return writeJSON(w, http.StatusOK, c.fullResponse()), nil
 }
 
@@ -599,7 +601,7 @@ func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n
 			if err := emit(n); err != nil {
 				return k, err
 			}
-			s.usage.completion.Add(int64(n))
+			s.usage.completion.Add(int64(n * c.choices))
 			// Measured after the flush: that is when the bytes left the
 			// mock, which is what a downstream meter can observe.
 			s.metrics.lateness.Observe(time.Since(deadline).Seconds())
