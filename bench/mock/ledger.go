@@ -27,7 +27,7 @@ const ledgerHeader = "x-mock-ledger"
 
 // Bounds on what a client can make the ledger store.
 const (
-	maxLedgerAccounts = 4096
+	maxLedgerAccounts = 1 << 16
 	maxLedgerName     = 128
 	ledgerOverflow    = "(overflow)" // the account of names past the bounds
 )
@@ -102,6 +102,16 @@ func (s *Server) Ledger() map[string]LedgerAccount {
 		out[name] = *a
 	}
 	return out
+}
+
+// LedgerAccount returns one account, and false before its first request.
+func (s *Server) LedgerAccount(name string) (LedgerAccount, bool) {
+	s.ledger.mu.Lock()
+	defer s.ledger.mu.Unlock()
+	if a := s.ledger.accounts[name]; a != nil {
+		return *a, true
+	}
+	return LedgerAccount{}, false
 }
 
 func (s *Server) handleLedger(w http.ResponseWriter, _ *http.Request) {

@@ -119,7 +119,7 @@ func TestAdversarialLedger(t *testing.T) {
 	for range 16 {
 		wg.Go(func() {
 			for i := range next {
-				statuses[i] = plan[i].do(t, client, s.Envoy.URL)
+				statuses[i] = plan[i].do(t, client, s.Envoy.URL, s.PoolA)
 			}
 		})
 	}
@@ -163,9 +163,16 @@ func TestAdversarialLedger(t *testing.T) {
 
 	// The comparison, per tenant, and the table, per kind.
 	charged := ledgerCharges(t, rdb)
+	if len(charged) == 0 {
+		t.Fatal("no ledger budget counter in Redis: has the counter layout (ig:rl:{<limit key>}:<unit>:<window ms>:<start>) changed?")
+	}
 	generated := map[string]mock.LedgerAccount{}
 	for _, p := range []*pool{s.PoolA, s.PoolB} {
-		for name, a := range p.Ledger() {
+		for account, a := range p.Ledger() {
+			if account == "(overflow)" {
+				t.Fatal("the mock's ledger overflowed its accounts: fewer LEDGER_REQUESTS")
+			}
+			name, _, _ := strings.Cut(account, "#") // a tenant's requests each have an account
 			g := generated[name]
 			g.Requests += a.Requests
 			g.PromptTokens += a.PromptTokens
@@ -210,8 +217,12 @@ func TestAdversarialLedger(t *testing.T) {
 			if d > r.worstUnder {
 				r.worstUnder, r.worstUnderTenant = d, tenant
 			}
-			failures = append(failures, fmt.Sprintf("%s: charged %d tokens, the pool generated %d (%d prompt + %d output) for its %d requests: %d under-charged",
-				tenant, ch, gen, generated[tenant].PromptTokens, generated[tenant].OutputTokens, sent[tenant], d))
+			missing := ""
+			if _, ok := charged[tenant]; !ok {
+				missing = " (no budget counter at all)"
+			}
+			failures = append(failures, fmt.Sprintf("%s: charged %d tokens%s, the pool generated %d (%d prompt + %d output) for its %d requests: %d under-charged",
+				tenant, ch, missing, gen, generated[tenant].PromptTokens, generated[tenant].OutputTokens, sent[tenant], d))
 		} else if d < 0 {
 			r.over -= d
 			if -d > r.worstOver {
@@ -402,6 +413,7 @@ type ledgerCall struct {
 	stream      bool
 	hdr         map[string]string
 	leaveAfter  time.Duration // hang up this long after sending (0: never)
+	leaveLater  time.Duration // hang up this long after the pool started on it (0: never)
 	leaveEvents int           // hang up after this many SSE events (0: never)
 }
 
@@ -429,7 +441,7 @@ func planLedgerCall(rng *rand.Rand, i int) ledgerCall {
 	c := ledgerCall{kind: k.kind, api: k.apis[rng.IntN(len(k.apis))]}
 	c.hdr = map[string]string{
 		"authorization":           "Bearer sk-" + c.tenant(),
-		"x-mock-ledger":           c.tenant(),
+		"x-mock-ledger":           fmt.Sprintf("%s#%d", c.tenant(), i),
 		"x-request-id":            fmt.Sprintf("ledger-%d", i),
 		"x-mock-tokens-per-event": strconv.Itoa([]int{1, 1, 4}[rng.IntN(3)]),
 	}
@@ -520,7 +532,7 @@ func planLedgerCall(rng *rand.Rand, i int) ledgerCall {
 				f[key] = long
 			}
 		}
-		c.leaveAfter = time.Duration(10+rng.IntN(90)) * time.Millisecond
+		c.leaveLater = time.Duration(1+rng.IntN(100)) * time.Millisecond
 	case kindLocalReply:
 		f["model"] = "pool-b"
 		if rng.IntN(2) == 0 {
@@ -540,12 +552,26 @@ func planLedgerCall(rng *rand.Rand, i int) ledgerCall {
 
 // do sends c through Envoy and returns the status (0 when the client left
 // before it).
-func (c ledgerCall) do(t *testing.T, client *http.Client, base string) int {
+func (c ledgerCall) do(t *testing.T, client *http.Client, base string, pool *pool) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if c.leaveAfter > 0 {
 		timer := time.AfterFunc(c.leaveAfter, cancel)
 		defer timer.Stop()
+	}
+	if c.leaveLater > 0 {
+		// Mid-generation, however slow the way there: once the pool has
+		// the request, then after the offset.
+		go func() {
+			account := c.hdr["x-mock-ledger"]
+			for ctx.Err() == nil {
+				if _, ok := pool.LedgerAccount(account); ok {
+					time.AfterFunc(c.leaveLater, cancel)
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+ledgerPaths[c.api], strings.NewReader(c.body))
 	if err != nil {
