@@ -23,16 +23,22 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	accesslogdatav3 "github.com/envoyproxy/go-control-plane/envoy/data/accesslog/v3"
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/service/accesslog/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
+	"github.com/infergate/infergate/internal/wasmmeter"
 )
 
 // The accounting rule, tried by a hostile client and a hostile peer: for
@@ -41,9 +47,10 @@ import (
 // run, LEDGER_REQUESTS sets its size) sends every API, streamed and not,
 // with every output-cap spelling, n, logprobs, background Responses,
 // prompt_logprobs written after usage, hang-ups before and after the first
-// byte and Envoy local replies; then a raw ext_proc peer replays sealed
-// fields it got from real gate answers as meter streams with 0 usage, with
-// huge usage, and with forged tenants and reservations.
+// byte and Envoy local replies; then a raw peer on infergate's ext_proc
+// port replays sealed fields it got from real gate answers, as meter
+// streams and as the in-Envoy meter's access-log entries, with 0 usage,
+// with huge usage, and with forged tenants and reservations.
 //
 // Each case kind and API has a tenant of its own, so the budget charged to
 // a tenant (its counter in Redis, under a limit only these tenants have)
@@ -155,7 +162,8 @@ func TestAdversarialLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	peer := &ledgerPeer{t: t, client: extprocv3.NewExternalProcessorClient(conn), rdb: rdb}
+	peer := &ledgerPeer{t: t, client: extprocv3.NewExternalProcessorClient(conn),
+		accessLog: accesslogv3.NewAccessLogServiceClient(conn), rdb: rdb}
 	peerStreams := map[string]int{}
 	for _, p := range ledgerPeerCases {
 		peerStreams[p.tenant()] += p.run(peer)
@@ -604,10 +612,11 @@ func (c ledgerCall) do(t *testing.T, client *http.Client, base string, pool *poo
 
 // ledgerPeer is a hostile workload that reaches infergate's ext_proc port.
 type ledgerPeer struct {
-	t      *testing.T
-	client extprocv3.ExternalProcessorClient
-	rdb    *redis.Client
-	n      int
+	t         *testing.T
+	client    extprocv3.ExternalProcessorClient
+	accessLog accesslogv3.AccessLogServiceClient
+	rdb       *redis.Client
+	n         int
 }
 
 // gateField opens a gate stream as tenant and returns the field the gate
@@ -678,6 +687,44 @@ func (p *ledgerPeer) settle(field string, completion int) {
 	}
 }
 
+// settleByAccessLog sends field with a complete, 0-usage summary of the
+// in-Envoy meter as one access-log entry per copy, on the ext_proc port
+// where infergate takes the access log. Infergate has handled the entries
+// once it answers the stream; a refused stream (no such service) is fine.
+func (p *ledgerPeer) settleByAccessLog(field string, copies int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	st, err := p.accessLog.StreamAccessLogs(ctx)
+	if err != nil {
+		return
+	}
+	sum := wasmmeter.Summary{Start: time.Now().Add(-time.Second), Complete: true, HasFirst: true,
+		E2E: 500 * time.Millisecond, API: openai.APIChat, Usage: &openai.Usage{}}
+	state, err := anypb.New(wrapperspb.Bytes([]byte(sum.Encode())))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	logs := &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{}
+	for i := range copies {
+		logs.LogEntry = append(logs.LogEntry, &accesslogdatav3.HTTPAccessLogEntry{
+			CommonProperties: &accesslogdatav3.AccessLogCommon{
+				FilterStateObjects: map[string]*anypb.Any{wasmmeter.FilterStateKey: state},
+				Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MeterNamespace: {
+					Fields: map[string]*structpb.Value{request.MeterKey: structpb.NewStringValue(field)}}}},
+			},
+			Request:  &accesslogdatav3.HTTPRequestProperties{RequestId: fmt.Sprintf("peer-log-%d", i)},
+			Response: &accesslogdatav3.HTTPResponseProperties{ResponseCode: wrapperspb.UInt32(200)},
+		})
+	}
+	msg := &accesslogv3.StreamAccessLogsMessage{
+		Identifier: &accesslogv3.StreamAccessLogsMessage_Identifier{Node: &corev3.Node{Id: "peer"}, LogName: "peer"},
+		LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{HttpLogs: logs},
+	}
+	if st.Send(msg) == nil {
+		_, _ = st.CloseAndRecv()
+	}
+}
+
 func ledgerHeaders(kv ...string) *corev3.HeaderMap {
 	hm := &corev3.HeaderMap{}
 	for i := 0; i+1 < len(kv); i += 2 {
@@ -704,7 +751,9 @@ var ledgerPeerCases = []ledgerPeerCase{
 		for range 7 {
 			p.settle(field, 0)
 		}
-		return 8
+		// And as the in-Envoy meter's access-log entries, three of them.
+		p.settleByAccessLog(field, 3)
+		return 9
 	}},
 	{kindForge, func(p *ledgerPeer) int {
 		tenant := "ledger-" + kindForge + ".chat"
