@@ -20,6 +20,12 @@ const maxOutputTokens = 1 << 20
 // any test need, so a typo cannot park a handler for days.
 const maxOverrideMillis = 3_600_000
 
+// maxChoices bounds n, as OpenAI's API does (128) and well beyond any test.
+const maxChoices = 128
+
+// maxPromptLogprobs bounds prompt_logprobs, as vLLM's max_logprobs (20) does.
+const maxPromptLogprobs = 20
+
 // kind distinguishes the inference APIs, which share parsing, scheduling
 // and content but differ in wire format.
 type kind int
@@ -61,6 +67,9 @@ type request struct {
 	Dimensions          int             `json:"dimensions"`        // embeddings
 	EncodingFormat      string          `json:"encoding_format"`   // embeddings
 	Stream              bool            `json:"stream"`
+	N                   int             `json:"n"`               // chat, completions: choices
+	Background          bool            `json:"background"`      // responses (see Server.background)
+	PromptLogprobs      int             `json:"prompt_logprobs"` // chat, completions: vLLM's, written after usage
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -92,8 +101,9 @@ type params struct {
 	ttft           time.Duration
 	itl            time.Duration
 	tokensPerEvent int
-	tokens         int // output tokens forced by x-mock-tokens; 0 = from the request
-	status         int // status injected by x-mock-status; 0 = complete normally
+	tokens         int  // output tokens forced by x-mock-tokens; 0 = from the request
+	largestCap     bool // x-mock-output-cap: largest, the largest output cap the body names wins
+	status         int  // status injected by x-mock-status; 0 = complete normally
 	retryAfter     time.Duration
 	faults         streamFaults
 	emitTimestamps bool
@@ -160,6 +170,15 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 			*f.dst = v
 		}
 	}
+	switch raw := h.Get("x-mock-output-cap"); raw {
+	case "":
+	case "largest":
+		// A server that reads another cap key than the gateway did: the
+		// largest of them is what it may write.
+		p.largestCap = true
+	default:
+		return p, fmt.Errorf("invalid x-mock-output-cap header %q: want largest", raw)
+	}
 	if raw := h.Get("x-mock-emit-timestamps"); raw != "" {
 		v, err := strconv.ParseBool(strings.TrimSpace(raw))
 		if err != nil {
@@ -213,6 +232,13 @@ type completion struct {
 	blocks         []uint64 // prefix cache keys; nil when the cache is off
 	faults         streamFaults
 	emitTimestamps bool
+
+	// The ledger's record (see ledger.go): prompt tokens billed at
+	// admission, output tokens decoded so far.
+	prompted, decoded int
+	choices           int  // n: chat and completions write each token once per choice
+	background        bool // a Responses request answered at once (see Server.background)
+	promptLogprobsN   int  // vLLM's prompt_logprobs, after usage in a non-streamed answer
 }
 
 func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*completion, *requestError) {
@@ -222,6 +248,8 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 		output = 0
 	case p.tokens > 0:
 		output = p.tokens
+	case p.largestCap && max(req.MaxTokens, req.MaxCompletionTokens, req.MaxOutputTokens) > 0:
+		output = max(req.MaxTokens, req.MaxCompletionTokens, req.MaxOutputTokens)
 	case k == kindResponses && req.MaxOutputTokens > 0:
 		output = req.MaxOutputTokens
 	case (k == kindChat || k == kindText) && req.MaxCompletionTokens > 0:
@@ -233,7 +261,7 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 		return nil, &requestError{"invalid_max_tokens", fmt.Sprintf("max tokens %d exceeds the mock's limit of %d", output, maxOutputTokens)}
 	}
 
-	c := &completion{kind: k, model: req.Model, outputTokens: output}
+	c := &completion{kind: k, model: req.Model, outputTokens: output, choices: 1}
 	input, words, apiErr := c.input(req)
 	if apiErr != nil {
 		return nil, apiErr
@@ -265,6 +293,13 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 	c.blocks = blocks
 	c.faults = p.faults
 	c.emitTimestamps = p.emitTimestamps
+	c.background = k == kindResponses && req.Background && !req.Stream
+	if k == kindChat || k == kindText {
+		c.choices = min(max(req.N, 1), maxChoices)
+	}
+	if k == kindChat || k == kindText {
+		c.promptLogprobsN = min(max(req.PromptLogprobs, 0), maxPromptLogprobs)
+	}
 	if k == kindEmbeddings {
 		// No output tokens: the mid-stream faults have nothing to hit.
 		c.faults = streamFaults{}

@@ -73,6 +73,19 @@
 // k (the client sees a truncated body, never a clean end), and one event with
 // truncated JSON after token k.
 //
+// # Ledger
+//
+// A request naming an account in x-mock-ledger is booked in it: the prompt
+// tokens it was admitted with and the output tokens decoded until it ended
+// or its client hung up (see ledger.go), served at GET /mock/ledger. Two
+// request shapes exist for it: background: true on /v1/responses answers
+// queued at once and generates on, and prompt_logprobs on chat and text
+// completions writes vLLM's prompt_logprobs after usage. The header
+// x-mock-output-cap: largest makes the largest output cap the body names
+// the output length, as a server reading another key than the gateway did.
+// n on chat and text completions writes every token once per choice
+// (streamed, one event per choice) and counts them all in usage.
+//
 // # Emit timestamps
 //
 // With EmitTimestamps, or the request header x-mock-emit-timestamps: 1, every
@@ -208,6 +221,7 @@ type Server struct {
 	served  atomic.Int64
 	usage   struct{ prompt, completion atomic.Int64 }
 	board   *Board // nil: the default mock
+	ledger  ledger
 
 	mu         sync.Mutex
 	lastHeader http.Header
@@ -318,6 +332,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/healthz", onlyGet(http.HandlerFunc(handleHealth)))
 	mux.Handle("/metrics", onlyGet(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("/mock/control", s.handleControl)
+	mux.Handle("/mock/ledger", onlyGet(http.HandlerFunc(s.handleLedger)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found", "unknown route "+r.Method+" "+r.URL.Path)
 	})
@@ -426,6 +441,7 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 		// Counting is no inference: no batch slot, no delay, nothing billed.
 		return writeJSON(w, http.StatusOK, countTokensResponse{InputTokens: c.promptTokens}), false, nil
 	}
+	defer s.ledger.open(r.Header).book(c)
 	t, err := s.engine.admit(t0)
 	if err != nil {
 		setRetryAfter(w.Header(), http.StatusTooManyRequests, p.retryAfter)
@@ -436,6 +452,8 @@ func (s *Server) serveCompletion(w http.ResponseWriter, r *http.Request, k kind)
 	switch {
 	case k == kindEmbeddings:
 		return s.embed(r.Context(), w, c, t), false, nil
+	case c.background:
+		return s.background(w, c, t), false, nil
 	case req.Stream:
 		return http.StatusOK, true, s.stream(r.Context(), w, c, t)
 	}
@@ -525,7 +543,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 		return statusClientClosed, nil
 	}
 	if malformed {
-		s.usage.completion.Add(int64(c.outputTokens))
+		s.usage.completion.Add(int64(c.outputTokens * c.choices))
 		b, _ := json.Marshal(c.fullResponse())
 		b = b[:len(b)/2]
 		w.Header().Set("Content-Type", "application/json")
@@ -534,7 +552,7 @@ func (s *Server) complete(ctx context.Context, w http.ResponseWriter, c *complet
 		_, _ = w.Write(b)
 		return http.StatusOK, nil
 	}
-	s.usage.completion.Add(int64(c.outputTokens))
+	s.usage.completion.Add(int64(c.outputTokens * c.choices))
 	return writeJSON(w, http.StatusOK, c.fullResponse()), nil
 }
 
@@ -554,6 +572,7 @@ func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n
 	events := c.events()
 	base := c.sched.first // the un-jittered deadline of event k
 	sent, held := 0, 0
+	skipFrom, skipBase := -1, time.Time{} // the first event skipped since the last wait, and its deadline
 	for k := range events {
 		if k > 0 {
 			base = base.Add(c.itl(s.engine.running.Load()))
@@ -564,17 +583,25 @@ func (s *Server) play(ctx context.Context, c *completion, t *ticket, emit func(n
 		at := func(p int) bool { return p > sent-n && p <= sent }
 		faulty := at(f.stallAfter) && f.stall > 0 || at(f.resetAfter) || at(f.malformedAfter)
 		if emit == nil && c.itlPerBatch == 0 && !faulty && k < events-1 {
+			if skipFrom < 0 {
+				skipFrom, skipBase = k, base
+			}
 			continue
 		}
 		deadline := c.sched.jittered(k, base)
 		if err := sleepUntil(ctx, timer, deadline); err != nil {
+			if skipFrom >= 0 { // the skipped events due by now were decoded
+				c.decoded = c.decodedBy(time.Now(), skipFrom, skipBase)
+			}
 			return k, err
 		}
+		skipFrom = -1
+		c.decoded = sent // due, hence decoded, whether or not it reaches anyone
 		if emit != nil {
 			if err := emit(n); err != nil {
 				return k, err
 			}
-			s.usage.completion.Add(int64(n))
+			s.usage.completion.Add(int64(n * c.choices))
 			// Measured after the flush: that is when the bytes left the
 			// mock, which is what a downstream meter can observe.
 			s.metrics.lateness.Observe(time.Since(deadline).Seconds())
@@ -613,6 +640,7 @@ func (s *Server) prefill(ctx context.Context, c *completion, t *ticket) error {
 		s.metrics.prefixHits.Add(float64(cached))
 	}
 	c.start(t.admitted, cached)
+	c.prompted = c.promptTokens
 	t.hold(c.promptTokens)
 	s.usage.prompt.Add(int64(c.promptTokens))
 	return nil

@@ -26,6 +26,8 @@ type envelope struct {
 	Model   string `json:"model"`
 	Choices any    `json:"choices"`
 	Usage   *usage `json:"usage,omitempty"`
+	// vLLM writes these after usage (see completion.promptLogprobs).
+	PromptLogprobs any `json:"prompt_logprobs,omitempty"`
 }
 
 type usage struct {
@@ -97,8 +99,8 @@ func (c *completion) envelope(object string, choices any) envelope {
 func (c *completion) usage() *usage {
 	return &usage{
 		PromptTokens:     c.promptTokens,
-		CompletionTokens: c.outputTokens,
-		TotalTokens:      c.promptTokens + c.outputTokens,
+		CompletionTokens: c.outputTokens * c.choices,
+		TotalTokens:      c.promptTokens + c.outputTokens*c.choices,
 	}
 }
 
@@ -110,19 +112,20 @@ func (c *completion) roleChunk() envelope {
 	}})
 }
 
-func (c *completion) contentChunk(text string) envelope {
+// contentChunk is choice i's content event.
+func (c *completion) contentChunk(i int, text string) envelope {
 	if c.kind == kindChat {
-		return c.envelope("chat.completion.chunk", []chatChunkChoice{{Delta: chatDelta{Content: &text}}})
+		return c.envelope("chat.completion.chunk", []chatChunkChoice{{Index: i, Delta: chatDelta{Content: &text}}})
 	}
-	return c.envelope("text_completion", []textChoice{{Text: text}})
+	return c.envelope("text_completion", []textChoice{{Index: i, Text: text}})
 }
 
-func (c *completion) finishChunk() envelope {
+func (c *completion) finishChunk(i int) envelope {
 	reason := finishLength
 	if c.kind == kindChat {
-		return c.envelope("chat.completion.chunk", []chatChunkChoice{{FinishReason: &reason}})
+		return c.envelope("chat.completion.chunk", []chatChunkChoice{{Index: i, FinishReason: &reason}})
 	}
-	return c.envelope("text_completion", []textChoice{{FinishReason: &reason}})
+	return c.envelope("text_completion", []textChoice{{Index: i, FinishReason: &reason}})
 }
 
 // usageChunk follows vLLM: usage rides on an extra chunk with no choices
@@ -148,15 +151,21 @@ func (c *completion) fullResponse() any {
 	case kindMessages:
 		return c.message(text, true)
 	case kindChat:
-		e = c.envelope("chat.completion", []chatChoice{{
-			Message:      chatMessage{Role: "assistant", Content: text},
-			FinishReason: finishLength,
-		}})
+		choices := make([]chatChoice, c.choices)
+		for i := range choices {
+			choices[i] = chatChoice{Index: i, Message: chatMessage{Role: "assistant", Content: text}, FinishReason: finishLength}
+		}
+		e = c.envelope("chat.completion", choices)
 	default:
 		reason := finishLength
-		e = c.envelope("text_completion", []textChoice{{Text: text, FinishReason: &reason}})
+		choices := make([]textChoice, c.choices)
+		for i := range choices {
+			choices[i] = textChoice{Index: i, Text: text, FinishReason: &reason}
+		}
+		e = c.envelope("text_completion", choices)
 	}
 	e.Usage = c.usage()
+	e.PromptLogprobs = c.promptLogprobs()
 	return e
 }
 
@@ -184,7 +193,13 @@ func (c *completion) streamContent(sw *sseWriter, text string) error {
 	case kindMessages:
 		return c.messagesContent(sw, text)
 	}
-	return sw.send(c.contentChunk(text))
+	// n choices: one event per choice, as vLLM streams them.
+	for i := range c.choices {
+		if err := sw.send(c.contentChunk(i, text)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // streamMalformed writes the malformed fault's event: half of a valid one,
@@ -196,7 +211,7 @@ func (c *completion) streamMalformed(sw *sseWriter) error {
 	case kindMessages:
 		return c.messagesMalformed(sw)
 	}
-	b, _ := json.Marshal(c.finishChunk())
+	b, _ := json.Marshal(c.finishChunk(0))
 	return sw.event(b[:len(b)/2])
 }
 
@@ -208,7 +223,10 @@ func (c *completion) streamClose(sw *sseWriter) error {
 	case kindMessages:
 		return c.messagesClose(sw)
 	}
-	err := sw.send(c.finishChunk())
+	var err error
+	for i := 0; i < c.choices && err == nil; i++ {
+		err = sw.send(c.finishChunk(i))
+	}
 	if err == nil && c.includeUsage {
 		err = sw.send(c.usageChunk())
 	}
