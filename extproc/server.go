@@ -19,6 +19,8 @@ import (
 	"io"
 	"log/slog"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -32,6 +34,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
@@ -48,6 +51,9 @@ type Server struct {
 	now     func() time.Time
 	meters  *meters
 	orders  poolOrders
+	sealer  FieldSealer
+	// lastUnverified: Unix seconds of the last log line on an unverified stamp.
+	lastUnverified atomic.Int64
 }
 
 // DefaultCompletionPaths are the paths whose bodies the gate parses: one
@@ -105,6 +111,10 @@ type Options struct {
 	// default: unchanged.
 	PoolName func(string) string
 	Now      func() time.Time
+	// Sealer seals the gate's field for the meter and verifies it there
+	// (see meterfield.go); every replica whose meter may read another's
+	// gate field must share its keys. Default: keys of this process.
+	Sealer FieldSealer
 }
 
 // New returns a Server; it fails only if its instruments cannot be
@@ -117,7 +127,7 @@ func New(opts Options) (*Server, error) {
 	opts.MaxEventBytes = cmp.Or(opts.MaxEventBytes, 1<<20)
 	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
-		pool: opts.PoolName, now: opts.Now}
+		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -126,6 +136,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.sealer == nil {
+		s.sealer = seal.Fields{Ring: processKeys(), Once: &seal.MemoryOnce{Max: defaultMaxFieldClaims, Now: s.now}, Longest: defaultLongestStream}
 	}
 	if s.pool == nil {
 		s.pool = func(p string) string { return p }
@@ -145,6 +158,20 @@ func New(opts Options) (*Server, error) {
 	s.sinks = append([]request.Sink{s.meters}, s.sinks...)
 	return s, nil
 }
+
+// Without Options.Sealer: the fields claimed at most (past it, stamps are
+// recorded unverified until claims expire) and how long a field is valid.
+const (
+	defaultMaxFieldClaims = 1 << 20
+	defaultLongestStream  = time.Hour
+)
+
+// processKeys seal the fields of Servers without Options.Sealer.
+var processKeys = sync.OnceValue(func() *seal.Keyring {
+	ring := seal.NewKeyring(&seal.MemoryStore{}, seal.Options{})
+	_ = ring.Refresh(context.Background()) // a MemoryStore does not fail
+	return ring
+})
 
 // Process serves one ext_proc stream: one HTTP request as seen by one filter.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {

@@ -9,6 +9,7 @@
 package seal
 
 import (
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -147,4 +148,29 @@ func open(lookup func(id string) (Key, bool), p Purpose, s string, now time.Time
 		return Sealed{}, ErrExpired
 	}
 	return out, nil
+}
+
+// Fields seals the gate→meter field (all of it: tenant, principal, model,
+// decision, reservation, ...) and checks it at the meter: each is valid
+// until issued plus Longest (the longest stream) and used once.
+type Fields struct {
+	Ring    *Keyring
+	Once    Once
+	Longest time.Duration
+}
+
+// Seal seals field.
+func (f Fields) Seal(field string) string {
+	return f.Ring.Seal(Field, field, f.Ring.Now().Add(f.Longest))
+}
+
+// Open verifies a sealed field: its body, id and expiry.
+func (f Fields) Open(sealed string) (field, id string, expires time.Time, err error) {
+	s, err := f.Ring.Open(Field, sealed)
+	return s.Body, s.ID, s.Expires, err
+}
+
+// Claim records a field's id as used: true the first time.
+func (f Fields) Claim(ctx context.Context, id string, expires time.Time) (bool, error) {
+	return f.Once.Claim(ctx, Field, id, expires)
 }
