@@ -164,12 +164,14 @@ const reloadErrorsHelp = "Reloads refused (the last good version keeps serving),
 var (
 	reloadPolicy = metric.WithAttributes(attribute.String("source", "policy"))
 	reloadKeys   = metric.WithAttributes(attribute.String("source", "keys"))
-	reloadSeals  = metric.WithAttributes(attribute.String("source", "reservation_keys"))
+	memoHit      = metric.WithAttributes(attribute.String("source", "memo"))
+	memoMiss     = metric.WithAttributes(attribute.String("source", "evaluated"))
+)
 
+var (
+	reloadSeals      = metric.WithAttributes(attribute.String("source", "reservation_keys"))
 	mismatchUnknown  = metric.WithAttributes(attribute.String("cause", "unknown_key"))
 	mismatchReplaced = metric.WithAttributes(attribute.String("cause", "replaced"))
-	memoHit          = metric.WithAttributes(attribute.String("source", "memo"))
-	memoMiss         = metric.WithAttributes(attribute.String("source", "evaluated"))
 )
 
 // redisClient connects to the shared Redis (rate limits, the reservation
