@@ -47,15 +47,20 @@ type Keyring struct {
 	log   *slog.Logger
 
 	mu      sync.RWMutex
-	byEpoch map[int64]Key
-	byID    map[string]Key
-	local   *Key // sealing while the store is unreachable
-	localAt int64
+	byEpoch map[int64]Key   // the store's key of each period
+	byID    map[string]held // every key that verifies: the store's, those it replaced, this replica's own
+	local   *Key            // sealing while the store is unreachable
 
 	unknown atomic.Int64 // seals naming a key id not held
 	changed atomic.Int64 // keys replaced in the store (lost, then created again)
 	failed  atomic.Int64 // refreshes that could not reach the store
 	lastLog atomic.Int64 // Unix seconds of the last log line on an unknown key
+}
+
+// held is a key that verifies and the period it sealed in.
+type held struct {
+	Key
+	epoch int64
 }
 
 // NewKeyring returns a keyring on store; call Refresh (or Run) to load
@@ -78,7 +83,7 @@ func NewKeyring(store Store, opts Options) *Keyring {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Keyring{store: store, opts: opts, log: log, byEpoch: map[int64]Key{}, byID: map[string]Key{}}
+	return &Keyring{store: store, opts: opts, log: log, byEpoch: map[int64]Key{}, byID: map[string]held{}}
 }
 
 // MaxAge is the longest a seal of this ring may live.
@@ -127,7 +132,7 @@ func (r *Keyring) Refresh(ctx context.Context) error {
 				"adopted, the one it replaced still verifies", "period", e, "was", old.ID, "now", k.ID)
 		}
 		r.byEpoch[e] = k
-		r.byID[k.ID] = k
+		r.byID[k.ID] = held{k, e}
 	}
 	r.forget(cur)
 	r.mu.Unlock()
@@ -148,15 +153,20 @@ func validKey(k Key, epoch int64) bool {
 // forget drops the keys whose seals have all expired (r.mu held).
 func (r *Keyring) forget(cur int64) {
 	oldest := cur - r.kept()
-	for e, k := range r.byEpoch {
+	for e := range r.byEpoch {
 		if e < oldest {
 			delete(r.byEpoch, e)
-			delete(r.byID, k.ID)
 		}
 	}
-	if r.local != nil && r.localAt < oldest {
-		delete(r.byID, r.local.ID)
-		r.local = nil
+	for id, h := range r.byID {
+		if h.epoch < oldest {
+			delete(r.byID, id)
+		}
+	}
+	if r.local != nil {
+		if _, ok := r.byID[r.local.ID]; !ok {
+			r.local = nil
+		}
 	}
 }
 
@@ -183,23 +193,23 @@ func (r *Keyring) current(now time.Time) Key {
 	e := r.epoch(now)
 	r.mu.RLock()
 	k, ok := r.byEpoch[e]
-	l := r.local
+	fresh := r.local != nil && r.byID[r.local.ID].epoch == e
+	if !ok && fresh {
+		k, ok = *r.local, true
+	}
 	r.mu.RUnlock()
 	if ok {
 		return k
-	}
-	if l != nil {
-		return *l
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.local == nil {
 		k := NewKey("local-" + newID()[:12])
-		r.local, r.localAt = &k, e
-		r.byID[k.ID] = k
+		r.local = &k
 		r.log.Warn("sealing with a key of this replica until the shared keys can be read " +
 			"(another replica's settlements of these seals are refused: over-, never under-charged)")
 	}
+	r.byID[r.local.ID] = held{*r.local, e} // it verifies as long as its latest seals may live
 	return *r.local
 }
 
@@ -230,8 +240,8 @@ func (r *Keyring) Open(p Purpose, s string) (Sealed, error) {
 func (r *Keyring) lookup(id string) (Key, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
-	k, ok := r.byID[id]
-	return k, ok
+	h, ok := r.byID[id]
+	return h.Key, ok
 }
 
 // UnknownKeys counts seals naming a key id not held; Changed the keys
