@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -177,10 +178,34 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 		t.Fatal("the tenant is not where the test looks for it")
 	}
 	unsealed := "1|0|0|12|0|0|0|0|0|allow|unsealed-summary|pool-a|acme|key:forger|ok|||chat"
-	sum := wasmmeter.Summary{Start: time.Now().Add(-time.Second), Complete: true, E2E: 9 * time.Second,
-		Usage: &openai.Usage{PromptTokens: 1, CompletionTokens: 1}}
+	if !sendSummaries(t, conn, 200, []string{forged, unsealed}, []string{"forged-summary", "unsealed-summary"}) {
+		t.Log("the access-log service is not registered (no Wasm meter configured): nothing to forge there")
+		return
+	}
+	for _, id := range []string{"forged-summary", "unsealed-summary"} {
+		if st := s.Gateway.stamp(t, id); st.Tenant != "" || st.Principal != "" {
+			t.Errorf("a forged summary was recorded under tenant %q, principal %q", st.Tenant, st.Principal)
+		}
+	}
+	// The four replays after the first and the two summaries.
+	if n := metricSum(t, s.Gateway.AdminURL, "infergate_meter_errors_total", `reason="unverified"`); n != 6 {
+		t.Errorf("%v stamps counted unverified, want 6", n)
+	}
+	if counter() != after {
+		t.Errorf("the forged summaries moved the tenant's counter: %d -> %d", after, counter())
+	}
+}
+
+// sendSummaries sends, on the access-log service, one in-Envoy meter
+// summary per field (a pool-a response with the given status, 9 s long),
+// under the request ids given. It reports false when the service is not
+// registered.
+func sendSummaries(t *testing.T, conn *grpc.ClientConn, code uint32, fields, ids []string) bool {
+	t.Helper()
+	sum := wasmmeter.Summary{Start: time.Now().Add(-10 * time.Second), Complete: true, E2E: 9 * time.Second,
+		HasFirst: true, TTFT: 8 * time.Second, Usage: &openai.Usage{PromptTokens: 1, CompletionTokens: 1}}
 	var entries []*accesslogdatav3.HTTPAccessLogEntry
-	for i, f := range []string{forged, unsealed} {
+	for i, f := range fields {
 		fs, err := anypb.New(wrapperspb.Bytes([]byte(sum.Encode())))
 		if err != nil {
 			t.Fatal(err)
@@ -194,36 +219,77 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 				FilterStateObjects:          map[string]*anypb.Any{wasmmeter.FilterStateKey: fs},
 				Metadata:                    &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MeterNamespace: md}},
 			},
-			Request:  &accesslogdatav3.HTTPRequestProperties{RequestId: []string{"forged-summary", "unsealed-summary"}[i]},
-			Response: &accesslogdatav3.HTTPResponseProperties{ResponseCode: wrapperspb.UInt32(200)},
+			Request:  &accesslogdatav3.HTTPRequestProperties{RequestId: ids[i%len(ids)]},
+			Response: &accesslogdatav3.HTTPResponseProperties{ResponseCode: wrapperspb.UInt32(code)},
 		})
 	}
-	als, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(ctx)
+	als, err := accesslogv3.NewAccessLogServiceClient(conn).StreamAccessLogs(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One message, as the forger of the issue sent them.
 	if err := als.Send(&accesslogv3.StreamAccessLogsMessage{LogEntries: &accesslogv3.StreamAccessLogsMessage_HttpLogs{
 		HttpLogs: &accesslogv3.StreamAccessLogsMessage_HTTPAccessLogEntries{LogEntry: entries}}}); err != nil && !errors.Is(err, io.EOF) {
 		t.Fatal(err)
 	}
+	// The service stamps every entry before it answers the stream's end.
 	_, err = als.CloseAndRecv()
 	if status.Code(err) == codes.Unimplemented {
-		t.Log("the access-log service is not registered (no Wasm meter configured): nothing to forge there")
-		return
+		return false
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, id := range []string{"forged-summary", "unsealed-summary"} {
-		if st := s.Gateway.stamp(t, id); st.Tenant != "" || st.Principal != "" {
-			t.Errorf("a forged summary was recorded under tenant %q, principal %q", st.Tenant, st.Principal)
+	return true
+}
+
+// 300 forged summaries in one message (failed, 8-second first tokens, on
+// the primary pool of a virtual model: unsealed fields, and sealed-looking
+// ones that do not verify) move no weight and give the controller no
+// sample; the one real request after them does. Before, such a message
+// moved pool-a's weight 100 -> 5 in about 4 s.
+func TestForgedSummariesMoveNoWeight(t *testing.T) {
+	s := startStackOn(t, "envoy/sla.yaml", slaConfig, 1)
+	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fields := make([]string, 300)
+	for i := range fields {
+		fields[i] = "1|0|1|12|0|0|0|0|0|allow|forged|llama|acme|key:forger|ok|||chat"
+		if i%2 == 1 {
+			fields[i] = "2|k.i.0.99999999999999.bWFj.1|0|1|12|0|0|0|0|0|allow|forged|llama|acme|key:forger|ok|||chat"
 		}
 	}
-	// The four replays after the first and the two summaries.
-	if n := metricSum(t, s.Gateway.AdminURL, "infergate_meter_errors_total", `reason="unverified"`); n != 6 {
-		t.Errorf("%v stamps counted unverified, want 6", n)
+	if !sendSummaries(t, conn, 500, fields, []string{"forged"}) {
+		t.Log("the access-log service is not registered (no Wasm meter configured): nothing to forge there")
+		return
 	}
-	if counter() != after {
-		t.Errorf("the forged summaries moved the tenant's counter: %d -> %d", after, counter())
+	if resp, e := chatCall("", "llama", 4).do(t, s.Envoy.URL); resp.StatusCode != 200 {
+		t.Fatalf("a real request: %d %+v", resp.StatusCode, e)
+	}
+	// The controller judges pool-a on the real request alone.
+	var samples int
+	waitFor(t, 5*time.Second, func() bool {
+		var states []struct {
+			Pools map[string]struct {
+				Samples int `json:"samples"`
+			} `json:"pools"`
+		}
+		if err := json.Unmarshal([]byte(get(t, s.Gateway.AdminURL+"/debug/controller?format=json")), &states); err != nil || len(states) != 1 {
+			t.Fatalf("controller state: %v %+v", err, states)
+		}
+		samples = states[0].Pools["pool-a"].Samples
+		return samples >= 1
+	}, "the real request's sample")
+	if samples != 1 {
+		t.Errorf("pool-a judged on %d samples, want the real request's alone", samples)
+	}
+	if a, b := weights(t, s.Gateway.AdminURL); a != 100 || b != 0 {
+		t.Errorf("weights pool-a %v, pool-b %v: forged summaries moved them", a, b)
+	}
+	if n := metricSum(t, s.Gateway.AdminURL, "infergate_meter_errors_total", `reason="unverified"`); n != 300 {
+		t.Errorf("%v summaries counted unverified, want 300", n)
 	}
 }
