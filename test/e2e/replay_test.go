@@ -292,4 +292,9 @@ func TestForgedSummariesMoveNoWeight(t *testing.T) {
 	if n := metricSum(t, s.Gateway.AdminURL, "infergate_meter_errors_total", `reason="unverified"`); n != 300 {
 		t.Errorf("%v summaries counted unverified, want 300", n)
 	}
+	// A seal naming a key no replica holds raises the alarm for replicas
+	// that disagree on the keys (here: a forgery).
+	if n := metricSum(t, s.Gateway.AdminURL, "infergate_reservation_key_mismatch_total", `cause="unknown_key"`); n != 150 {
+		t.Errorf("%v seals counted under an unknown key, want 150", n)
+	}
 }
