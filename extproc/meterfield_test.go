@@ -132,10 +132,9 @@ func BenchmarkMeterField(b *testing.B) {
 	}
 }
 
-// testSealer seals as a Server without Options.Sealer does, claiming
-// nothing (each Server has its own claims).
+// testSealer seals as a Server without Options.Sealer does.
 func testSealer() FieldSealer {
-	return seal.Fields{Ring: processKeys(), Once: &seal.MemoryOnce{Max: 1 << 10, Now: time.Now}, Longest: time.Hour}
+	return seal.Fields{Ring: processKeys(), Once: processOnce(), Longest: time.Hour}
 }
 
 // sealed is f as a gate of this process writes it (version 2).

@@ -30,18 +30,18 @@ func (o *observations) Record(_ context.Context, st *request.Stamp) {
 // Before, the field was free text and every one of them was believed.
 func TestForgedGateFieldIsNotTrusted(t *testing.T) {
 	start := time.Now().Add(-time.Second).Truncate(time.Microsecond)
-	genuine := sealed(&gateField{sent: start.UnixMicro(), decision: "allow", requestID: "r", model: "pool-a",
-		tenant: "t1", principal: "k1", reservation: "r-1"})
-	forged := strings.Replace(genuine, "|t1|k1|", "|t2|k2|", 1)
-	if forged == genuine {
-		t.Fatal("the tenant is not where the test looks for it")
-	}
-	unsealed := (&gateField{decision: "allow", requestID: "r", model: "pool-a", tenant: "t2", principal: "k2", reservation: "r-1"}).encode()
 	sum := wasmmeter.Summary{Start: start.Add(time.Millisecond), Complete: true, Usage: &openai.Usage{PromptTokens: 1, CompletionTokens: 1},
 		E2E: 10 * time.Millisecond}
 
 	for _, via := range []string{"access log", "ext_proc"} {
 		t.Run(via, func(t *testing.T) {
+			genuine := sealed(&gateField{sent: start.UnixMicro(), decision: "allow", requestID: "r", model: "pool-a",
+				tenant: "t1", principal: "k1", reservation: "r-1"})
+			forged := strings.Replace(genuine, "|t1|k1|", "|t2|k2|", 1)
+			if forged == genuine {
+				t.Fatal("the tenant is not where the test looks for it")
+			}
+			unsealed := (&gateField{decision: "allow", requestID: "r", model: "pool-a", tenant: "t2", principal: "k2", reservation: "r-1"}).encode()
 			s, sink, policy, reader := alsServer(t)
 			obs := &observations{}
 			s.sinks = append(s.sinks, obs)

@@ -138,7 +138,7 @@ func New(opts Options) (*Server, error) {
 		s.now = time.Now
 	}
 	if s.sealer == nil {
-		s.sealer = seal.Fields{Ring: processKeys(), Once: &seal.MemoryOnce{Max: defaultMaxFieldClaims, Now: s.now}, Longest: defaultLongestStream}
+		s.sealer = seal.Fields{Ring: processKeys(), Once: processOnce(), Longest: defaultLongestStream}
 	}
 	if s.pool == nil {
 		s.pool = func(p string) string { return p }
@@ -159,8 +159,9 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Without Options.Sealer: the fields claimed at most (past it, stamps are
-// recorded unverified until claims expire) and how long a field is valid.
+// Without Options.Sealer: the fields outstanding at most (past it, stamps
+// are recorded unverified until some are read or expire) and how long a
+// field is valid.
 const (
 	defaultMaxFieldClaims = 1 << 20
 	defaultLongestStream  = time.Hour
@@ -171,6 +172,12 @@ var processKeys = sync.OnceValue(func() *seal.Keyring {
 	ring := seal.NewKeyring(&seal.MemoryStore{}, seal.Options{})
 	_ = ring.Refresh(context.Background()) // a MemoryStore does not fail
 	return ring
+})
+
+// processOnce keeps the fields of Servers without Options.Sealer
+// outstanding until the meter reads them.
+var processOnce = sync.OnceValue(func() *seal.MemoryOnce {
+	return &seal.MemoryOnce{Max: defaultMaxFieldClaims, Now: time.Now}
 })
 
 // Process serves one ext_proc stream: one HTTP request as seen by one filter.

@@ -52,9 +52,9 @@ type Controller struct {
 	// replica that may settle another's must share its keys); nil: a
 	// keyring of this process.
 	Seals *seal.Keyring
-	// Settled records the seals settled or released, so that each
-	// reservation settles once; nil: this process's, bounded
-	// (DefaultMaxSettled).
+	// Settled lets each reservation settle once (its seal issued, then
+	// claimed by a settlement or a release); nil: this process's, in
+	// memory, bounded (DefaultMaxSettled).
 	Settled seal.Once
 	// LongestStream is how long after its window's end a reservation may
 	// still be settled (after: refused, it stays charged); 0:
@@ -396,9 +396,9 @@ func rateLimitHeaders(states []ratelimit.State) map[string]string {
 	return h
 }
 
-// DefaultMaxSettled bounds the settle-once records a Controller keeps in
-// memory without Settled: past it, settlements are refused (the
-// reservations stay charged) until records expire.
+// DefaultMaxSettled bounds the seals a Controller without Settled keeps
+// outstanding in memory: past it, settlements are refused (the
+// reservations stay charged) until some settle or expire.
 const DefaultMaxSettled = 1 << 20
 
 // keyring is Seals, or a keyring of this Controller.

@@ -144,7 +144,11 @@ func (c *Controller) sealReservation(tenant string, r ratelimit.Reservation) str
 	if longest <= 0 {
 		longest = DefaultLongestStream
 	}
-	return c.keyring().Seal(seal.Reservation, b64.EncodeToString([]byte(tenant))+"."+encodeReservation(r), end.Add(longest))
+	sealed, id, exp := c.keyring().SealID(seal.Reservation, b64.EncodeToString([]byte(tenant))+"."+encodeReservation(r), end.Add(longest))
+	if err := c.settled().Issue(seal.Reservation, id, exp); err != nil {
+		c.Log.Error("could not record a reservation as outstanding; it stays charged until its window ends", "err", err)
+	}
+	return sealed
 }
 
 // openSealed verifies a sealed reservation, decodes it, and claims its

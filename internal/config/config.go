@@ -214,9 +214,9 @@ type Reservations struct {
 	// the keys from Redis (less than KeyRotation).
 	KeyRotation time.Duration `yaml:"keyRotation"`
 	KeyRefresh  time.Duration `yaml:"keyRefresh"`
-	// MaxSettled bounds the settle-once records kept in memory (backend
-	// memory; each until its seal expires): when full, settlements are
-	// refused and reservations stay charged.
+	// MaxSettled bounds the seals kept outstanding in memory (backend
+	// memory: issued, not yet settled or read, nor expired): when full,
+	// settlements are refused and reservations stay charged.
 	MaxSettled int `yaml:"maxSettled"`
 }
 

@@ -216,11 +216,18 @@ func (r *Keyring) current(now time.Time) Key {
 // Seal seals body for p, issued now, expiring at expires (held to
 // MaxAge from now).
 func (r *Keyring) Seal(p Purpose, body string, expires time.Time) string {
+	s, _, _ := r.SealID(p, body, expires)
+	return s
+}
+
+// SealID is Seal, with the seal's id and expiry (for Once.Issue).
+func (r *Keyring) SealID(p Purpose, body string, expires time.Time) (sealed, id string, exp time.Time) {
 	now := r.opts.Now()
 	if last := now.Add(r.opts.MaxAge); expires.After(last) {
 		expires = last
 	}
-	return seal(r.current(now), p, body, now, expires)
+	sealed, id = seal(r.current(now), p, body, now, expires)
+	return sealed, id, time.UnixMilli(expires.UnixMilli())
 }
 
 // Open verifies s (sealed for p): its MAC, its key, its expiry.

@@ -37,11 +37,15 @@ func (s RedisStore) Key(ctx context.Context, epoch int64, fresh Key, ttl time.Du
 }
 
 // RedisOnce is a Once the replicas share: SET NX with the seal's
-// remaining life as its TTL.
+// remaining life as its TTL (a key per seal used, until it expires).
 type RedisOnce struct {
 	Client redis.UniversalClient
 	Now    func() time.Time
 }
+
+// Issue implements Once: RedisOnce records the seals used, not those
+// issued (no write on the request's path).
+func (RedisOnce) Issue(Purpose, string, time.Time) error { return nil }
 
 // Claim implements Once.
 func (o RedisOnce) Claim(ctx context.Context, p Purpose, id string, expires time.Time) (bool, error) {

@@ -98,11 +98,12 @@ func mac(key []byte, p Purpose, head, body string) []byte {
 	return m.Sum(nil)
 }
 
-// seal writes body sealed under k.
-func seal(k Key, p Purpose, body string, issued, expires time.Time) string {
-	head := k.ID + "." + newID() + "." + strconv.FormatInt(issued.UnixMilli(), 10) + "." +
+// seal writes body sealed under k; id is the seal's.
+func seal(k Key, p Purpose, body string, issued, expires time.Time) (sealed, id string) {
+	id = newID()
+	head := k.ID + "." + id + "." + strconv.FormatInt(issued.UnixMilli(), 10) + "." +
 		strconv.FormatInt(expires.UnixMilli(), 10) + "."
-	return head + b64.EncodeToString(mac(k.Secret, p, head, body)) + "." + body
+	return head + b64.EncodeToString(mac(k.Secret, p, head, body)) + "." + body, id
 }
 
 // parts splits a sealed string; ok is false for anything not shaped as one.
@@ -159,9 +160,12 @@ type Fields struct {
 	Longest time.Duration
 }
 
-// Seal seals field.
+// Seal seals field. Should Once refuse to record it (full), the field is
+// written all the same and read as unverified.
 func (f Fields) Seal(field string) string {
-	return f.Ring.Seal(Field, field, f.Ring.Now().Add(f.Longest))
+	s, id, exp := f.Ring.SealID(Field, field, f.Ring.Now().Add(f.Longest))
+	_ = f.Once.Issue(Field, id, exp)
+	return s
 }
 
 // Open verifies a sealed field: its body, id and expiry.

@@ -70,31 +70,51 @@ func TestSealOpens(t *testing.T) {
 	}
 }
 
-// The in-memory records fail closed: full, they refuse; each id once;
-// an expired claim frees its room.
+// The in-memory records hold the seals outstanding, and fail closed: a
+// seal claims once, a seal never issued (or issued while full) never;
+// what expired or was claimed frees its room.
 func TestMemoryOnce(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	o := &MemoryOnce{Max: 2, Now: func() time.Time { return now }}
 	ctx := context.Background()
+	issue := func(id string, exp time.Duration) error { return o.Issue(Reservation, id, now.Add(exp)) }
 	claim := func(id string, exp time.Duration) (bool, error) { return o.Claim(ctx, Reservation, id, now.Add(exp)) }
+	if err := issue("a", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := o.Claim(ctx, Field, "a", now.Add(time.Minute)); ok || err != nil {
+		t.Errorf("a field's id is a reservation's: %v %v", ok, err)
+	}
 	if ok, err := claim("a", time.Minute); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	if ok, err := claim("a", time.Minute); ok || err != nil {
 		t.Errorf("a replay: %v %v", ok, err)
 	}
-	if ok, _ := o.Claim(ctx, Field, "a", now.Add(time.Minute)); !ok {
-		t.Error("a field's id is a reservation's")
+	if ok, err := claim("never", time.Minute); ok || err != nil {
+		t.Errorf("never issued: %v %v", ok, err)
 	}
-	if ok, err := claim("b", time.Hour); ok || !errors.Is(err, ErrFull) {
-		t.Errorf("full: %v %v", ok, err)
+	if err := errors.Join(issue("b", time.Hour), issue("c", 2*time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := issue("d", time.Hour); !errors.Is(err, ErrFull) {
+		t.Errorf("full: %v", err)
+	}
+	if ok, _ := claim("d", time.Hour); ok {
+		t.Error("a seal issued while full settles")
 	}
 	if ok, err := claim("c", -time.Second); ok || !errors.Is(err, ErrExpired) {
 		t.Errorf("expired: %v %v", ok, err)
 	}
-	now = now.Add(time.Minute)
-	if ok, err := claim("b", time.Hour); !ok || err != nil {
-		t.Errorf("after the first claims expired: %v %v", ok, err)
+	now = now.Add(4 * time.Minute) // c's minute has ended: its room is free
+	if err := issue("e", time.Hour); err != nil {
+		t.Errorf("after a seal expired: %v", err)
+	}
+	if ok, _ := o.Claim(ctx, Reservation, "b", now.Add(-4*time.Minute+time.Hour)); !ok {
+		t.Error("an outstanding seal no longer claims")
+	}
+	if o.n != 1 {
+		t.Errorf("%d outstanding, want 1", o.n)
 	}
 }
 
