@@ -139,7 +139,8 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	m := s.newMeterRequest()
 	m.seen, m.sentAt = true, sum.Start
 	m.stamp.RequestID = requestID
-	if f, ok := parseGateField(c.GetMetadata().GetFilterMetadata()[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()); ok {
+	if f, fs, ok := readGateField(m.sealer, c.GetMetadata().GetFilterMetadata()[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()); ok {
+		m.fieldSeal = fs
 		m.fromField(&f)
 	}
 	// Envoy's start, on the same clock as the summary's: kept when it is

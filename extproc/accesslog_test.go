@@ -69,7 +69,7 @@ func entryWith(t testing.TB, summary string, start time.Time, f *gateField) *acc
 	t.Helper()
 	var field string
 	if f != nil {
-		field = f.encode()
+		field = sealed(f)
 	}
 	md, err := structpb.NewStruct(map[string]any{request.MeterKey: field})
 	if err != nil {

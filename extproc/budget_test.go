@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -118,10 +117,7 @@ func TestMeterSettlesRetriedRequestOnce(t *testing.T) {
 	s.policy = p
 	m := testMeter(100, &s.orders)
 	hdrs := headersMsg(false, "x-request-id", "retried", request.ModelHeader, "llama")
-	hdrs.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-		request.MetadataNamespace: {Fields: map[string]*structpb.Value{
-			"reservation": structpb.NewStringValue("r-1"), "tenant": structpb.NewStringValue("acme")}},
-	}}
+	withGateField(hdrs, &gateField{decision: "allow", tenant: "acme", reservation: "r-1"})
 	resp := respHeaders("text/event-stream")
 	attrs := resp.Attributes[attributesKey].Fields
 	attrs["xds.cluster_name"] = structpb.NewStringValue("infergate-fallback/llama/pool-a")

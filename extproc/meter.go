@@ -41,6 +41,10 @@ type meterRequest struct {
 	reservation string
 	// gateTraceparent is the gate's span, the parent when Envoy sends none.
 	gateTraceparent string
+	// sealer opens the gate's field; fieldSeal is the seal of a field that
+	// verified, claimed once the response ended.
+	sealer    FieldSealer
+	fieldSeal fieldSeal
 }
 
 // meter runs the observing filter. In observability mode (recommended)
@@ -89,7 +93,7 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 
 // newMeterRequest is one request's meter state, bounded as configured.
 func (s *Server) newMeterRequest() *meterRequest {
-	m := &meterRequest{orders: &s.orders}
+	m := &meterRequest{orders: &s.orders, sealer: s.sealer}
 	m.tally.MaxGaps, m.tally.Parser.MaxLine = s.opts.MaxTrackedGaps, s.opts.MaxEventBytes
 	return m
 }
@@ -203,7 +207,8 @@ func (m *meterRequest) fromGateOf(msg *extprocv3.ProcessingRequest) map[string]*
 		// the field's namespace (one key) instead.
 		field = fm[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()
 	}
-	if f, ok := parseGateField(field); ok {
+	if f, fs, ok := readGateField(m.sealer, field); ok {
+		m.fieldSeal = fs
 		m.fromField(&f)
 		return attrs
 	}
@@ -343,6 +348,14 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	st.Complete = complete
 	boundStamp(st) // before anything uses it: labels, the settlement, the sinks
+	if !s.trusted(ctx, m) {
+		// Who called and what the gate decided are the gate's word only
+		// in a sealed field that verified, once: anything else (no field,
+		// an unsealed one, a forgery, a replay) settles nothing and is
+		// recorded under no tenant's name, and feeds no controller.
+		s.untrusted(ctx, st)
+		m.reservation = ""
+	}
 	for i, p := range st.PoolsTried {
 		st.PoolsTried[i] = s.pool(p)
 	}
@@ -415,7 +428,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	// charged what was counted of it, or left at its reservation when the
 	// stream was lost before its usage. (Hedged requests, which the routes
 	// infergate serves never configure, would break "the last attempt".)
-	if st.Decision != "deny" {
+	if st.Decision != "deny" && !st.Unverified {
 		settle := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
 			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete,
 			UsageReported: usage != nil, Cut: m.cut}
@@ -438,6 +451,36 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	}
 	s.record(ctx, st)
 }
+
+// trusted reports whether the request's field verified, and claims its
+// seal: a field is trusted once (a replayed one is not).
+func (s *Server) trusted(ctx context.Context, m *meterRequest) bool {
+	if m.fieldSeal.id == "" || m.sealer == nil {
+		return false
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	first, err := m.sealer.Claim(cctx, m.fieldSeal.id, m.fieldSeal.expires)
+	if err != nil {
+		s.log.Warn("could not record the gate's field as used; the request is recorded unverified", "request_id", m.stamp.RequestID, "err", err)
+	}
+	return err == nil && first
+}
+
+// untrusted marks a stamp whose gate field did not verify: counted,
+// logged (at most every 10 s), its tenant and principal blanked.
+func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
+	s.metrics.MeterErrors.Add(ctx, 1, unverifiedAttr)
+	if now := s.now().Unix(); now-s.lastUnverified.Load() >= 10 {
+		s.lastUnverified.Store(now)
+		s.log.Warn("a meter stream or access-log entry without a sealed gate field that verifies (none, unsealed, forged, "+
+			"expired or replayed): recorded unverified, under no tenant, settling nothing", "request_id", st.RequestID)
+	}
+	st.Tenant, st.Principal, st.Reason = "", "", ""
+	st.Decision, st.Unverified = "unverified", true
+}
+
+var unverifiedAttr = metric.WithAttributes(attribute.String("reason", "unverified"))
 
 func atoi(s string) int {
 	n := 0

@@ -9,13 +9,11 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // syncSink is a captureSink safe for the server's goroutines.
@@ -154,10 +152,7 @@ func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 				t.Fatal(err)
 			}
 			hdrs := headersMsg(false, "x-request-id", "reset", request.ModelHeader, "m")
-			hdrs.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
-				request.MetadataNamespace: {Fields: map[string]*structpb.Value{
-					"reservation": structpb.NewStringValue("r-1"), "tenant": structpb.NewStringValue("acme")}},
-			}}
+			withGateField(hdrs, &gateField{decision: "allow", tenant: "acme", reservation: "r-1"})
 			msgs := []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(roleChunk, false), respBody(contentChunk, false)}
 			if tc.done {
 				msgs = append(msgs, respBody("data: [DONE]\n\n", false))
@@ -246,7 +241,7 @@ func TestGateRefusesHugeModelNames(t *testing.T) {
 
 // testMeter is a meter's state as Server.meter starts it.
 func testMeter(maxGaps int, orders *poolOrders) *meterRequest {
-	m := &meterRequest{orders: orders}
+	m := &meterRequest{orders: orders, sealer: testSealer()}
 	m.tally.MaxGaps = maxGaps
 	return m
 }

@@ -25,7 +25,7 @@ func fieldHeaders(api openai.API, stream bool) *extprocv3.ProcessingRequest {
 	if api == "" {
 		return msg
 	}
-	attrs, _ := structpb.NewStruct(map[string]any{request.MeterAttribute: testField(api, stream).encode()})
+	attrs, _ := structpb.NewStruct(map[string]any{request.MeterAttribute: sealed(testField(api, stream))})
 	msg.Attributes = map[string]*structpb.Struct{attributesKey: attrs}
 	return msg
 }

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"time"
@@ -30,6 +31,17 @@ import (
 // Appended since, each absent from an older writer's field:
 //
 //	api: the request's API (openai.API: chat, embeddings, responses, messages, ...)
+//
+// Version 2 is a version-1 field sealed whole (Options.Sealer: an HMAC
+// under the replicas' keyring, with a random id, an expiry and a key id):
+//
+//	2|<sealed version-1 field>
+//
+// Anything that reaches the port may send a meter stream or an access-log
+// entry with a field: only a sealed one that verifies is trusted for who
+// called (tenant, principal), what the gate decided and what it reserved.
+// A version-1 field (an older gate's, or anyone's) is read for the
+// request's timing, model and API only.
 
 const (
 	// maxMeterField bounds the field, both ways: the gate fails closed
@@ -38,6 +50,7 @@ const (
 	// only a reservation over a hundred or so budgets could reach it.
 	maxMeterField = 16 << 10
 	meterVersion  = "1|"
+	sealedVersion = "2|"
 	meterFields   = 17 // the version included
 	flagStream    = 1
 )
@@ -73,6 +86,63 @@ func (f *gateField) encode() string {
 		b = appendEscaped(b, v)
 	}
 	return string(b)
+}
+
+// FieldSealer seals the gate's field for the meter and checks it there;
+// the composition root wires the replicas' keyring (internal/seal.Fields).
+type FieldSealer interface {
+	// Seal seals a version-1 field.
+	Seal(field string) string
+	// Open verifies a sealed field (MAC, key, expiry) and returns it, its
+	// seal's id and expiry.
+	Open(sealed string) (field, id string, expires time.Time, err error)
+	// Claim records a seal's id as used: true the first time, false for
+	// a replay; an error when it cannot be recorded (not trusted then).
+	Claim(ctx context.Context, id string, expires time.Time) (bool, error)
+}
+
+// fieldSeal is what the meter keeps of a verified field's seal, to claim
+// it once the response ended; zero for a field that is not trusted.
+type fieldSeal struct {
+	id      string
+	expires time.Time
+}
+
+// sealField renders f in version 2.
+func sealField(sealer FieldSealer, f *gateField) string {
+	return sealedVersion + sealer.Seal(f.encode())
+}
+
+// readGateField decodes a field of either version. A sealed one is
+// trusted once it verifies (fs set); one that does not verify is absent.
+// A version-1 field is read untrusted: who called, the decision and the
+// reservation are dropped.
+func readGateField(sealer FieldSealer, s string) (f gateField, fs fieldSeal, ok bool) {
+	if len(s) > maxMeterField {
+		return f, fs, false
+	}
+	if sealed, isSealed := strings.CutPrefix(s, sealedVersion); isSealed {
+		if sealer == nil {
+			return f, fs, false
+		}
+		field, id, expires, err := sealer.Open(sealed)
+		if err != nil {
+			return f, fs, false
+		}
+		if f, ok = parseGateField(field); ok {
+			fs = fieldSeal{id: id, expires: expires}
+		}
+		return f, fs, ok
+	}
+	if f, ok = parseGateField(s); ok {
+		f.untrusted()
+	}
+	return f, fs, ok
+}
+
+// untrusted drops what only a verified field may say.
+func (f *gateField) untrusted() {
+	f.tenant, f.principal, f.decision, f.reason, f.reservation = "", "", "", "", ""
 }
 
 // parseGateField decodes what encode wrote; ok is false for anything else

@@ -3,7 +3,14 @@ package extproc
 import (
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 var sampleField = gateField{
@@ -123,4 +130,23 @@ func BenchmarkMeterField(b *testing.B) {
 			b.Fatal("not read")
 		}
 	}
+}
+
+// testSealer seals as a Server without Options.Sealer does.
+func testSealer() FieldSealer {
+	return seal.Fields{Ring: processKeys(), Once: processOnce(), Longest: time.Hour}
+}
+
+// sealed is f as a gate of this process writes it (version 2).
+func sealed(f *gateField) string { return sealField(testSealer(), f) }
+
+// withGateField adds f, sealed, to msg's attributes, as Envoy sends it.
+func withGateField(msg *extprocv3.ProcessingRequest, f *gateField) {
+	if msg.Attributes == nil {
+		msg.Attributes = map[string]*structpb.Struct{}
+	}
+	if msg.Attributes[attributesKey] == nil {
+		msg.Attributes[attributesKey] = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	}
+	msg.Attributes[attributesKey].Fields[request.MeterAttribute] = structpb.NewStringValue(sealed(f))
 }

@@ -48,7 +48,7 @@ func TestMeterFieldAsRequestAttribute(t *testing.T) {
 	hdrs := headersMsg(false, "x-request-id", "hdr-id", request.ModelHeader, "hdr-model")
 	hdrs.ObservabilityMode = true
 	hdrs.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
-		request.MeterAttribute: structpb.NewStringValue(f.encode()),
+		request.MeterAttribute: structpb.NewStringValue(sealed(&f)),
 		"request.time":         structpb.NewStringValue(t0.UTC().Format("2006-01-02T15:04:05.999999-07:00"))}}}
 	m := newMeter(s)
 	m.observe(hdrs, at(3))
@@ -91,7 +91,7 @@ func TestStampAddsUpUnderClockSkew(t *testing.T) {
 			hdrs := headersMsg(false, "x-request-id", "hdr-id")
 			hdrs.ObservabilityMode = true
 			hdrs.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
-				request.MeterAttribute: structpb.NewStringValue(f.encode()),
+				request.MeterAttribute: structpb.NewStringValue(sealed(&f)),
 				"request.time":         structpb.NewStringValue(t0.Add(tc.envoyAhead).UTC().Format(time.RFC3339Nano))}}}
 			m := newMeter(s)
 			m.observe(hdrs, t0)
@@ -122,7 +122,7 @@ func TestMeterReadsTheGateFieldAttribute(t *testing.T) {
 	f.sent = at(3).UnixMicro()
 	f.checksUS = 1000
 	m := newMeter(s)
-	m.observe(respHeadersWith("text/event-stream", f.encode(), at(0)), at(50))
+	m.observe(respHeadersWith("text/event-stream", sealed(&f), at(0)), at(50))
 	m.observe(respBody(roleChunk, false), at(60))
 	m.observe(respBody(contentChunk, false), at(103))
 	m.observe(respBody(contentChunk+usageChunk, false), at(120))
@@ -180,7 +180,7 @@ func TestMeterDepartureBounds(t *testing.T) {
 		m := newMeter(s)
 		f := sampleField
 		f.sent = tc.sent
-		m.observe(respHeadersWith("application/json", f.encode(), tc.envoyStart), at(50))
+		m.observe(respHeadersWith("application/json", sealed(&f), tc.envoyStart), at(50))
 		s.finish(context.Background(), m, at(90), true)
 		if st := sink.stamps[0]; !st.Sent.Equal(tc.want) || st.E2E < 0 || st.TTFT < 0 || st.Gateway.Total < 0 {
 			t.Errorf("%s: sent at %v, E2E %v, gateway %v; want sent at %v", tc.name, st.Sent.Sub(t0), st.E2E, st.Gateway.Total, tc.want.Sub(t0))
@@ -198,7 +198,7 @@ func TestMeterReadsTheGateFieldNamespace(t *testing.T) {
 	f := sampleField
 	f.sent = t0.UnixMicro()
 	md := &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{request.MeterNamespace: {Fields: map[string]*structpb.Value{
-		request.MeterKey: structpb.NewStringValue(f.encode())}}}}
+		request.MeterKey: structpb.NewStringValue(sealed(&f))}}}}
 	resp := respHeadersWith("text/event-stream", "", t0)
 	resp.MetadataContext = md
 	m.observe(resp, t0.Add(10*time.Millisecond))
@@ -233,7 +233,7 @@ func TestMeterOlderWire(t *testing.T) {
 		if withField {
 			f := sampleField
 			f.sent = t0.Add(time.Millisecond).UnixMicro()
-			field = f.encode()
+			field = sealed(&f)
 		}
 		m.observe(respHeadersWith("application/json", field, time.Time{}), t0.Add(20*time.Millisecond))
 		m.observe(respBody(`{"choices":[{"message":{"content":"x"}}]}`, true), t0.Add(30*time.Millisecond))
@@ -243,11 +243,14 @@ func TestMeterOlderWire(t *testing.T) {
 		if st.E2E != 28*time.Millisecond || st.Gateway.Total != 2*time.Millisecond {
 			t.Errorf("field %v: E2E %v, gateway %v; want 28ms, 2ms", withField, st.E2E, st.Gateway.Total)
 		}
-		want, wantRes, wantModel, wantID := "from-struct", "r-struct", "struct-model", "hdr-id"
+		// The older namespace is not sealed: read for the model, trusted
+		// for neither the tenant nor the reservation.
+		want, wantSettled, wantModel, wantID := "", 0, "struct-model", "hdr-id"
 		if withField {
-			want, wantRes, wantModel, wantID = "acme", sampleField.reservation, sampleField.model, sampleField.requestID
+			want, wantSettled, wantModel, wantID = "acme", 1, sampleField.model, sampleField.requestID
 		}
-		if st.Tenant != want || len(p.settled) != 1 || p.settled[0].Reservation != wantRes || st.Model != wantModel || st.RequestID != wantID {
+		if st.Tenant != want || len(p.settled) != wantSettled || wantSettled == 1 && p.settled[0].Reservation != sampleField.reservation ||
+			st.Model != wantModel || st.RequestID != wantID {
 			t.Errorf("field %v: tenant %q model %q id %q settlements %+v", withField, st.Tenant, st.Model, st.RequestID, p.settled)
 		}
 	}
@@ -290,8 +293,8 @@ func TestGateToMeterThroughTheField(t *testing.T) {
 		t.Errorf("the gate's namespace lost keys: %v", ns)
 	}
 	field := md[request.MeterNamespace].GetStructValue().GetFields()[request.MeterKey].GetStringValue()
-	f, ok := parseGateField(field)
-	if !ok || f.model != "m1" || !f.stream || f.reservation != "r-1" || f.decision != "allow" || f.requestID != "id-\uFFFD" ||
+	f, fs, ok := readGateField(s.sealer, field)
+	if !ok || fs.id == "" || f.model != "m1" || !f.stream || f.reservation != "r-1" || f.decision != "allow" || f.requestID != "id-\uFFFD" ||
 		f.promptTokens != int64(ns["prompt_tokens"].GetNumberValue()) || f.gateUS != int64(ns["gate_us"].GetNumberValue()) || f.sent == 0 {
 		t.Fatalf("field %q read as %+v", field, f)
 	}
@@ -309,7 +312,7 @@ func TestGateToMeterThroughTheField(t *testing.T) {
 func TestMeterPoolOrderAttribute(t *testing.T) {
 	s, sink := newTestServer(t, "")
 	m := newMeter(s)
-	resp := respHeadersWith("application/json", sampleField.encode(), time.Time{})
+	resp := respHeadersWith("application/json", sealed(&sampleField), time.Time{})
 	a := resp.Attributes[attributesKey].Fields
 	a["xds.cluster_name"] = structpb.NewStringValue("infergate-fallback/llama/pool-b")
 	a[request.PoolOrderAttribute] = structpb.NewStringValue(`["pool-b","pool-a"]`)

@@ -20,6 +20,8 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime/debug"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -33,6 +35,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // Server implements envoy.service.ext_proc.v3.ExternalProcessor.
@@ -50,6 +53,9 @@ type Server struct {
 	meters  *meters
 	orders  poolOrders
 	peers   peerStreams
+	sealer  FieldSealer
+	// lastUnverified: Unix seconds of the last log line on an unverified stamp.
+	lastUnverified atomic.Int64
 }
 
 // DefaultCompletionPaths are the paths whose bodies the gate parses: one
@@ -111,6 +117,10 @@ type Options struct {
 	// default: unchanged.
 	PoolName func(string) string
 	Now      func() time.Time
+	// Sealer seals the gate's field for the meter and verifies it there
+	// (see meterfield.go); every replica whose meter may read another's
+	// gate field must share its keys. Default: keys of this process.
+	Sealer FieldSealer
 }
 
 // New returns a Server; it fails only if its instruments cannot be
@@ -124,7 +134,8 @@ func New(opts Options) (*Server, error) {
 	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
 	opts.MaxGateStreamsPerPeer = cmp.Or(opts.MaxGateStreamsPerPeer, DefaultMaxGateStreamsPerPeer)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
-		pool: opts.PoolName, now: opts.Now, peers: peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}}}
+		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer,
+		peers: peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -133,6 +144,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if s.now == nil {
 		s.now = time.Now
+	}
+	if s.sealer == nil {
+		s.sealer = seal.Fields{Ring: processKeys(), Once: processOnce(), Longest: defaultLongestStream}
 	}
 	if s.pool == nil {
 		s.pool = func(p string) string { return p }
@@ -152,6 +166,27 @@ func New(opts Options) (*Server, error) {
 	s.sinks = append([]request.Sink{s.meters}, s.sinks...)
 	return s, nil
 }
+
+// Without Options.Sealer: the fields outstanding at most (past it, stamps
+// are recorded unverified until some are read or expire) and how long a
+// field is valid.
+const (
+	defaultMaxFieldClaims = 1 << 20
+	defaultLongestStream  = time.Hour
+)
+
+// processKeys seal the fields of Servers without Options.Sealer.
+var processKeys = sync.OnceValue(func() *seal.Keyring {
+	ring := seal.NewKeyring(&seal.MemoryStore{}, seal.Options{})
+	_ = ring.Refresh(context.Background()) // a MemoryStore does not fail
+	return ring
+})
+
+// processOnce keeps the fields of Servers without Options.Sealer
+// outstanding until the meter reads them.
+var processOnce = sync.OnceValue(func() *seal.MemoryOnce {
+	return &seal.MemoryOnce{Max: defaultMaxFieldClaims, Now: time.Now}
+})
 
 // Process serves one ext_proc stream: one HTTP request as seen by one filter.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {

@@ -23,6 +23,7 @@ import (
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // Decider evaluates the Rego policies (a *policy.Watcher).
@@ -48,13 +49,23 @@ type Controller struct {
 	Log     *slog.Logger
 	Metrics *Metrics
 	Now     func() time.Time
-	// ReservationKey seals the reservations the gate hands to the meter
-	// (every replica that may settle another's must hold the same key);
-	// nil: a random key of this process.
-	ReservationKey []byte
+	// Seals seals the reservations the gate hands to the meter (every
+	// replica that may settle another's must share its keys); nil: a
+	// keyring of this process.
+	Seals *seal.Keyring
+	// Settled lets each reservation settle once (its seal issued, then
+	// claimed by a settlement or a release); nil: this process's, in
+	// memory, bounded (DefaultMaxSettled).
+	Settled seal.Once
+	// LongestStream is how long after its window's end a reservation may
+	// still be settled (after: refused, it stays charged); 0:
+	// DefaultLongestStream.
+	LongestStream time.Duration
 	// DefaultMaxTokens is the effective max_tokens of a completion that
 	// sets none when the policy names no cap; 0: DefaultOutputReservation.
 	DefaultMaxTokens int
+
+	sealsInit, settledInit sync.Once
 }
 
 // Identify implements request.Policy: a caller without a valid API key or
@@ -158,6 +169,7 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 		defer func() {
 			if p := recover(); p != nil {
 				c.release(ctx, a.RequestID, *reserved)
+				c.consume(ctx, v.Reservation)
 				panic(p)
 			}
 		}()
@@ -196,6 +208,7 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 		// back. Not a settlement, which would keep the request counted
 		// and, incomplete, the tokens too.
 		c.release(ctx, a.RequestID, *reserved)
+		c.consume(ctx, v.Reservation)
 		v.Reservation = ""
 	}
 	return v
@@ -407,7 +420,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return nil, true
 	}
-	v.Reservation = sealReservation(c.reservationKey(), v.Tenant, encodeReservation(res.Reservation))
+	v.Reservation = c.sealReservation(v.Tenant, res.Reservation)
 	c.Metrics.reserved(ctx, cost)
 	v.Metadata = make(map[string]any, len(headers))
 	for k, val := range headers {
@@ -442,13 +455,30 @@ func rateLimitHeaders(states []ratelimit.State) map[string]string {
 	return h
 }
 
-var processKey = sync.OnceValue(NewReservationKey)
+// DefaultMaxSettled bounds the seals a Controller without Settled keeps
+// outstanding in memory: past it, settlements are refused (the
+// reservations stay charged) until some settle or expire.
+const DefaultMaxSettled = 1 << 20
 
-func (c *Controller) reservationKey() []byte {
-	if c.ReservationKey != nil {
-		return c.ReservationKey
-	}
-	return processKey()
+// keyring is Seals, or a keyring of this Controller.
+func (c *Controller) keyring() *seal.Keyring {
+	c.sealsInit.Do(func() {
+		if c.Seals == nil {
+			c.Seals = seal.NewKeyring(&seal.MemoryStore{}, seal.Options{Now: c.now})
+			_ = c.Seals.Refresh(context.Background()) // a MemoryStore does not fail
+		}
+	})
+	return c.Seals
+}
+
+// settled is Settled, or a bounded record of this Controller.
+func (c *Controller) settled() seal.Once {
+	c.settledInit.Do(func() {
+		if c.Settled == nil {
+			c.Settled = &seal.MemoryOnce{Max: DefaultMaxSettled, Now: c.now}
+		}
+	})
+	return c.Settled
 }
 
 func (c *Controller) now() time.Time {

@@ -23,6 +23,7 @@ import (
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // fakePolicy answers with a fixed decision and records the input.
@@ -267,7 +268,6 @@ func TestForgedReservationsMoveNoCounter(t *testing.T) {
 	c := newController(t)
 	now := time.Unix(1_700_000_000, 0)
 	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
-	c.ReservationKey = []byte("0123456789abcdef0123456789abcdef")
 	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{
 		{Name: "tpm", Key: "t=acme", Unit: ratelimit.TotalTokens, Amount: 300, Window: time.Minute},
 	}}}
@@ -277,15 +277,18 @@ func TestForgedReservationsMoveNoCounter(t *testing.T) {
 	if v.Deny != nil {
 		t.Fatal(v.Deny)
 	}
-	_, payload, err := openReservation(c.ReservationKey, v.Reservation)
+	opened, err := c.keyring().Open(seal.Reservation, v.Reservation)
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, payload, _ := strings.Cut(opened.Body, ".")
+	other := seal.NewKeyring(&seal.MemoryStore{}, seal.Options{Now: c.now})
+	other.Refresh(ctx)
 	// A refund of everything the entry holds, if any of these were believed.
 	for name, forged := range map[string]string{
 		"bare JSON":       payload,
-		"another key":     sealReservation([]byte("not infergate's key, 32 bytes.."), "acme", payload),
-		"another tenant":  strings.Replace(v.Reservation, ".", ".Z2xvYmV4", 1),
+		"another key":     other.Seal(seal.Reservation, opened.Body, now.Add(time.Hour)),
+		"another tenant":  strings.Replace(v.Reservation, "."+b64.EncodeToString([]byte("acme"))+".", "."+b64.EncodeToString([]byte("globex"))+".", 1),
 		"changed counter": strings.Replace(v.Reservation, `"r":120`, `"r":100000`, 1),
 		"garbage":         "...",
 	} {

@@ -18,7 +18,7 @@ type Metrics struct {
 	reservations metric.Int64Counter // {state=reserved|settled}
 	tokens       metric.Int64Counter // {state=reserved|settled}
 	limitedC     metric.Int64Counter // {limit}
-	errors       metric.Int64Counter // {op=policy|limiter|settle|release|forged_reservation}
+	errors       metric.Int64Counter // {op=policy|limiter|settle|release|forged_reservation|replayed_reservation}
 
 	mu     sync.Mutex
 	window time.Time
@@ -86,6 +86,7 @@ func (m *Metrics) limiterError(ctx context.Context) { m.errorOp(ctx, "limiter") 
 func (m *Metrics) settleError(ctx context.Context)  { m.errorOp(ctx, "settle") }
 func (m *Metrics) releaseError(ctx context.Context) { m.errorOp(ctx, "release") }
 func (m *Metrics) forged(ctx context.Context)       { m.errorOp(ctx, "forged_reservation") }
+func (m *Metrics) replayed(ctx context.Context)     { m.errorOp(ctx, "replayed_reservation") }
 
 // usage is a tenant's requests and tokens in the current minute, as this
 // replica saw them: an approximation for policies, not the enforced count.

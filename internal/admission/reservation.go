@@ -1,18 +1,19 @@
 package admission
 
 import (
-	"crypto/hmac"
-	"crypto/rand"
-	"crypto/sha256"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tidwall/gjson"
 
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // A reservation travels from the gate to the meter as a string in Envoy's
@@ -63,6 +64,9 @@ func appendJSONString(b []byte, s string) []byte {
 // decodeReservation reads what encodeReservation (or json.Marshal) wrote.
 func decodeReservation(s string) (ratelimit.Reservation, error) {
 	var r ratelimit.Reservation
+	if len(s) > maxSealedReservation {
+		return r, errors.New("longer than " + strconv.Itoa(maxSealedReservation) + " bytes")
+	}
 	doc := gjson.Parse(s)
 	if !gjson.Valid(s) || !doc.IsObject() {
 		return r, errors.New("not a JSON object")
@@ -77,9 +81,14 @@ func decodeReservation(s string) (ratelimit.Reservation, error) {
 	var err error
 	r.Entries = make([]ratelimit.Entry, 0, 4)
 	e.ForEach(func(_, v gjson.Result) bool {
+		if len(r.Entries) == maxEntries {
+			err = errors.New("more than " + strconv.Itoa(maxEntries) + " entries")
+			return false
+		}
 		k, u, res, x := v.Get("k"), v.Get("u"), v.Get("r"), v.Get("x")
-		if !v.IsObject() || k.Type != gjson.String || u.Type != gjson.String || res.Type != gjson.Number || x.Type != gjson.Number {
-			err = errors.New("malformed entry " + v.Raw)
+		if !v.IsObject() || k.Type != gjson.String || u.Type != gjson.String || res.Type != gjson.Number || x.Type != gjson.Number ||
+			len(k.Str) > maxCounter || len(u.Str) > maxCounter {
+			err = errors.New("malformed entry " + truncate(v.Raw, 256))
 			return false
 		}
 		r.Entries = append(r.Entries, ratelimit.Entry{Counter: k.Str, Unit: ratelimit.Unit(u.Str), Reserved: res.Int(), ExpiresAt: x.Int()})
@@ -88,54 +97,104 @@ func decodeReservation(s string) (ratelimit.Reservation, error) {
 	return r, err
 }
 
-// A reservation is sealed before it leaves the gate: an HMAC-SHA256 under
-// a key only infergate holds, over the tenant and the reservation. The
-// meter hands it back for settling, and anything that reaches the ext_proc
-// port could forge one (its counter keys are Redis keys): a seal that does
-// not verify is refused, so counters move only as infergate decided, and
-// the tenant charged is the one the gate identified.
+// A reservation is sealed before it leaves the gate (internal/seal): an
+// HMAC-SHA256 under the replicas' current key, over the tenant and the
+// reservation, with a random id, the time it was issued and an expiry
+// (its window's end plus the longest stream, held to the keyring's
+// MaxAge). The meter hands it back for settling, and anything that
+// reaches the ext_proc port could send one (its counter keys are Redis
+// keys): a seal that does not verify, names an unknown key or has expired
+// is refused, and a verified one settles once (Controller.Settled), so
+// counters move only as infergate decided, once, and the tenant charged
+// is the one the gate identified.
 //
-// Sealed form: base64url(mac) "." base64url(tenant) "." reservation JSON.
+// Sealed body: base64url(tenant) "." reservation JSON.
 
-// NewReservationKey returns a fresh random key.
-func NewReservationKey() []byte {
-	k := make([]byte, 32)
-	if _, err := rand.Read(k); err != nil {
-		panic(err) // crypto/rand never fails on supported platforms
-	}
-	return k
-}
+// DefaultLongestStream is how long after its window's end a reservation
+// may still be settled when Controller.LongestStream is not set.
+const DefaultLongestStream = time.Hour
 
-func reservationMAC(key []byte, tenant, payload string) []byte {
-	m := hmac.New(sha256.New, key)
-	m.Write([]byte(tenant))
-	m.Write([]byte{0})
-	m.Write([]byte(payload))
-	return m.Sum(nil)
-}
+// Bounds on what a sealed reservation may hold: checked before anything
+// is decoded (the gate never writes more: a policy's limits are few).
+const (
+	maxSealedReservation = 16 << 10
+	maxEntries           = 64
+	maxCounter           = 1 << 10
+)
 
 var b64 = base64.RawURLEncoding
 
-// sealReservation binds payload (encodeReservation's) to tenant under key.
-func sealReservation(key []byte, tenant, payload string) string {
-	return b64.EncodeToString(reservationMAC(key, tenant, payload)) + "." + b64.EncodeToString([]byte(tenant)) + "." + payload
+var (
+	// errForged marks a reservation whose seal does not verify.
+	errForged = errors.New("reservation seal does not verify")
+	// errReplayed marks a reservation settled (or released) before.
+	errReplayed = errors.New("reservation already settled")
+)
+
+// sealReservation seals r's encoding for tenant, expiring at the end of
+// its last window plus the longest stream.
+func (c *Controller) sealReservation(tenant string, r ratelimit.Reservation) string {
+	end := c.now()
+	for _, e := range r.Entries {
+		if x := time.UnixMilli(e.ExpiresAt); x.After(end) {
+			end = x
+		}
+	}
+	longest := c.LongestStream
+	if longest <= 0 {
+		longest = DefaultLongestStream
+	}
+	sealed, id, exp := c.keyring().SealID(seal.Reservation, b64.EncodeToString([]byte(tenant))+"."+encodeReservation(r), end.Add(longest))
+	if err := c.settled().Issue(seal.Reservation, id, exp); err != nil {
+		c.Log.Error("could not record a reservation as outstanding; it stays charged until its window ends", "err", err)
+	}
+	return sealed
 }
 
-// errForged marks a reservation whose seal does not verify.
-var errForged = errors.New("reservation seal does not verify")
+// openSealed verifies a sealed reservation, decodes it, and claims its
+// seal: a second settlement of one seal (a replay) is refused, as is one
+// the claim cannot be recorded for (the store unreachable or full: the
+// reservation stays charged).
+func (c *Controller) openSealed(ctx context.Context, sealed string) (tenant string, r ratelimit.Reservation, err error) {
+	if len(sealed) > maxSealedReservation {
+		return "", r, errForged
+	}
+	s, err := c.keyring().Open(seal.Reservation, sealed)
+	if err != nil {
+		return "", r, fmt.Errorf("%w: %w", errForged, err)
+	}
+	tenant64, payload, ok := strings.Cut(s.Body, ".")
+	t, err := b64.DecodeString(tenant64)
+	if !ok || err != nil {
+		return "", r, errForged
+	}
+	if r, err = decodeReservation(payload); err != nil {
+		return "", r, err
+	}
+	first, err := c.settled().Claim(ctx, seal.Reservation, s.ID, s.Expires)
+	switch {
+	case err != nil:
+		return "", ratelimit.Reservation{}, fmt.Errorf("recording the settlement: %w", err)
+	case !first:
+		return "", ratelimit.Reservation{}, errReplayed
+	}
+	return string(t), r, nil
+}
 
-// openReservation verifies a sealed reservation and returns its tenant and
-// payload.
-func openReservation(key []byte, sealed string) (tenant, payload string, err error) {
-	mac64, rest, ok1 := strings.Cut(sealed, ".")
-	tenant64, payload, ok2 := strings.Cut(rest, ".")
-	mac, err1 := b64.DecodeString(mac64)
-	t, err2 := b64.DecodeString(tenant64)
-	if !ok1 || !ok2 || err1 != nil || err2 != nil {
-		return "", "", errForged
+// consume claims a sealed reservation that will never be settled (the
+// gate released it): a copy of it that reaches Settle is refused.
+func (c *Controller) consume(ctx context.Context, sealed string) {
+	if sealed == "" {
+		return
 	}
-	if !hmac.Equal(mac, reservationMAC(key, string(t), payload)) {
-		return "", "", errForged
+	if _, _, err := c.openSealed(ctx, sealed); err != nil {
+		c.Log.Error("could not record a released reservation as settled", "err", err)
 	}
-	return string(t), payload, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
 }

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/infergate/infergate/internal/ratelimit"
@@ -14,19 +15,22 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 	if c.Limiter == nil || s.Reservation == "" {
 		return // nothing reserved, nothing verified to charge
 	}
-	tenant, payload, err := openReservation(c.reservationKey(), s.Reservation)
-	if err != nil {
-		c.Log.Error("settlement refused: its reservation was not written by infergate", "request_id", s.RequestID)
+	tenant, r, err := c.openSealed(ctx, s.Reservation)
+	switch {
+	case errors.Is(err, errForged):
+		c.Log.Error("settlement refused: its reservation was not written by infergate, or has expired", "request_id", s.RequestID, "err", err)
 		c.Metrics.forged(ctx)
 		return
-	}
-	c.Metrics.track(tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
-	r, err := decodeReservation(payload)
-	if err != nil {
-		c.Log.Error("unreadable reservation; left to expire", "request_id", s.RequestID, "err", err)
+	case errors.Is(err, errReplayed):
+		c.Log.Error("settlement refused: its reservation was settled before (a replay)", "request_id", s.RequestID)
+		c.Metrics.replayed(ctx)
+		return
+	case err != nil:
+		c.Log.Error("settlement refused; the reservation stays charged until its window ends", "request_id", s.RequestID, "err", err)
 		c.Metrics.settleError(ctx)
 		return
 	}
+	c.Metrics.track(tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
 	actual := ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
 	if !s.Complete && !s.UsageReported && !s.Cut {
 		// The meter lost the stream before its end: what it counted is a

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +21,7 @@ import (
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/seal"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/internal/watch"
 )
@@ -37,6 +37,11 @@ type admissionParts struct {
 	// watchKeys polls the API key file until its context is done (nil
 	// without one).
 	watchKeys func(context.Context)
+	// seals are the keys sealing reservations and gate fields, re-read
+	// from the store until run's context is done; fields seals the
+	// gate→meter field with them (extproc.Options.Sealer).
+	seals  *seal.Keyring
+	fields seal.Fields
 }
 
 // newAdmission loads keys and policies and connects the limiter; run
@@ -122,7 +127,19 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		}
 		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{HashTag: cfg.RateLimit.Redis.HashTag}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
-		c.ReservationKey = sharedReservationKey(ctx, p.redis, log)
+	}
+	p.seals, c.Settled = newSeals(ctx, cfg, p.redis, log, time.Now)
+	c.Seals, c.LongestStream = p.seals, cfg.Reservations.LongestStream
+	p.fields = seal.Fields{Ring: p.seals, Once: c.Settled, Longest: cfg.Reservations.LongestStream}
+	if _, err := m.Meter().Int64ObservableCounter("infergate.reservation.key_mismatch",
+		metric.WithDescription("Seals naming a key this replica does not hold (cause unknown_key: replicas disagree on the keys, or a forgery), "+
+			"and keys found replaced in Redis (cause replaced: lost, e.g. a FLUSHALL, and created again)."),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(p.seals.UnknownKeys(), mismatchUnknown)
+			o.Observe(p.seals.Changed(), mismatchReplaced)
+			return nil
+		})); err != nil {
+		return nil, err
 	}
 	if _, err := m.Meter().Int64ObservableCounter("infergate.reload.errors",
 		metric.WithDescription(reloadErrorsHelp),
@@ -134,6 +151,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 			if p.watchKeys != nil {
 				o.Observe(p.keysFailed.Load(), reloadKeys)
 			}
+			o.Observe(p.seals.Failed(), reloadSeals)
 			return nil
 		})); err != nil {
 		return nil, err
@@ -141,13 +159,19 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	return p, nil
 }
 
-const reloadErrorsHelp = "Reloads refused (the last good version keeps serving), by source: policy, keys or extproc_tls."
+const reloadErrorsHelp = "Reloads refused (the last good version keeps serving), by source: policy, keys, reservation_keys or extproc_tls."
 
 var (
 	reloadPolicy = metric.WithAttributes(attribute.String("source", "policy"))
 	reloadKeys   = metric.WithAttributes(attribute.String("source", "keys"))
 	memoHit      = metric.WithAttributes(attribute.String("source", "memo"))
 	memoMiss     = metric.WithAttributes(attribute.String("source", "evaluated"))
+)
+
+var (
+	reloadSeals      = metric.WithAttributes(attribute.String("source", "reservation_keys"))
+	mismatchUnknown  = metric.WithAttributes(attribute.String("cause", "unknown_key"))
+	mismatchReplaced = metric.WithAttributes(attribute.String("cause", "replaced"))
 )
 
 // redisClient connects to the shared Redis (rate limits, the reservation
@@ -236,29 +260,27 @@ func (h reloadOnFailure) check(err error) {
 	h.reload()
 }
 
-// reservationKeyName holds the key every replica seals reservations with:
-// a request's gate and meter streams may land on different replicas.
-const reservationKeyName = "ig:reservation-key"
-
-// sharedReservationKey reads the replicas' shared key from Redis, creating
-// it on first use. Whoever can read Redis can move its counters anyway, so
-// it adds no exposure. Redis unreachable at start: a key of this process
-// (a settlement another replica sealed is then refused, and its
-// reservation stays charged until its window ends: over-, never
-// under-charged).
-func sharedReservationKey(ctx context.Context, rdb redis.UniversalClient, log *slog.Logger) []byte {
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	fresh := base64.StdEncoding.EncodeToString(admission.NewReservationKey())
-	if err := rdb.SetNX(ctx, reservationKeyName, fresh, 0).Err(); err == nil {
-		if v, err := rdb.Get(ctx, reservationKeyName).Result(); err == nil {
-			if k, err := base64.StdEncoding.DecodeString(v); err == nil && len(k) >= 32 {
-				return k
-			}
-		}
+// newSeals is the keyring sealing reservations and gate fields, and the
+// record of the seals used. With Redis both are the replicas' (a request's
+// gate and meter streams may land on different replicas): whoever can
+// read Redis can move its counters anyway, so sharing the keys there adds
+// no exposure. The keys are read now (Redis unreachable: this replica
+// seals with its own until it can read them; run re-reads them).
+func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, log *slog.Logger, now func() time.Time) (*seal.Keyring, seal.Once) {
+	r := cfg.Reservations
+	opts := seal.Options{Rotation: r.KeyRotation, Refresh: r.KeyRefresh, MaxAge: r.MaxAge, Now: now, Log: log}
+	if rdb == nil {
+		ring := seal.NewKeyring(&seal.MemoryStore{}, opts)
+		_ = ring.Refresh(ctx) // a MemoryStore does not fail
+		return ring, &seal.MemoryOnce{Max: r.MaxSettled, Now: now}
 	}
-	log.Warn("could not read the shared reservation key from Redis; using this replica's own")
-	return admission.NewReservationKey()
+	ring := seal.NewKeyring(seal.RedisStore{Client: rdb}, opts)
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := ring.Refresh(rctx); err != nil {
+		log.Warn("could not read the shared reservation keys from Redis; sealing with this replica's own until it can", "err", err)
+	}
+	return ring, seal.RedisOnce{Client: rdb, Now: now}
 }
 
 // health is nil, or why the last reload of keys or policies was refused.
@@ -282,6 +304,7 @@ func (p *admissionParts) run(ctx context.Context) {
 	if p.policy != nil {
 		wg.Go(func() { p.policy.Run(ctx) })
 	}
+	wg.Go(func() { p.seals.Run(ctx) })
 	wg.Wait()
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/seal"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
@@ -55,7 +56,7 @@ func TestRedisClusterFollowsFailover(t *testing.T) {
 	cfg := config.Redis{Mode: "cluster", Addresses: c.Addrs(), Timeout: 250 * time.Millisecond}
 	ctx := context.Background()
 	log := slog.New(slog.DiscardHandler)
-	var keys [][]byte
+	var rings []*seal.Keyring
 	var clients []redis.UniversalClient
 	for range 2 {
 		rdb, err := redisClient(cfg)
@@ -64,10 +65,15 @@ func TestRedisClusterFollowsFailover(t *testing.T) {
 		}
 		defer rdb.Close()
 		clients = append(clients, rdb)
-		keys = append(keys, sharedReservationKey(ctx, rdb, log))
+		ring, _ := newSeals(ctx, defaultConfig(t), rdb, log, time.Now)
+		rings = append(rings, ring)
 	}
-	if len(keys[0]) < 32 || string(keys[0]) != string(keys[1]) {
-		t.Fatalf("two replicas sealed with different keys (%d and %d bytes)", len(keys[0]), len(keys[1]))
+	agree := func(from, to *seal.Keyring) error {
+		_, err := to.Open(seal.Reservation, from.Seal(seal.Reservation, "r", time.Now().Add(time.Hour)))
+		return err
+	}
+	if err := agree(rings[0], rings[1]); err != nil {
+		t.Fatalf("two replicas sealed with different keys: %v", err)
 	}
 
 	limits := []ratelimit.Limit{
@@ -80,16 +86,15 @@ func TestRedisClusterFollowsFailover(t *testing.T) {
 		t.Fatalf("Reserve = %+v, %v", res, err)
 	}
 	counters := c.PrimaryFor("{" + ratelimit.DefaultClusterHashTag + "}")
-	keyHolder := c.PrimaryFor(reservationKeyName)
 	victim := counters
-	t.Logf("counters on %s, reservation key on %s", counters.Addr(), keyHolder.Addr())
+	t.Logf("counters on %s", counters.Addr())
 
 	promoted, took := c.KillPrimary(victim)
 	t.Logf("killed %s: %s promoted after %v", victim.Addr(), promoted.Addr(), took)
 	start := time.Now()
 	for {
 		_, rerr := lim.Reserve(ctx, limits, cost)
-		_, gerr := clients[1].Get(ctx, reservationKeyName).Result()
+		gerr := rings[1].Refresh(ctx)
 		if rerr == nil && gerr == nil {
 			break
 		}
@@ -99,7 +104,20 @@ func TestRedisClusterFollowsFailover(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("served again %v after the promotion", time.Since(start))
-	if k := sharedReservationKey(ctx, clients[1], log); string(k) != string(keys[0]) && keyHolder != victim {
-		t.Error("the reservation key changed")
+	if err := rings[0].Refresh(ctx); err != nil {
+		t.Fatal(err)
 	}
+	if err := agree(rings[1], rings[0]); err != nil {
+		t.Errorf("after the failover the replicas disagree: %v", err)
+	}
+}
+
+// defaultConfig is the configuration serve runs with by default.
+func defaultConfig(t *testing.T) *config.Config {
+	t.Helper()
+	cfg, err := config.Parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

@@ -125,6 +125,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 		Catalog:           cfg.Catalog(),
 		Tracer:            tracing.Tracer(),
 		PoolName:          rt.PoolName,
+		Sealer:            adm.fields,
 
 		MaxGateStreamsPerPeer: int(cfg.ExtProc.MaxGateStreamsPerPeer),
 	})

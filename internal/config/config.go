@@ -29,14 +29,17 @@ var Default []byte
 
 // Config is the whole configuration. Field names are the YAML keys.
 type Config struct {
-	ExtProc   ExtProc          `yaml:"extproc"`
-	Admin     Admin            `yaml:"admin"`
-	Gate      Gate             `yaml:"gate"`
-	Meter     Meter            `yaml:"meter"`
-	Auth      Auth             `yaml:"auth"`
-	Policy    Policy           `yaml:"policy"`
-	RateLimit RateLimit        `yaml:"ratelimit"`
-	Checks    map[string]Check `yaml:"checks"`
+	ExtProc   ExtProc   `yaml:"extproc"`
+	Admin     Admin     `yaml:"admin"`
+	Gate      Gate      `yaml:"gate"`
+	Meter     Meter     `yaml:"meter"`
+	Auth      Auth      `yaml:"auth"`
+	Policy    Policy    `yaml:"policy"`
+	RateLimit RateLimit `yaml:"ratelimit"`
+	// Reservations are how the gate's sealed reservations and fields are
+	// kept honest: how long each may be settled, the keys that seal them.
+	Reservations Reservations     `yaml:"reservations"`
+	Checks       map[string]Check `yaml:"checks"`
 	// Models are the model names the pools serve, as clients call them
 	// (Envoy routes them by the x-infergate-model header). With the
 	// virtual models they are what GET /v1/models lists (see Catalog).
@@ -191,6 +194,60 @@ type RateLimit struct {
 	// alone and the settlement charges what the server really wrote. With
 	// a cap, the cap is reserved instead and sent upstream as max_tokens.
 	DefaultMaxTokens int `yaml:"defaultMaxTokens"`
+}
+
+// Reservations shape the seals on what the gate hands to the meter
+// through Envoy (the reservation, the whole gate→meter field): each is
+// settled once, within its expiry, under keys the replicas share (in
+// Redis with the redis backend) and rotate.
+type Reservations struct {
+	// LongestStream: a reservation may be settled until its window ends
+	// plus this, a gate field read until it was written plus this; later,
+	// the settlement is refused (the reservation stays charged) and the
+	// stamp recorded unverified.
+	LongestStream time.Duration `yaml:"longestStream"`
+	// MaxAge caps any seal's life (a policy's long window included); it
+	// bounds the keys kept and the settle-once records' TTL.
+	MaxAge time.Duration `yaml:"maxAge"`
+	// KeyRotation is how long one key seals; earlier keys verify until
+	// their seals expire. KeyRefresh is how often each replica re-reads
+	// the keys from Redis (less than KeyRotation).
+	KeyRotation time.Duration `yaml:"keyRotation"`
+	KeyRefresh  time.Duration `yaml:"keyRefresh"`
+	// MaxSettled bounds the seals kept outstanding in memory (backend
+	// memory: issued, not yet settled or read, nor expired): when full,
+	// settlements are refused and reservations stay charged.
+	MaxSettled int `yaml:"maxSettled"`
+}
+
+func (r *Reservations) fillDefaults() {
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&r.LongestStream, time.Hour}, {&r.MaxAge, 25 * time.Hour}, {&r.KeyRotation, 24 * time.Hour}, {&r.KeyRefresh, time.Minute}} {
+		if *d.v == 0 {
+			*d.v = d.def
+		}
+	}
+	if r.MaxSettled == 0 {
+		r.MaxSettled = 1 << 20
+	}
+}
+
+func (r *Reservations) validate() []error {
+	var errs []error
+	check := func(ok bool, path, format string, args ...any) {
+		if !ok {
+			errs = append(errs, &Error{Path: "reservations." + path, Msg: fmt.Sprintf(format, args...)})
+		}
+	}
+	check(r.LongestStream >= time.Minute, "longestStream", "must be at least 1m, got %s", r.LongestStream)
+	check(r.MaxAge >= r.LongestStream && r.MaxAge <= 31*24*time.Hour, "maxAge", "must be from longestStream (%s) to 744h, got %s", r.LongestStream, r.MaxAge)
+	check(r.KeyRotation >= time.Minute, "keyRotation", "must be at least 1m, got %s", r.KeyRotation)
+	check(r.KeyRefresh >= time.Second && r.KeyRefresh < r.KeyRotation, "keyRefresh", "must be from 1s to less than keyRotation (%s), got %s", r.KeyRotation, r.KeyRefresh)
+	check(r.KeyRotation >= 0 && r.MaxAge/max(r.KeyRotation, 1) <= 1000, "keyRotation", "keeps over 1000 keys live (maxAge %s / keyRotation %s)", r.MaxAge, r.KeyRotation)
+	check(r.MaxSettled > 0 && r.MaxSettled <= 1<<26, "maxSettled", "must be 1 to %d, got %d", 1<<26, r.MaxSettled)
+	return errs
 }
 
 // Redis is what replicas share: the rate-limit counters, the key sealing
@@ -472,6 +529,7 @@ func (c *Config) fillDefaults() {
 	if c.RateLimit.DefaultMaxTokens == 0 {
 		c.RateLimit.DefaultMaxTokens = 1024
 	}
+	c.Reservations.fillDefaults()
 	setDefault(&c.RateLimit.Redis.Mode, "standalone")
 	if c.RateLimit.Redis.Addresses == nil {
 		c.RateLimit.Redis.Addresses = []string{}
@@ -534,6 +592,7 @@ func (c *Config) validate() error {
 	check(c.RateLimit.DefaultMaxTokens > 0 && c.RateLimit.DefaultMaxTokens <= math.MaxInt32, "ratelimit.defaultMaxTokens",
 		"must be between 1 and %d, got %d", math.MaxInt32, c.RateLimit.DefaultMaxTokens)
 	check(c.RateLimit.Redis.Timeout > 0, "ratelimit.redis.timeout", "must be positive")
+	errs = append(errs, c.Reservations.validate()...)
 	check(c.Policy.ReloadInterval >= 100*time.Millisecond, "policy.reloadInterval", "must be at least 100ms, got %s", c.Policy.ReloadInterval)
 	for name, ch := range c.Checks {
 		u, err := url.Parse(ch.URL)

@@ -36,6 +36,7 @@ func defaults() *Config {
 		},
 		Policy:        Policy{ReloadInterval: time.Second, Memoize: ptr(true)},
 		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Addresses: []string{}, Timeout: 250 * time.Millisecond}},
+		Reservations:  defaultReservations,
 		Checks:        map[string]Check{},
 		Models:        []string{},
 		VirtualModels: []VirtualModel{},
@@ -45,6 +46,8 @@ func defaults() *Config {
 		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
 	}
 }
+
+var defaultReservations = Reservations{LongestStream: time.Hour, MaxAge: 25 * time.Hour, KeyRotation: 24 * time.Hour, KeyRefresh: time.Minute, MaxSettled: 1 << 20}
 
 func mustParse(t *testing.T, doc []byte) *Config {
 	t.Helper()
@@ -73,8 +76,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -125,8 +128,9 @@ func TestValidFile(t *testing.T) {
 		Policy: Policy{Dir: "/etc/infergate/policies", ReloadInterval: 2 * time.Second, Shadow: true, Memoize: ptr(false)},
 		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Address: "redis:6379", Addresses: []string{},
 			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
-		Checks: map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
-		Models: []string{"llama-3.1-8b-instruct", "meta-llama/Llama-3.1-70B-Instruct"},
+		Reservations: Reservations{LongestStream: 2 * time.Hour, MaxAge: 50 * time.Hour, KeyRotation: 12 * time.Hour, KeyRefresh: 30 * time.Second, MaxSettled: 1000},
+		Checks:       map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
+		Models:       []string{"llama-3.1-8b-instruct", "meta-llama/Llama-3.1-70B-Instruct"},
 		VirtualModels: []VirtualModel{{
 			Name:  "llama-3-70b",
 			Pools: []PoolRef{{Cluster: "pool-a", Priority: 0, Metrics: []string{"http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics"}}, {Cluster: "pool-b", Priority: 1}},
@@ -435,5 +439,24 @@ func TestCatalog(t *testing.T) {
 	}
 	if got := mustParse(t, nil).Catalog(); len(got) != 0 {
 		t.Errorf("default Catalog() = %q, want none", got)
+	}
+}
+
+// The seals' lifetimes and keys are range-checked: a seal must outlive
+// the longest stream, keys rotate slower than they are re-read.
+func TestReservationsValidated(t *testing.T) {
+	for _, doc := range []string{
+		"reservations: {longestStream: 1s}",
+		"reservations: {longestStream: 2h, maxAge: 1h}",
+		"reservations: {maxAge: 800h}",
+		"reservations: {keyRotation: 1s}",
+		"reservations: {keyRotation: 1h, keyRefresh: 1h}",
+		"reservations: {keyRefresh: 1ms}",
+		"reservations: {keyRotation: 1m, keyRefresh: 30s, maxAge: 700h}",
+		"reservations: {maxSettled: -1}",
+	} {
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), "reservations.") {
+			t.Errorf("%s: %v", doc, err)
+		}
 	}
 }

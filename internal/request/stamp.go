@@ -63,6 +63,11 @@ type Stamp struct {
 	// Complete is false when the stream ended before the response did
 	// (client gone, upstream reset).
 	Complete bool
+	// Unverified: the meter had no sealed gate field that verified (none,
+	// unsealed, forged, expired or replayed), so nothing says who called:
+	// Tenant and Principal are empty, Decision is "unverified", and the
+	// stamp feeds no controller.
+	Unverified bool
 }
 
 // GatewayTime is the time spent in the gateway before the upstream got the
