@@ -16,7 +16,7 @@ import (
 // Response is one response's count. Set API (the gate's, when known),
 // SSE and MaxGaps, feed it with Body, close it with End. Everything it
 // holds is bounded: the SSE carry-over (Parser.MaxLine), the gaps
-// (MaxGaps), a non-streamed body (its two ends, 64 KiB each).
+// (MaxGaps), a non-streamed body (its first 64 KiB, its usage and model).
 type Response struct {
 	// API is the response's API: the gate's when the caller knows it,
 	// else the stream's own, from its first event that tells (or a body's
@@ -92,10 +92,12 @@ func (r *Response) End(at time.Time) {
 func (r *Response) Terminal() (time.Time, bool) { return r.terminal, !r.terminal.IsZero() }
 
 // MaxKept is the most a Response holds of a non-streamed body.
-const MaxKept = 2 * jsonKeep
+const MaxKept = jsonKeep + maxUsageValue + maxModelValue
 
 // Kept is how much of a non-streamed body r holds.
-func (r *Response) Kept() int { return len(r.body.head) + len(r.body.tail) }
+func (r *Response) Kept() int {
+	return len(r.body.head) + len(r.body.scan.usage.buf) + len(r.body.scan.model.buf)
+}
 
 // Unread is what could not be read: bad events, overlong lines and events.
 func (r *Response) Unread() int { return r.BadEvents + r.Parser.Dropped + r.Parser.Overflowed }
