@@ -67,6 +67,9 @@ func (j *jsonBody) read(api *openai.API) (usage *openai.Usage, model string, con
 		if err != nil {
 			return nil, "", false
 		}
+		if *api == openai.APICountTokens { // a count is its whole body, not a usage key
+			usage = c.Usage
+		}
 		return usage, model, c.Content
 	}
 	// Too large to keep: a response this long carries content, unless it
