@@ -62,7 +62,8 @@ func vllmPool(t *testing.T, mock http.Handler) string {
 // answer whose usage comes before 200 KiB of prompt_logprobs is charged the
 // pool's usage (not the prompt estimate); a non-streamed request the client
 // hangs up on mid-generation, and one Envoy answers itself with a 504
-// (the route's timeout), keep their whole reservation. Each charge is read
+// (the route's timeout), keep their whole reservation; an error the pool
+// answered itself costs no tokens. Each charge is read
 // from the budget the next request sees (x-ratelimit-remaining-tokens).
 func TestAccountingChargesOnlyOnProof(t *testing.T) {
 	const budget = 1_000_000
@@ -176,5 +177,22 @@ func TestAccountingChargesOnlyOnProof(t *testing.T) {
 	next = vllm()
 	if charged := left - next - vllmCharge; charged != reserved {
 		t.Errorf("Envoy's 504: charged %d tokens, want its reservation %d", charged, reserved)
+	}
+	left = next
+
+	// An error the pool itself answered (Envoy says via_upstream), read
+	// whole, with no usage: the request alone, no tokens.
+	resp, err = post(context.Background(), "pool-a", map[string]string{"x-mock-status": "400"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain(resp)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("status %d, want the pool's 400", resp.StatusCode)
+	}
+	waitSettled("the pool's error")
+	if charged := left - vllm() - vllmCharge; charged != 0 {
+		t.Errorf("the pool's own error: charged %d tokens, want none", charged)
 	}
 }
