@@ -189,6 +189,15 @@ func (s *topLevel) feed(p []byte) {
 			}
 			continue
 		}
+		if s.state == inValue && !s.scalar {
+			// Inside a value: only quotes and brackets matter.
+			for i < len(p) && !structural[p[i]] {
+				i++
+			}
+			if i == len(p) {
+				break
+			}
+		}
 		c := p[i]
 		switch c {
 		case ' ', '\t', '\r', '\n':
@@ -277,6 +286,9 @@ func (s *topLevel) feed(p []byte) {
 		s.target.add(p[start:])
 	}
 }
+
+// structural marks the bytes that change a value's depth or string state.
+var structural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
 
 // skipString returns the index of the next quote or backslash in p from
 // i (len(p) if none), taking a top-level key's bytes on the way. Both
