@@ -249,3 +249,22 @@ func testMeter(maxGaps int, orders *poolOrders) *meterRequest {
 	m.tally.MaxGaps = maxGaps
 	return m
 }
+
+// Envoy's response.code_details tells the pool's answer from Envoy's own
+// local replies; without it the origin is unknown (and the reservation
+// of an error stays).
+func TestOriginOfCodeDetails(t *testing.T) {
+	for details, want := range map[string]request.Origin{
+		"":                           request.OriginUnknown,
+		"via_upstream":               request.OriginPool,
+		"upstream_response_timeout":  request.OriginEnvoy,
+		"stream_idle_timeout":        request.OriginEnvoy,
+		"request_overall_timeout":    request.OriginEnvoy,
+		"no_healthy_upstream":        request.OriginEnvoy,
+		"via_upstream_but_not_quite": request.OriginEnvoy,
+	} {
+		if got := originOf(details); got != want {
+			t.Errorf("originOf(%q) = %v, want %v", details, got, want)
+		}
+	}
+}
