@@ -432,8 +432,8 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	// reached the client, and what its pool spent on it (a prefill before a
 	// reset or a per-try timeout) is never seen here. An attempt that fails
 	// after its response started is not retried: it is the answering one,
-	// charged what was counted of it, or left at its reservation when the
-	// stream was lost before its usage. (Hedged requests, which the routes
+	// reported as it ended (admission keeps its reservation unless its
+	// usage or its end was seen). (Hedged requests, which the routes
 	// infergate serves never configure, would break "the last attempt".)
 	if st.Decision != "deny" {
 		// What the meter saw, and no more: what it proves is admission's
