@@ -152,6 +152,7 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	}
 	m.stamp.Status = clampInt(float64(e.GetResponse().GetResponseCode().GetValue()), 100, 599)
 	m.stamp.Upstream = addressString(c.GetUpstreamRemoteAddress())
+	m.origin = originOf(e.GetResponse().GetResponseCodeDetails())
 	m.stamp.Attempts = clampInt(float64(c.GetUpstreamRequestAttemptCount()), 0, maxAttempts)
 	cluster := c.GetUpstreamCluster()
 	if cluster == "" {
@@ -178,6 +179,9 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	t.Input, t.HasInput = sum.Input, sum.HasInput
 	t.BadEvents, t.Parser.Dropped, t.Parser.Overflowed = sum.BadEvents, sum.Dropped, sum.Overflowed
 	m.cut = !sum.Complete // the module ends a record early only when Envoy ended the stream
+	// The summary does not tell [DONE] from a stream's end: a stream
+	// that reached its end (or its [DONE]) counts as ended properly.
+	m.ended = sum.SSE && sum.Complete
 	s.finish(ctx, m, sum.Start.Add(sum.E2E), sum.Complete)
 }
 

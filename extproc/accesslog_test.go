@@ -125,14 +125,16 @@ func TestAccessLogEntryStampsAndSettles(t *testing.T) {
 		t.Fatalf("%d settlements", len(policy.settled))
 	}
 	if got := policy.settled[0]; got.Reservation != "r-1" || got.PromptTokens != 6 || got.CompletionTokens != 12 ||
-		!got.Complete || !got.UsageReported || got.Cut {
+		got.End != request.EndComplete || !got.UsageRead || !got.Terminal || !got.SSE || got.Status != 200 {
 		t.Errorf("settlement %+v", got)
 	}
 
-	// Cut by the client: what passed is charged, as a cut the meter saw.
+	// Cut by the client: reported as a cut the meter saw, what passed
+	// counted (admission keeps the reservation: the stream did not end).
 	sum.Complete, sum.Usage, sum.ContentEvents = false, nil, 4
 	s.meterEntry(context.Background(), entry(t, sum.Encode(), start))
-	if got := policy.settled[1]; got.Complete || !got.Cut || got.UsageReported || got.CompletionTokens != 4 || got.PromptTokens != 17 {
+	if got := policy.settled[1]; got.End != request.EndCut || got.Terminal || got.UsageRead || got.Events != 4 ||
+		got.CompletionTokens != 0 || got.PromptTokens != 17 {
 		t.Errorf("cut settlement %+v", got)
 	}
 }
@@ -308,10 +310,12 @@ func TestAccessLogMatchesExtProcPerAPI(t *testing.T) {
 			if len(policy.settled) != 1 {
 				t.Fatalf("%s: %d settlements", tc.name, len(policy.settled))
 			}
-			// (meterAPI finishes without Envoy's EOF: its Cut is never set.)
+			// (meterAPI finishes without Envoy's EOF: its stream is lost,
+			// never cut; the module's, incomplete, was cut by Envoy.)
 			g := policy.settled[0]
 			if g.PromptTokens != wantSettled.PromptTokens || g.CompletionTokens != wantSettled.CompletionTokens ||
-				g.UsageReported != wantSettled.UsageReported || g.Complete != wantSettled.Complete || g.Cut == tc.complete {
+				g.UsageRead != wantSettled.UsageRead || g.Events != wantSettled.Events || g.API != wantSettled.API ||
+				(g.End == request.EndComplete) != (wantSettled.End == request.EndComplete) || (g.End == request.EndCut) == tc.complete {
 				t.Errorf("%s: settlement\n wasm %+v\n  ext %+v", tc.name, g, wantSettled)
 			}
 		}

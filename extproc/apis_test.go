@@ -36,6 +36,8 @@ func (p *recordingPolicy) Decide(_ context.Context, a *request.Admission) reques
 
 func (p *recordingPolicy) Settle(context.Context, *request.Settlement) {}
 
+func (p *recordingPolicy) Release(context.Context, string, string) {}
+
 func apiHeaders(path string, extra ...string) []string {
 	return append([]string{":method", "POST", ":path", path, "content-type", "application/json", "x-request-id", "req-1"}, extra...)
 }

@@ -20,6 +20,7 @@ type capPolicy struct {
 	maxTokens int
 	metadata  map[string]any
 	settled   []request.Settlement
+	released  []string // request id and reservation of each release
 }
 
 func (p *capPolicy) Identify(context.Context, *request.Admission) request.Verdict {
@@ -32,6 +33,10 @@ func (p *capPolicy) Decide(context.Context, *request.Admission) request.Verdict 
 
 func (p *capPolicy) Settle(_ context.Context, s *request.Settlement) {
 	p.settled = append(p.settled, *s)
+}
+
+func (p *capPolicy) Release(_ context.Context, requestID, reservation string) {
+	p.released = append(p.released, requestID+" "+reservation)
 }
 
 // The body that goes upstream carries the effective max_tokens the policy's
@@ -136,7 +141,7 @@ func TestMeterSettlesRetriedRequestOnce(t *testing.T) {
 	if len(p.settled) != 1 {
 		t.Fatalf("%d settlements, want 1", len(p.settled))
 	}
-	if got := p.settled[0]; got.Reservation != "r-1" || got.PromptTokens != 7 || got.CompletionTokens != 3 || !got.UsageReported || !got.Complete {
+	if got := p.settled[0]; got.Reservation != "r-1" || got.PromptTokens != 7 || got.CompletionTokens != 3 || !got.UsageRead || got.End != request.EndComplete {
 		t.Errorf("settlement %+v, want the answering attempt's usage (7 + 3)", got)
 	}
 	st := sink.stamps[0]
@@ -147,7 +152,7 @@ func TestMeterSettlesRetriedRequestOnce(t *testing.T) {
 }
 
 // A request the gate admitted but cannot forward (here: metadata protobuf
-// cannot carry) gives its reservation back: settled once, with no usage.
+// cannot carry) gives its reservation back: released once, not settled.
 func TestGateFailClosedGivesReservationBack(t *testing.T) {
 	s, _ := newTestServer(t, "")
 	p := &capPolicy{metadata: map[string]any{"x-note": "\xff"}}
@@ -158,7 +163,7 @@ func TestGateFailClosedGivesReservationBack(t *testing.T) {
 	if len(out) != 1 || out[0].GetImmediateResponse().GetStatus().GetCode() != 500 {
 		t.Fatalf("answers %v, want one 500", out)
 	}
-	if len(p.settled) != 1 || p.settled[0] != (request.Settlement{RequestID: "req-1", Reservation: "r-1", UsageReported: true, Complete: true}) {
-		t.Errorf("settlements %+v, want the reservation back with no usage", p.settled)
+	if len(p.settled) != 0 || !slices.Equal(p.released, []string{"req-1 r-1"}) {
+		t.Errorf("settlements %+v, releases %q; want the reservation released once", p.settled, p.released)
 	}
 }

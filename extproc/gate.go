@@ -415,16 +415,15 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	return g.admit(mutation, newBody, md)
 }
 
-// unreserve gives back the tokens of a request the gate admitted but then
-// could not forward: settled with no usage, so nothing was spent.
+// unreserve gives back the reservation of a request the gate admitted but
+// then could not forward: it never reached a pool.
 func (s *Server) unreserve(ctx context.Context, adm *request.Admission, v request.Verdict) {
 	if v.Reservation == "" {
 		return
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	s.policy.Settle(sctx, &request.Settlement{RequestID: adm.RequestID, Tenant: v.Tenant, Reservation: v.Reservation,
-		UsageReported: true, Complete: true})
+	s.policy.Release(sctx, adm.RequestID, v.Reservation)
 }
 
 // metaFields builds the gate's metadata Struct; the first field that

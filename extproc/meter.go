@@ -37,6 +37,11 @@ type meterRequest struct {
 	tally      tally.Response
 	orders     *poolOrders
 	cut        bool // Envoy closed the stream before the response's end
+	// origin is who wrote the response, from Envoy's response.code_details.
+	origin request.Origin
+	// ended: the stream's terminal event was seen, as the in-Envoy meter's
+	// summary tells it (the ext_proc meter reads it from its tally).
+	ended bool
 	// reservation is the rate-limit charge the gate made, settled here.
 	reservation string
 	// gateTraceparent is the gate's span, the parent when Envoy sends none.
@@ -146,6 +151,7 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 			m.stamp.Status = clampInt(float64(atoi(header(hm, ":status"))), 100, 599)
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
+		m.origin = originOf(attrString(attrs, "response.code_details"))
 		m.stamp.Attempts = clampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, maxAttempts)
 		order := attrString(attrs, request.PoolOrderAttribute)
 		if order == "" {
@@ -306,6 +312,20 @@ func (m *meterRequest) departure(at time.Time) time.Time {
 	return t
 }
 
+// originOf is who wrote a response, by Envoy's response.code_details:
+// "via_upstream" is the pool's answer, any other detail one of Envoy's own
+// local replies (a timeout, no healthy upstream, a reset before the
+// response); none, a config that does not ask for it.
+func originOf(details string) request.Origin {
+	switch details {
+	case "":
+		return request.OriginUnknown
+	case "via_upstream":
+		return request.OriginPool
+	}
+	return request.OriginEnvoy
+}
+
 // generates reports whether api writes output (an unknown API is read as
 // a chat's, as before the meter knew others).
 func generates(api openai.API) bool { return api == "" || api.Generates() }
@@ -425,20 +445,25 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	// reached the client, and what its pool spent on it (a prefill before a
 	// reset or a per-try timeout) is never seen here. An attempt that fails
 	// after its response started is not retried: it is the answering one,
-	// charged what was counted of it, or left at its reservation when the
-	// stream was lost before its usage. (Hedged requests, which the routes
+	// reported as it ended (admission keeps its reservation unless its
+	// usage or its end was seen). (Hedged requests, which the routes
 	// infergate serves never configure, would break "the last attempt".)
 	if st.Decision != "deny" && !st.Unverified {
+		// What the meter saw, and no more: what it proves is admission's
+		// to decide (the accounting rule).
 		settle := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
-			PromptTokens: st.PromptTokens, CompletionTokens: st.CompletionTokens, Complete: complete,
-			UsageReported: usage != nil, Cut: m.cut}
-		if usage == nil && st.Status >= 400 {
-			settle.PromptTokens = 0 // an upstream error with no usage consumed nothing
+			API: st.API, Status: st.Status, Origin: m.origin, SSE: t.SSE, End: request.EndLost,
+			Terminal: t.Ended() || m.ended, UsageRead: usage != nil,
+			PromptTokens: st.PromptTokens, CompletionTokens: 0, InputReported: t.HasInput || usage != nil && !t.OutputOnly,
+			Events: st.ContentEvents}
+		if usage != nil {
+			settle.CompletionTokens = st.CompletionTokens
 		}
-		if st.API == openai.APICountTokens {
-			// Counting runs the tokenizer, not the model: the gate reserved
-			// the request alone, and its count is no usage.
-			settle.PromptTokens, settle.CompletionTokens = 0, 0
+		switch {
+		case complete:
+			settle.End = request.EndComplete
+		case m.cut:
+			settle.End = request.EndCut
 		}
 		// The stream's context is gone when the client reset: the charge
 		// must reach the limiter anyway.

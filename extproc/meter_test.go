@@ -124,21 +124,20 @@ func (p *settleRecorder) Settle(ctx context.Context, s *request.Settlement) {
 
 // A response that ends early is settled anyway, on a context of its own.
 // Envoy closing the meter's stream (the client or the pool reset the
-// response) marks it cut: what was counted is what passed. A stream that
-// breaks (cancelled) may have carried on unseen: not cut. A client that
-// leaves at [DONE] (the OpenAI SDKs close there, before the response's end
-// reaches Envoy) had it all: complete.
+// response) marks it cut. A stream that breaks (cancelled) may have carried
+// on unseen: lost. A client that leaves at [DONE] (the OpenAI SDKs close
+// there, before the response's end reaches Envoy) had it all: complete.
 func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 	closeSend := func(c extprocv3.ExternalProcessor_ProcessClient, _ context.CancelFunc) { _ = c.CloseSend() }
 	for _, tc := range []struct {
 		name    string
 		done    bool // [DONE] arrived before the end
 		end     func(extprocv3.ExternalProcessor_ProcessClient, context.CancelFunc)
-		wantCut bool
+		wantEnd request.End
 	}{
-		{"envoy closes the stream", false, closeSend, true},
-		{"the stream breaks", false, func(_ extprocv3.ExternalProcessor_ProcessClient, reset context.CancelFunc) { reset() }, false},
-		{"the client leaves at [DONE]", true, closeSend, false},
+		{"envoy closes the stream", false, closeSend, request.EndCut},
+		{"the stream breaks", false, func(_ extprocv3.ExternalProcessor_ProcessClient, reset context.CancelFunc) { reset() }, request.EndLost},
+		{"the client leaves at [DONE]", true, closeSend, request.EndComplete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _ := newTestServer(t, "")
@@ -170,8 +169,8 @@ func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 				if got.err != nil {
 					t.Errorf("settled on a dead context: %v", got.err)
 				}
-				if got.s.Reservation != "r-1" || got.s.Complete != tc.done || got.s.CompletionTokens != 1 || got.s.Cut != tc.wantCut {
-					t.Errorf("settlement %+v, want reservation r-1, complete %v, 1 completion token counted, cut %v", got.s, tc.done, tc.wantCut)
+				if got.s.Reservation != "r-1" || got.s.Terminal != tc.done || got.s.Events != 1 || got.s.End != tc.wantEnd {
+					t.Errorf("settlement %+v, want reservation r-1, terminal %v, 1 event counted, end %v", got.s, tc.done, tc.wantEnd)
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatal("the reservation was never settled")
@@ -244,4 +243,23 @@ func testMeter(maxGaps int, orders *poolOrders) *meterRequest {
 	m := &meterRequest{orders: orders, sealer: testSealer()}
 	m.tally.MaxGaps = maxGaps
 	return m
+}
+
+// Envoy's response.code_details tells the pool's answer from Envoy's own
+// local replies; without it the origin is unknown (and the reservation
+// of an error stays).
+func TestOriginOfCodeDetails(t *testing.T) {
+	for details, want := range map[string]request.Origin{
+		"":                           request.OriginUnknown,
+		"via_upstream":               request.OriginPool,
+		"upstream_response_timeout":  request.OriginEnvoy,
+		"stream_idle_timeout":        request.OriginEnvoy,
+		"request_overall_timeout":    request.OriginEnvoy,
+		"no_healthy_upstream":        request.OriginEnvoy,
+		"via_upstream_but_not_quite": request.OriginEnvoy,
+	} {
+		if got := originOf(details); got != want {
+			t.Errorf("originOf(%q) = %v, want %v", details, got, want)
+		}
+	}
 }

@@ -119,7 +119,7 @@ func TestMeterStampsResponsesStream(t *testing.T) {
 		if st.PromptTokens != 11 || st.CompletionTokens != 3 || st.TokenSource != "usage" || st.ResponseModel != "m-2025" || st.UnreadEvents != 0 {
 			t.Errorf("field %q: tokens %d + %d (%s), model %q, unread %d", api, st.PromptTokens, st.CompletionTokens, st.TokenSource, st.ResponseModel, st.UnreadEvents)
 		}
-		if api != "" && (settled.Reservation != "r-1" || settled.PromptTokens != 11 || settled.CompletionTokens != 3 || !settled.UsageReported || !settled.Complete) {
+		if api != "" && (settled.Reservation != "r-1" || settled.PromptTokens != 11 || settled.CompletionTokens != 3 || !settled.UsageRead || settled.End != request.EndComplete || !settled.Terminal) {
 			t.Errorf("settlement %+v, want r-1 settled with 11 + 3 from the usage", settled)
 		}
 	}
@@ -141,28 +141,29 @@ func TestMeterStampsMessagesStream(t *testing.T) {
 		if st.PromptTokens != 30 || st.CompletionTokens != 9 || st.TokenSource != "usage" || st.ResponseModel != "claude-m" || st.UnreadEvents != 0 {
 			t.Errorf("field %q: tokens %d + %d (%s), model %q, unread %d", api, st.PromptTokens, st.CompletionTokens, st.TokenSource, st.ResponseModel, st.UnreadEvents)
 		}
-		if api != "" && (settled.PromptTokens != 30 || settled.CompletionTokens != 9 || !settled.UsageReported) {
+		if api != "" && (settled.PromptTokens != 30 || settled.CompletionTokens != 9 || !settled.UsageRead || !settled.Terminal) {
 			t.Errorf("settlement %+v, want 30 + 9 from the usage", settled)
 		}
 	}
 }
 
-// An Anthropic stream cut before message_delta settles message_start's
-// input (not the gate's estimate) and the output counted.
+// An Anthropic stream cut before message_delta reports message_start's
+// input (not the gate's estimate) and the output counted, and no end.
 func TestMeterSettlesCutMessagesStream(t *testing.T) {
 	st, settled := meterAPI(t, openai.APIMessages, "text/event-stream", messagesStream[:4], 130, false)
 	if st.Complete || st.TokenSource != "events" || st.PromptTokens != 30 || st.CompletionTokens != 2 {
 		t.Errorf("stamp: complete %v, tokens %d + %d (%s)", st.Complete, st.PromptTokens, st.CompletionTokens, st.TokenSource)
 	}
-	if settled.UsageReported || settled.Complete || settled.PromptTokens != 30 || settled.CompletionTokens != 2 {
+	if settled.UsageRead || settled.End == request.EndComplete || settled.Terminal || !settled.InputReported ||
+		settled.PromptTokens != 30 || settled.Events != 2 {
 		t.Errorf("settlement %+v", settled)
 	}
 }
 
 // Non-streamed answers of each API: the usage in the API's names; TTFT is
 // E2E for an answer with content, none for embeddings (no first token) nor
-// count_tokens, whose count settles nothing (the gate reserved the request
-// alone).
+// count_tokens, whose count the meter reports as it reads it (admission
+// charges the request alone: the count is no usage).
 func TestMeterStampsNonStreamedAPIs(t *testing.T) {
 	for _, tc := range []struct {
 		api           openai.API
@@ -177,7 +178,7 @@ func TestMeterStampsNonStreamedAPIs(t *testing.T) {
 			14, 4, true, 14, 4},
 		{openai.APIEmbeddings, `{"object":"list","data":[{"object":"embedding","index":0,"embedding":"AACAPw=="}],"model":"m","usage":{"prompt_tokens":12,"total_tokens":12}}`,
 			12, 0, false, 12, 0},
-		{openai.APICountTokens, `{"input_tokens":12}`, 12, 0, false, 0, 0},
+		{openai.APICountTokens, `{"input_tokens":12}`, 12, 0, false, 12, 0},
 	} {
 		for _, fromField := range []bool{true, false} {
 			api := tc.api
@@ -195,7 +196,7 @@ func TestMeterStampsNonStreamedAPIs(t *testing.T) {
 			if want := tc.ttft; (st.TTFT == 80*time.Millisecond) != want || !want && (st.TTFT != 0 || st.ContentEvents != 0) {
 				t.Errorf("%s (field %v): TTFT %v, %d content events", tc.api, fromField, st.TTFT, st.ContentEvents)
 			}
-			if fromField && (settled.PromptTokens != tc.settleP || settled.CompletionTokens != tc.setC || !settled.Complete) {
+			if fromField && (settled.PromptTokens != tc.settleP || settled.CompletionTokens != tc.setC || settled.End != request.EndComplete || settled.API != tc.api) {
 				t.Errorf("%s: settlement %+v, want %d + %d", tc.api, settled, tc.settleP, tc.setC)
 			}
 		}

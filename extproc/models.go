@@ -77,7 +77,12 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 		return s.deny(ctx, g, id, v)
 	}
 	// Answered here: nothing more will be spent (the request stays counted).
-	s.unreserve(ctx, adm, v)
+	if v.Reservation != "" {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		s.policy.Settle(sctx, &request.Settlement{RequestID: adm.RequestID, Tenant: v.Tenant, Reservation: v.Reservation,
+			Status: http.StatusOK, Origin: request.OriginGate, End: request.EndComplete})
+		cancel()
+	}
 
 	var body []byte
 	if one {

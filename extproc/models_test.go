@@ -51,6 +51,8 @@ func (p *tierPolicy) Settle(_ context.Context, s *request.Settlement) {
 	p.settled = append(p.settled, *s)
 }
 
+func (p *tierPolicy) Release(context.Context, string, string) {}
+
 func modelsServer(t *testing.T) (*Server, *tierPolicy, *captureSink) {
 	t.Helper()
 	s, sink := newTestServer(t, "")
@@ -121,7 +123,7 @@ func TestModelsListedPerTier(t *testing.T) {
 			t.Errorf("no %s: Envoy's local_reply_config would rewrite the answer", request.ErrorHeader)
 		}
 	}
-	if len(p.settled) != 3 || !p.settled[0].Complete || p.settled[0].Reservation != "r-1" {
+	if len(p.settled) != 3 || p.settled[0].Origin != request.OriginGate || p.settled[0].End != request.EndComplete || p.settled[0].Reservation != "r-1" {
 		t.Errorf("settlements %+v, want each listing's reservation settled", p.settled)
 	}
 	if len(sink.stamps) != 3 || sink.stamps[0].Status != 200 || sink.stamps[0].Decision != "allow" {

@@ -63,7 +63,7 @@ func (s *script) number() float64 {
 var fuzzKeys = []string{":method", ":path", "content-type", "x-request-id", request.ModelHeader, request.PoolHeader,
 	":status", "authorization", "x_infergate_model", "traceparent"}
 var fuzzAttrs = []string{"response.code", "upstream.request_attempt_count", "request.time", "upstream.address",
-	"xds.cluster_name", "xds.cluster_metadata", "upstream.locality", request.MeterAttribute, request.PoolOrderAttribute}
+	"xds.cluster_name", "xds.cluster_metadata", "upstream.locality", "response.code_details", request.MeterAttribute, request.PoolOrderAttribute}
 var fuzzMeta = []string{"model", "stream", "prompt_tokens", "gate_us", "auth_us", "reservation", "tenant", request.TraceparentKey}
 
 func (s *script) headers() *corev3.HeaderMap {

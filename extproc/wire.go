@@ -402,6 +402,8 @@ func intern(b []byte) string {
 		return "xds.cluster_name"
 	case "upstream.request_attempt_count":
 		return "upstream.request_attempt_count"
+	case "response.code_details":
+		return "response.code_details"
 	case ":status":
 		return ":status"
 	case ":method":

@@ -174,8 +174,8 @@ func TestReserveAndSettle(t *testing.T) {
 		t.Fatalf("third request: %+v %v", v3.Deny, v3.Headers)
 	}
 	// The first two used far less than they reserved: settle refunds.
-	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
-	c.Settle(ctx, &request.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageReported: true, Complete: true})
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageRead: true, End: request.EndComplete})
+	c.Settle(ctx, &request.Settlement{Reservation: v2.Reservation, PromptTokens: 20, CompletionTokens: 10, UsageRead: true, End: request.EndComplete})
 	v4 := c.Decide(ctx, chat(hdr)) // 60 used + 120 = 180 <= 300
 	if v4.Deny != nil {
 		t.Fatalf("after refunds: %+v", v4.Deny)
@@ -230,18 +230,19 @@ func TestChecks(t *testing.T) {
 	}
 }
 
-// A stream the meter lost before its usage keeps its reservation: what was
-// counted is only a lower bound. One cut short that the meter saw end (the
-// client or the pool reset it) is charged what was counted: nothing more
-// passed.
+// A stream the meter lost, or one cut before its end (the client or the
+// pool reset it), keeps its reservation: what was counted is only a lower
+// bound. One that ended properly ([DONE]) is charged what was counted.
 func TestSettlingAnIncompleteStream(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		cut  bool
-		want string // remaining once a second request reserved its 120
+		name     string
+		end      request.End
+		terminal bool
+		want     string // remaining once a second request reserved its 120
 	}{
-		{"lost: the reservation stays", false, "60"}, // 300 − 120 − 120
-		{"cut: what was counted", true, "157"},       // 300 − 23 − 120
+		{"lost: the reservation stays", request.EndLost, false, "60"}, // 300 − 120 − 120
+		{"cut: the reservation stays", request.EndCut, false, "60"},
+		{"ended: what was counted", request.EndComplete, true, "157"}, // 300 − 23 − 120
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newController(t)
@@ -252,7 +253,8 @@ func TestSettlingAnIncompleteStream(t *testing.T) {
 			ctx := context.Background()
 			hdr := map[string]string{"x-api-key": secretKey}
 			v := c.Decide(ctx, chat(hdr)) // 120 reserved
-			c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 3, Cut: tc.cut})
+			c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, SSE: true, PromptTokens: 20, Events: 3,
+				End: tc.end, Terminal: tc.terminal, Status: 200, Origin: request.OriginPool})
 			if got := c.Decide(ctx, chat(hdr)).Metadata["x-ratelimit-remaining-tokens"]; got != tc.want {
 				t.Errorf("remaining %v, want %s", got, tc.want)
 			}
@@ -292,11 +294,11 @@ func TestForgedReservationsMoveNoCounter(t *testing.T) {
 		"changed counter": strings.Replace(v.Reservation, `"r":120`, `"r":100000`, 1),
 		"garbage":         "...",
 	} {
-		c.Settle(ctx, &request.Settlement{Reservation: forged, PromptTokens: 0, CompletionTokens: 0, UsageReported: true, Complete: true})
+		c.Settle(ctx, &request.Settlement{Reservation: forged, PromptTokens: 0, CompletionTokens: 0, UsageRead: true, End: request.EndComplete})
 		if v2 := c.Decide(ctx, chat(hdr)); v2.Deny != nil || v2.Metadata["x-ratelimit-remaining-tokens"] != "60" {
 			t.Fatalf("after a forged settlement (%s): remaining %v, denial %v; want 60 (120 + 120 reserved)", name, v2.Metadata["x-ratelimit-remaining-tokens"], v2.Deny)
 		} else {
-			c.Settle(ctx, &request.Settlement{Reservation: v2.Reservation, UsageReported: true, Complete: true}) // back to 120
+			c.Settle(ctx, &request.Settlement{Reservation: v2.Reservation, UsageRead: true, End: request.EndComplete}) // back to 120
 		}
 	}
 }

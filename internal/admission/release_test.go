@@ -181,7 +181,7 @@ func TestShadowDenialKeepsReservation(t *testing.T) {
 	if got, want := budget(t, mem), []int64{9, 880}; !reflect.DeepEqual(got, want) {
 		t.Errorf("budget = %v, want %v (reserved)", got, want)
 	}
-	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 30, UsageReported: true, Complete: true})
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, PromptTokens: 20, CompletionTokens: 30, UsageRead: true, End: request.EndComplete})
 	if got, want := budget(t, mem), []int64{9, 950}; !reflect.DeepEqual(got, want) {
 		t.Errorf("budget after settling = %v, want %v", got, want)
 	}

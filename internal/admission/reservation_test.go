@@ -90,7 +90,7 @@ func TestReplayedReservationSettlesOnce(t *testing.T) {
 				t.Fatal(a.Deny, b.Deny)
 			}
 			for range 5 {
-				c.Settle(ctx, &request.Settlement{Reservation: a.Reservation, UsageReported: true, Complete: true})
+				c.Settle(ctx, &request.Settlement{Reservation: a.Reservation, UsageRead: true, End: request.EndComplete})
 			}
 			// a refunded once: b's 120 still reserved, and this one's.
 			if v := c.Decide(ctx, chat(hdr)); v.Deny != nil || v.Metadata["x-ratelimit-remaining-tokens"] != "60" {
@@ -114,7 +114,7 @@ func TestExpiredReservationIsRefused(t *testing.T) {
 		t.Fatal(v.Deny)
 	}
 	now = now.Add(time.Minute + DefaultLongestStream + time.Second)
-	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, CompletionTokens: 100_000, UsageReported: true, Complete: true})
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, CompletionTokens: 100_000, UsageRead: true, End: request.EndComplete})
 	if v := c.Decide(ctx, chat(hdr)); v.Deny != nil || v.Metadata["x-ratelimit-remaining-tokens"] != "180" {
 		t.Fatalf("after an expired settlement: remaining %v, denial %v; want 180", v.Metadata["x-ratelimit-remaining-tokens"], v.Deny)
 	}
@@ -132,7 +132,7 @@ func TestReleasedReservationDoesNotSettle(t *testing.T) {
 		t.Fatal(a.Deny, b.Deny)
 	}
 	c.consume(ctx, a.Reservation) // as Decide does when it releases
-	c.Settle(ctx, &request.Settlement{Reservation: a.Reservation, UsageReported: true, Complete: true})
+	c.Settle(ctx, &request.Settlement{Reservation: a.Reservation, UsageRead: true, End: request.EndComplete})
 	if v := c.Decide(ctx, chat(hdr)); v.Deny == nil {
 		t.Fatalf("a released seal refunded its reservation: remaining %v", v.Metadata["x-ratelimit-remaining-tokens"])
 	}
@@ -156,7 +156,7 @@ func TestUnrecordableSettlementKeepsTheCharge(t *testing.T) {
 			ctx := context.Background()
 			hdr := map[string]string{"x-api-key": secretKey}
 			v := c.Decide(ctx, chat(hdr))
-			c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, UsageReported: true, Complete: true})
+			c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, UsageRead: true, End: request.EndComplete})
 			if v := c.Decide(ctx, chat(hdr)); v.Deny != nil || v.Metadata["x-ratelimit-remaining-tokens"] != "60" {
 				t.Fatalf("remaining %v, denial %v; want 60 (both kept)", v.Metadata["x-ratelimit-remaining-tokens"], v.Deny)
 			}

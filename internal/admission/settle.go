@@ -5,12 +5,103 @@ import (
 	"errors"
 	"time"
 
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
 )
 
-// Settle implements request.Policy: the reservation is replaced by what the
-// response really used.
+// The accounting rule: the charge falls only on proof. The gate reserves
+// the worst case; a request stays charged its whole reservation unless the
+// meter read the pool's own usage (whole, parsed, in range) or counted a
+// stream that ended properly (its terminal event seen). Anything else (no
+// usage, a usage it could not read, a hang-up before the usage, streamed or
+// not, Envoy's local replies such as a 408 or a stream idle timeout, a
+// response of unknown shape) keeps the reservation. Two stated exceptions,
+// never below what was proved: an error the pool itself answered, read
+// whole, with no usage, is charged the request alone (the model wrote
+// nothing; only when the meter knows the pool wrote it); counting tokens
+// (count_tokens) runs the tokenizer, not the model, and costs the request
+// alone, as reserved, as does what the gate answers itself (the model
+// listing). A charge is bounded by what was reserved plus
+// maxOverReservation, so that no pool or peer moves a counter arbitrarily.
+
+// maxOverReservation is the most a charge may exceed its reservation by,
+// in tokens: the largest output an API states today (a million tokens),
+// with room for an input the gate's estimate missed. A usage above it is
+// charged at the bound.
+const maxOverReservation = 1 << 21
+
+// maxUsage is the largest count read as a usage: past it (or below 0) the
+// usage is out of range, unread, and the reservation stays.
+const maxUsage = 1 << 30
+
+// charge applies the accounting rule to what the meter saw of a response,
+// given what its request reserved. keep is true when nothing lowers the
+// reservation (it stays charged whole, cost is then reserved).
+func charge(s *request.Settlement, reserved ratelimit.Cost) (cost ratelimit.Cost, keep bool) {
+	inRange := func(n int) bool { return n >= 0 && n <= maxUsage }
+	switch {
+	case s.API == openai.APICountTokens, s.Origin == request.OriginGate:
+		// The request alone, as reserved: a count is no usage, and the
+		// gate's own answer (the model listing) asks no pool.
+		return ratelimit.Cost{Requests: 1}, false
+	case s.End == request.EndLost, s.Origin == request.OriginEnvoy:
+		return reserved, true
+	case s.UsageRead && (!s.SSE || s.Terminal):
+		// The pool's own usage: a non-streamed body's is written once
+		// the answer is done (a hang-up after it changes nothing); a
+		// stream's is final only at the stream's end.
+		if !inRange(s.PromptTokens) || !inRange(s.CompletionTokens) {
+			return reserved, true
+		}
+		cost = ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
+	case s.SSE && s.Terminal && !s.UsageRead:
+		if !inRange(s.PromptTokens) || !inRange(s.Events) {
+			return reserved, true
+		}
+		cost = ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.Events)}
+	case !s.SSE && !s.UsageRead && s.End == request.EndComplete && s.Origin == request.OriginPool && s.Status >= 400:
+		return ratelimit.Cost{Requests: 1}, false
+	default:
+		return reserved, true
+	}
+	return bound(cost, reserved), false
+}
+
+// bound holds a charge's tokens to what was reserved plus
+// maxOverReservation: each part, and their sum.
+func bound(c, reserved ratelimit.Cost) ratelimit.Cost {
+	limit := reserved.InputTokens + reserved.OutputTokens + maxOverReservation
+	c.InputTokens = min(c.InputTokens, limit)
+	c.OutputTokens = min(c.OutputTokens, limit-c.InputTokens)
+	return c
+}
+
+// reservedCost is what a reservation charged, read from its counters:
+// one request, and per token unit the most any counter of it reserved (a
+// total-tokens counter counts as input, past what the input counters
+// say, as its split is not recorded).
+func reservedCost(r ratelimit.Reservation) ratelimit.Cost {
+	c := ratelimit.Cost{Requests: 1}
+	var total int64
+	for _, e := range r.Entries {
+		switch e.Unit {
+		case ratelimit.InputTokens:
+			c.InputTokens = max(c.InputTokens, e.Reserved)
+		case ratelimit.OutputTokens:
+			c.OutputTokens = max(c.OutputTokens, e.Reserved)
+		case ratelimit.TotalTokens:
+			total = max(total, e.Reserved)
+		}
+	}
+	if total > c.InputTokens+c.OutputTokens {
+		c.InputTokens = total - c.OutputTokens
+	}
+	return c
+}
+
+// Settle implements request.Policy: the reservation is lowered to what the
+// response proved it used (charge), or kept.
 func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 	if c.Limiter == nil || s.Reservation == "" {
 		return // nothing reserved, nothing verified to charge
@@ -30,15 +121,14 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		c.Metrics.settleError(ctx)
 		return
 	}
-	c.Metrics.track(tenant, 0, int64(s.PromptTokens+s.CompletionTokens))
-	actual := ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
-	if !s.Complete && !s.UsageReported && !s.Cut {
-		// The meter lost the stream before its end: what it counted is a
-		// lower bound. Keep the reservation charged rather than refund
-		// tokens that may have been used; it expires with its window. (A
-		// stream cut short that the meter saw end is charged what passed:
-		// a pool stops generating for a client that left.)
-		c.Log.Warn("stream lost before its usage was seen; reservation kept", "request_id", s.RequestID)
+	reserved := reservedCost(r)
+	actual, keep := charge(s, reserved)
+	c.Metrics.track(tenant, 0, actual.InputTokens+actual.OutputTokens)
+	if keep {
+		// Nothing proved a lower charge: the reservation stays charged
+		// whole and expires with its window.
+		c.Log.Debug("nothing proved the response's cost; reservation kept", "request_id", s.RequestID,
+			"end", s.End, "origin", s.Origin, "status", s.Status, "usage_read", s.UsageRead)
 		c.Metrics.settled(ctx, actual)
 		return
 	}
@@ -49,6 +139,32 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		return
 	}
 	c.Metrics.settled(ctx, actual)
+}
+
+// Release implements request.Policy: a request the gate admitted and then
+// could not forward gives its reservation back whole.
+func (c *Controller) Release(ctx context.Context, requestID, reservation string) {
+	if c.Limiter == nil || reservation == "" {
+		return
+	}
+	// Opening claims the seal: a released reservation cannot be settled
+	// (or released) again.
+	_, r, err := c.openSealed(ctx, reservation)
+	switch {
+	case errors.Is(err, errForged):
+		c.Log.Error("release refused: its reservation was not written by infergate, or has expired", "request_id", requestID, "err", err)
+		c.Metrics.forged(ctx)
+		return
+	case errors.Is(err, errReplayed):
+		c.Log.Error("release refused: its reservation was settled before (a replay)", "request_id", requestID)
+		c.Metrics.replayed(ctx)
+		return
+	case err != nil:
+		c.Log.Error("release refused; the reservation stays charged until its window ends", "request_id", requestID, "err", err)
+		c.Metrics.releaseError(ctx)
+		return
+	}
+	c.release(ctx, requestID, r)
 }
 
 // releaseTimeout bounds a release, which runs on its own context.

@@ -63,25 +63,69 @@ type Timings struct {
 	Auth, Policy, RateLimit, Checks time.Duration
 }
 
-// Settlement is what the meter reports when an admitted response ends:
-// once per request, with the answering attempt's usage when Envoy retried.
+// Settlement is what the meter saw of an admitted response when it ended,
+// once per request (the answering attempt's, when Envoy retried): facts,
+// not a charge. The policy decides what they prove (admission's accounting
+// rule: the charge falls only on proof); a zero Settlement proves nothing.
 type Settlement struct {
-	RequestID        string
-	Tenant           string
-	Reservation      string
+	RequestID   string
+	Tenant      string
+	Reservation string
+	// API is the request's, as the gate named it ("" when unknown: read as
+	// a chat's).
+	API openai.API
+	// Status is the response's HTTP status (0: none seen).
+	Status int
+	// Origin is who wrote the response: the pool, Envoy (a local reply:
+	// a timeout, no upstream), or unknown when the config does not tell.
+	Origin Origin
+	SSE    bool // a text/event-stream response
+	End    End
+	// Terminal: the stream's terminal event was seen ([DONE],
+	// response.completed/.incomplete/.failed, message_stop).
+	Terminal bool
+	// UsageRead: the meter read the pool's usage whole and parsed it
+	// (a non-streamed body's top-level usage, a stream's usage events);
+	// PromptTokens and CompletionTokens are then its counts, as reported
+	// (range-checked by the policy). Without it PromptTokens is the
+	// gate's estimate (or an input the pool reported ahead, InputReported)
+	// and CompletionTokens is 0.
+	UsageRead        bool
 	PromptTokens     int
 	CompletionTokens int
-	// UsageReported is true when the counts came from the model server's
-	// usage; false when the meter counted events (or saw nothing).
-	UsageReported bool
-	// Complete is false when the meter lost the stream before its end.
-	Complete bool
-	// Cut is true for a response cut short that the meter saw end: the
-	// client or the pool reset it and Envoy closed the meter's stream, so
-	// the events counted are what passed. A stream lost any other way (the
-	// meter's own stream broke) may have carried on unseen.
-	Cut bool
+	// InputReported: PromptTokens is the pool's count, not the gate's
+	// estimate (an output-only usage leaves the estimate).
+	InputReported bool
+	// Events is the content events the meter counted in a stream.
+	Events int
 }
+
+// Origin is who wrote a response.
+type Origin uint8
+
+const (
+	OriginUnknown Origin = iota // the config does not tell
+	OriginPool                  // the pool's own answer (Envoy: response.code_details "via_upstream")
+	OriginEnvoy                 // Envoy's own local reply
+	// OriginGate: infergate's gate answered the request itself (the model
+	// listing): no pool was asked, the request alone is spent. Only the
+	// gate reports it; the meter never does.
+	OriginGate
+)
+
+// End is how a response ended, as the meter saw it.
+type End uint8
+
+const (
+	// EndLost: the meter's stream broke (or nothing said how the response
+	// ended); the response may have carried on unseen.
+	EndLost End = iota
+	// EndCut: Envoy ended the response early, the client or the pool reset
+	// it, and closed the meter's stream.
+	EndCut
+	// EndComplete: the response reached its end.
+	EndComplete
+)
 
 // Policy decides whether a request may reach an upstream, and settles what
 // it reserved. It is the seam for authentication, Rego and rate limits.
@@ -99,7 +143,11 @@ type Settlement struct {
 type Policy interface {
 	Identify(ctx context.Context, a *Admission) Verdict
 	Decide(ctx context.Context, a *Admission) Verdict
+	// Settle charges what a response proved it used (see Settlement).
 	Settle(ctx context.Context, s *Settlement)
+	// Release gives back whole the reservation of a request the gate
+	// admitted and then could not forward: it never reached a pool.
+	Release(ctx context.Context, requestID, reservation string)
 }
 
 // AllowAll admits every well-formed inference request (gate.paths) and
@@ -119,3 +167,6 @@ func (AllowAll) Decide(_ context.Context, a *Admission) Verdict {
 
 // Settle implements Policy.
 func (AllowAll) Settle(context.Context, *Settlement) {}
+
+// Release implements Policy.
+func (AllowAll) Release(context.Context, string, string) {}

@@ -1,8 +1,12 @@
 package tally
 
 import (
+	"encoding/json"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/internal/openai"
 )
@@ -18,7 +22,7 @@ func feedJSON(body string, chunk int) *jsonBody {
 }
 
 // A response of any size is read for its usage without being held: a
-// 6 MiB logprobs answer costs the meter 128 KiB and still settles.
+// 6 MiB logprobs answer costs the meter under 70 KiB and still settles.
 func TestJSONBodyReadsUsageAtAnySize(t *testing.T) {
 	logprobs := strings.Repeat(`{"token":"x","logprob":-0.1,"top_logprobs":[{"token":"\"usage\": {}","logprob":-1}]},`, 60_000)
 	big := `{"id":"c","object":"chat.completion","model":"llama-70b","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},` +
@@ -38,8 +42,8 @@ func TestJSONBodyReadsUsageAtAnySize(t *testing.T) {
 		{"6 MiB, 1000-byte chunks", big, 1000, 12, 60000, "llama-70b"},
 	} {
 		j := feedJSON(tc.body, tc.chunk)
-		if len(j.head) > jsonKeep || len(j.tail) > jsonKeep {
-			t.Fatalf("%s: kept %d + %d bytes", tc.name, len(j.head), len(j.tail))
+		if kept := len(j.head) + len(j.scan.usage.buf) + len(j.scan.model.buf); kept > MaxKept {
+			t.Fatalf("%s: kept %d bytes", tc.name, kept)
 		}
 		var api openai.API
 		u, model, content := j.read(&api)
@@ -83,6 +87,156 @@ func TestJSONBodyReadsEachAPIAtAnySize(t *testing.T) {
 			if api != tc.api || u == nil || u.PromptTokens != tc.prompt || u.CompletionTokens != tc.comp || model == "" || content != tc.content {
 				t.Errorf("%s (known %v): read as %q, usage %+v, model %q, content %v", tc.api, known, api, u, model, content)
 			}
+		}
+	}
+}
+
+// vLLM writes prompt_logprobs and prompt_token_ids after the usage: a
+// non-streamed answer with 200 KiB of them is read for the pool's usage,
+// split at every chunk boundary (the usage key, its value, an escape, a
+// string of the logprobs cut anywhere).
+func TestJSONBodyReadsUsageBeforePromptLogprobs(t *testing.T) {
+	var lp strings.Builder
+	lp.WriteString(`[null`)
+	for i := 0; lp.Len() < 200<<10; i++ {
+		lp.WriteString(`,{"` + strconv.Itoa(i) + `":{"logprob":-0.25,"rank":1,"decoded_token":"\"usage\":{\"prompt_tokens\":1}}"}}`)
+	}
+	lp.WriteString(`]`)
+	body := `{"id":"cmpl-1","object":"chat.completion","model":"llama-70b","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],` +
+		`"usage":{"prompt_tokens":4000,"completion_tokens":3500,"total_tokens":7500},` +
+		`"prompt_logprobs":` + lp.String() + `,"prompt_token_ids":[1,2,3],"kv_transfer_params":null}`
+	check := func(t *testing.T, j *jsonBody) {
+		t.Helper()
+		var api openai.API
+		u, model, content := j.read(&api)
+		if api != openai.APIChat || u == nil || u.PromptTokens != 4000 || u.CompletionTokens != 3500 || model != "llama-70b" || !content {
+			t.Fatalf("read as %q: usage %+v, model %q, content %v", api, u, model, content)
+		}
+	}
+	check(t, feedJSON(body, 16<<10))
+	// Every split of the body's first part (to past the usage) and of a
+	// window around its end; the middle is the same bytes again.
+	usageAt := strings.Index(body, `"usage"`)
+	cuts := make([]int, 0, 2000)
+	for i := 1; i < usageAt+200; i++ {
+		cuts = append(cuts, i)
+	}
+	for i := len(body) - 300; i < len(body); i++ {
+		cuts = append(cuts, i)
+	}
+	for _, i := range cuts {
+		var j jsonBody
+		j.write([]byte(body[:i]))
+		j.write([]byte(body[i:]))
+		check(t, &j)
+	}
+	// Byte by byte.
+	check(t, feedJSON(body, 1))
+}
+
+// What the single pass reads of a body is what encoding/json reads: the
+// top-level usage (the last one, as encoding/json keeps) and model, for
+// any split of the body into chunks. A usage value over its cap, or a
+// top-level key with an escape, is read as none (the reservation stays).
+func FuzzJSONBody(f *testing.F) {
+	for _, seed := range []string{
+		`{"model":"m","usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4},"choices":[]}`,
+		`{"usage":{"prompt_tokens":3,"completion_tokens":1},"prompt_logprobs":[null,{"1":{"logprob":-1,"decoded_token":"\"usage\""}}]}`,
+		`{"a":"}\"{","usage":null,"b":[1,{"usage":{"prompt_tokens":9}}],"usage":{"prompt_tokens":2,"completion_tokens":2}}`,
+		`{"model":"x\u0041","usage":{"prompt_tokens":1, "completion_tokens" : 5 } , "n":-1.5e3 ,"t":true}`,
+		`{"us\u0061ge":{"prompt_tokens":1}}`,
+		`  { "usage" : { "prompt_tokens" : 1 , "completion_tokens" : 2 } }  `,
+		`{"usage":{"prompt_tokens":1}} trailing`,
+		`[{"usage":{"prompt_tokens":1}}]`,
+		`{"usage":{"prompt_tokens":1,"completion_tokens":2},"model":null}`,
+	} {
+		f.Add(seed, uint64(7))
+	}
+	f.Fuzz(func(t *testing.T, body string, splits uint64) {
+		var j jsonBody
+		rest := []byte(body)
+		for len(rest) > 0 {
+			n := min(int(splits%17)+1, len(rest))
+			splits = splits/17 + 1
+			j.write(rest[:n])
+			rest = rest[n:]
+		}
+		if kept := len(j.head) + len(j.scan.usage.buf) + len(j.scan.model.buf); kept > MaxKept {
+			t.Fatalf("kept %d bytes", kept)
+		}
+		var doc map[string]json.RawMessage
+		valid := json.Unmarshal([]byte(body), &doc) == nil && doc != nil
+		s := &j.scan
+		if !valid {
+			return // nothing to compare with; bounded and no panic
+		}
+		if s.bad {
+			t.Fatalf("a JSON object read as not one: %q", body)
+		}
+		if s.escapedKey {
+			if u := s.usage.read(openai.APIChat, true); u != nil {
+				t.Fatalf("usage %+v read with an escaped key", u)
+			}
+			return
+		}
+		want, ok := doc["usage"]
+		switch {
+		case !ok:
+			if s.usage.done {
+				t.Fatalf("usage %q read from a body without one: %q", s.usage.buf, body)
+			}
+		case len(want) > maxUsageValue:
+			if s.usage.done {
+				t.Fatalf("usage of %d bytes read whole", len(want))
+			}
+		default:
+			if !s.usage.done || !jsonEqual(t, s.usage.buf, want) {
+				t.Fatalf("usage %q (done %v), encoding/json reads %q in %q", s.usage.buf, s.usage.done, want, body)
+			}
+		}
+		if m, ok := doc["model"]; ok && len(m) <= maxModelValue {
+			if !s.model.done || !jsonEqual(t, s.model.buf, m) {
+				t.Fatalf("model %q, encoding/json reads %q in %q", s.model.buf, m, body)
+			}
+		}
+	})
+}
+
+func jsonEqual(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal(a, &x); err != nil {
+		t.Fatalf("copied value %q is not JSON: %v", a, err)
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		t.Fatal(err)
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+// The per-chunk path on a 4 MiB answer, mostly prompt_logprobs after its
+// usage, in Envoy's 16 KiB chunks.
+func BenchmarkBody(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"id":"cmpl-1","object":"chat.completion","model":"llama-70b","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],` +
+		`"usage":{"prompt_tokens":40000,"completion_tokens":1,"total_tokens":40001},"prompt_logprobs":[null`)
+	for i := 0; sb.Len() < 4<<20; i++ {
+		sb.WriteString(`,{"` + strconv.Itoa(i) + `":{"logprob":-0.125,"rank":3,"decoded_token":" the\"x"}}`)
+	}
+	sb.WriteString(`]}`)
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var r Response
+		for p := body; len(p) > 0; {
+			n := min(16<<10, len(p))
+			r.Body(p[:n], time.Time{})
+			p = p[n:]
+		}
+		r.End(time.Time{})
+		if r.Usage == nil || r.Usage.PromptTokens != 40000 {
+			b.Fatalf("usage %+v", r.Usage)
 		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 // Response is one response's count. Set API (the gate's, when known),
 // SSE and MaxGaps, feed it with Body, close it with End. Everything it
 // holds is bounded: the SSE carry-over (Parser.MaxLine), the gaps
-// (MaxGaps), a non-streamed body (its two ends, 64 KiB each).
+// (MaxGaps), a non-streamed body (its first 64 KiB, its usage and model).
 type Response struct {
 	// API is the response's API: the gate's when the caller knows it,
 	// else the stream's own, from its first event that tells (or a body's
@@ -48,6 +48,7 @@ type Response struct {
 	emit     func(sse.Event) // bound once: no closure per chunk
 	chunkAt  time.Time
 	terminal time.Time // the arrival of the stream's [DONE]
+	ended    bool      // the stream's terminal event was seen
 	last     time.Time
 	body     jsonBody
 }
@@ -91,11 +92,18 @@ func (r *Response) End(at time.Time) {
 // whole response, so the meters count it complete, ended then.
 func (r *Response) Terminal() (time.Time, bool) { return r.terminal, !r.terminal.IsZero() }
 
+// Ended reports whether the stream ended properly: its [DONE], or its
+// API's terminal event (response.completed, .incomplete or .failed;
+// message_stop), was seen.
+func (r *Response) Ended() bool { return r.ended }
+
 // MaxKept is the most a Response holds of a non-streamed body.
-const MaxKept = 2 * jsonKeep
+const MaxKept = jsonKeep + maxUsageValue + maxModelValue
 
 // Kept is how much of a non-streamed body r holds.
-func (r *Response) Kept() int { return len(r.body.head) + len(r.body.tail) }
+func (r *Response) Kept() int {
+	return len(r.body.head) + len(r.body.scan.usage.buf) + len(r.body.scan.model.buf)
+}
 
 // Unread is what could not be read: bad events, overlong lines and events.
 func (r *Response) Unread() int { return r.BadEvents + r.Parser.Dropped + r.Parser.Overflowed }
@@ -104,7 +112,7 @@ func (r *Response) Unread() int { return r.BadEvents + r.Parser.Dropped + r.Pars
 // content-bearing events.
 func (r *Response) onEvent(ev sse.Event) {
 	if ev.Done {
-		r.terminal = r.chunkAt
+		r.terminal, r.ended = r.chunkAt, true
 		return
 	}
 	if r.API == "" {
@@ -123,6 +131,12 @@ func (r *Response) onEvent(ev sse.Event) {
 	if err != nil {
 		r.BadEvents++
 		return
+	}
+	switch string(ev.Name) {
+	case "response.completed", "response.incomplete", "response.failed":
+		r.ended = r.ended || r.API == openai.APIResponses
+	case "message_stop":
+		r.ended = r.ended || r.API == openai.APIMessages
 	}
 	if c.Usage != nil {
 		r.takeUsage(&c)

@@ -79,7 +79,7 @@ var (
 	}
 	poolKill = fault{
 		name: "pool-a killed mid-stream, back after 2s",
-		expected: "its streams in flight end early (cut, never wrong bytes) and are charged what was counted; " +
+		expected: "its streams in flight end early (cut, never wrong bytes) and keep their reservation (nothing proved less); " +
 			"new requests retry on pool-b",
 		inject: func(r *rig, _ *rand.Rand) {
 			r.pools[0].Kill()

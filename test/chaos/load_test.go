@@ -202,12 +202,11 @@ func (r *rig) judge(run *run, name string) (diff, lo, hi int64) {
 //     Envoy's patience, Redis down when it ended) keeps its reservation:
 //     up to maxReservation more each, for the streams in flight at a fault
 //     that keeps reservations;
-//   - a response that ended early (a hang-up, a pool or Envoy gone) is
-//     charged the gate's estimate of its prompt (the pool's own count
-//     never arrived) and the events the meter counted, which trail what
-//     the pool sent by the events in flight (at most eventsInFlight). Per
-//     probe the prompt gap is computed; a bench request's is at most
-//     maxPromptGap.
+//   - a response that ended early (a hang-up, a pool or Envoy gone)
+//     before its usage or its [DONE] proves no cost: it keeps its
+//     reservation too (the accounting rule), up to maxReservation more
+//     each. (The lower bound keeps its slack of eventsInFlight per cut:
+//     a cut after [DONE] is charged the events counted.)
 func (run *run) ledgerBound() (lo, hi int64) {
 	for _, w := range run.windows {
 		if w.fault.keepsReservations {
@@ -216,12 +215,12 @@ func (run *run) ledgerBound() (lo, hi int64) {
 	}
 	for _, p := range run.probes {
 		if p.outcome == cut || p.outcome == left {
-			hi += promptGap(p.spec.body())
+			hi += max(promptGap(p.spec.body()), maxReservation)
 			lo -= eventsInFlight
 		}
 	}
 	benchCut := int64(run.bench.Metrics.Errors.ByClass["stream"])
-	return lo - benchCut*eventsInFlight, hi + benchCut*maxPromptGap
+	return lo - benchCut*eventsInFlight, hi + benchCut*max(maxPromptGap, maxReservation)
 }
 
 const (

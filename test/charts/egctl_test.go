@@ -211,7 +211,7 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 		pm.GetRequestHeaderMode().String() != "SEND" || pm.GetRequestBodyMode().String() != "NONE" ||
 		pm.GetResponseHeaderMode().String() != "SEND" || pm.GetResponseBodyMode().String() != "STREAMED" ||
 		!equal(meter.GetRequestAttributes(), "request.time") ||
-		!equal(meter.GetResponseAttributes(), "response.code", "upstream.address", "upstream.request_attempt_count") ||
+		!equal(meter.GetResponseAttributes(), "response.code", "upstream.address", "upstream.request_attempt_count", "response.code_details") ||
 		!equal(meter.GetMetadataOptions().GetForwardingNamespaces().GetUntyped(), "infergate.meter") {
 		t.Errorf("meter filter is not observability-mode/streamed-response as intended:\n%v", meter)
 	}

@@ -65,6 +65,7 @@ typed_config:
   - xds.cluster_name
   - "xds.cluster_metadata.filter_metadata['infergate']['pool_order']"
   - upstream.request_attempt_count
+  - response.code_details
   forward_rules:
     allowed_headers:
       patterns:
