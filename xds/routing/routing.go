@@ -48,6 +48,9 @@ type Service struct {
 	// sink, when set, replaces the xDS server: the weights go into a
 	// gateway's own routing resource (an HTTPRoute, a VirtualService).
 	sink WeightSink
+	// scrape reads a pool's model-server metrics; nil is an HTTP scrape
+	// (loadsignal.Scrape). Tests replace it to run the loop in virtual time.
+	scrape func(ctx context.Context, urls []string) (loadsignal.Load, error)
 }
 
 // WeightSink is a gateway's routing resource the weights are written to.
@@ -288,13 +291,19 @@ func (r *Service) scrapeLoads(ctx context.Context) {
 	if len(targets) == 0 {
 		return
 	}
-	client := &http.Client{Timeout: max(r.interval, time.Second)}
+	scrape := r.scrape
+	if scrape == nil {
+		client := &http.Client{Timeout: max(r.interval, time.Second)}
+		scrape = func(ctx context.Context, urls []string) (loadsignal.Load, error) {
+			return loadsignal.Scrape(ctx, client, urls)
+		}
+	}
 	failing := map[string]bool{}
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
 		for pool, urls := range targets {
-			l, err := loadsignal.Scrape(ctx, client, urls)
+			l, err := scrape(ctx, urls)
 			if err != nil {
 				if !failing[pool] && ctx.Err() == nil {
 					r.log.Warn("pool metrics scrape failing; its queue depth is not judged until it recovers", "pool", pool, "err", err)
