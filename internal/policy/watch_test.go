@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	filewatch "github.com/infergate/infergate/internal/watch"
@@ -32,12 +33,20 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// watch starts a fast-polling watcher on dir, stopped when the test ends.
+// The watcher's tests run in virtual time (testing/synctest): the files
+// are real, the poll's ticker is the bubble's, so a change made between
+// two polls is asserted right after the next one.
+
+// pollEvery is the watcher's interval in the tests (virtual time).
+const pollEvery = time.Second
+
+// watch starts a watcher on dir, stopped when the test ends, and returns
+// half an interval later: the test then acts between polls.
 func watch(t *testing.T, dir string) (*Watcher, *syncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	logs := &syncBuffer{}
-	w, err := NewWatcher(ctx, dir, 20*time.Millisecond, slog.New(slog.NewTextHandler(logs, nil)))
+	w, err := NewWatcher(ctx, dir, pollEvery, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -48,18 +57,18 @@ func watch(t *testing.T, dir string) (*Watcher, *syncBuffer) {
 		cancel()
 		<-done
 	})
+	time.Sleep(pollEvery / 2)
 	return w, logs
 }
 
-// eventually polls cond until it holds, failing after 2 seconds.
-func eventually(t *testing.T, what string, cond func() bool) {
+// afterPoll lets the next poll run to its end, then checks cond: a change
+// made since the last poll is served from the next one.
+func afterPoll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 2s: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
+	time.Sleep(pollEvery)
+	synctest.Wait()
+	if !cond() {
+		t.Fatalf("not after the next poll: %s", what)
 	}
 }
 
@@ -86,96 +95,102 @@ func replaceIn(t *testing.T, dir, name, old, new string) {
 }
 
 func TestWatcherReloadsAndKeepsServingOnErrors(t *testing.T) {
-	dir := copyPolicies(t)
-	w, logs := watch(t, dir)
-	in := chat("umbrella", "llama-3.1-70b-instruct") // an unknown tenant: denied
-	if allows(t, w, in) {
-		t.Fatal("an unknown tenant was allowed")
-	}
-	if err := w.Health(); err != nil {
-		t.Fatalf("Health = %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		dir := copyPolicies(t)
+		w, logs := watch(t, dir)
+		in := chat("umbrella", "llama-3.1-70b-instruct") // an unknown tenant: denied
+		if allows(t, w, in) {
+			t.Fatal("an unknown tenant was allowed")
+		}
+		if err := w.Health(); err != nil {
+			t.Fatalf("Health = %v", err)
+		}
 
-	// A new version: a new premium tenant.
-	replaceIn(t, dir, "data.yaml", "  tenants:\n", "  tenants:\n    umbrella:\n      tier: premium\n")
-	eventually(t, "the new tenant applies", func() bool { return allows(t, w, in) })
-	if ok, failed := w.Reloads(); ok != 1 || failed != 0 {
-		t.Errorf("Reloads = %d ok, %d failed; want 1, 0", ok, failed)
-	}
+		// A new version: a new premium tenant.
+		replaceIn(t, dir, "data.yaml", "  tenants:\n", "  tenants:\n    umbrella:\n      tier: premium\n")
+		afterPoll(t, "the new tenant applies", func() bool { return allows(t, w, in) })
+		if ok, failed := w.Reloads(); ok != 1 || failed != 0 {
+			t.Errorf("Reloads = %d ok, %d failed; want 1, 0", ok, failed)
+		}
 
-	// A broken version: the previous one keeps serving, and Health says why.
-	good, err := os.ReadFile(filepath.Join(dir, "authz.rego"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, dir, "authz.rego", string(good)+"\nallow if {\n")
-	eventually(t, "the broken version is reported", func() bool { return w.Health() != nil })
-	if err := w.Health(); !strings.Contains(err.Error(), "authz.rego:") {
-		t.Errorf("Health = %v, want the file and line", err)
-	}
-	if !allows(t, w, in) {
-		t.Error("the previous version no longer serves")
-	}
-	if _, failed := w.Reloads(); failed != 1 {
-		t.Errorf("failed reloads = %d, want 1", failed)
-	}
-	if !strings.Contains(logs.String(), "policy reload failed") {
-		t.Errorf("no reload failure in the log:\n%s", logs)
-	}
+		// A broken version: the previous one keeps serving, and Health says why.
+		good, err := os.ReadFile(filepath.Join(dir, "authz.rego"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, dir, "authz.rego", string(good)+"\nallow if {\n")
+		afterPoll(t, "the broken version is reported", func() bool { return w.Health() != nil })
+		if err := w.Health(); !strings.Contains(err.Error(), "authz.rego:") {
+			t.Errorf("Health = %v, want the file and line", err)
+		}
+		if !allows(t, w, in) {
+			t.Error("the previous version no longer serves")
+		}
+		if _, failed := w.Reloads(); failed != 1 {
+			t.Errorf("failed reloads = %d, want 1", failed)
+		}
+		if !strings.Contains(logs.String(), "policy reload failed") {
+			t.Errorf("no reload failure in the log:\n%s", logs)
+		}
 
-	// Fixed again (back to the version with the new tenant): recovered.
-	writeFile(t, dir, "authz.rego", string(good))
-	eventually(t, "the fixed version loads", func() bool { return w.Health() == nil })
-	if !allows(t, w, in) {
-		t.Error("the fixed version denies")
-	}
-	if ok, failed := w.Reloads(); ok != 2 || failed != 1 {
-		t.Errorf("Reloads = %d ok, %d failed; want 2, 1", ok, failed)
-	}
+		// Fixed again (back to the version with the new tenant): recovered.
+		writeFile(t, dir, "authz.rego", string(good))
+		afterPoll(t, "the fixed version loads", func() bool { return w.Health() == nil })
+		if !allows(t, w, in) {
+			t.Error("the fixed version denies")
+		}
+		if ok, failed := w.Reloads(); ok != 2 || failed != 1 {
+			t.Errorf("Reloads = %d ok, %d failed; want 2, 1", ok, failed)
+		}
+	})
 }
 
 func TestWatcherKeepsServingWhenPolicyTestsFail(t *testing.T) {
-	dir := copyPolicies(t)
-	w, _ := watch(t, dir)
-	in := chat("globex", "llama-3.1-70b-instruct")
-	if !allows(t, w, in) {
-		t.Fatal("standard tier denied")
-	}
-	// A change that compiles but breaks the policy's own tests: standard
-	// loses its large models.
-	replaceIn(t, dir, "data.yaml", "    - llama-3.1-70b-instruct\n", "")
-	eventually(t, "the failing tests are reported", func() bool { return w.Health() != nil })
-	if err := w.Health(); !strings.Contains(err.Error(), "test_standard_tier_models") {
-		t.Errorf("Health = %v, want the failing test named", err)
-	}
-	if !allows(t, w, in) {
-		t.Error("the version whose tests fail is serving")
-	}
+	synctest.Test(t, func(t *testing.T) {
+		dir := copyPolicies(t)
+		w, _ := watch(t, dir)
+		in := chat("globex", "llama-3.1-70b-instruct")
+		if !allows(t, w, in) {
+			t.Fatal("standard tier denied")
+		}
+		// A change that compiles but breaks the policy's own tests: standard
+		// loses its large models.
+		replaceIn(t, dir, "data.yaml", "    - llama-3.1-70b-instruct\n", "")
+		afterPoll(t, "the failing tests are reported", func() bool { return w.Health() != nil })
+		if err := w.Health(); !strings.Contains(err.Error(), "test_standard_tier_models") {
+			t.Errorf("Health = %v, want the failing test named", err)
+		}
+		if !allows(t, w, in) {
+			t.Error("the version whose tests fail is serving")
+		}
+	})
 }
 
 func TestWatcherNewFile(t *testing.T) {
-	dir := copyPolicies(t)
-	w, _ := watch(t, dir)
-	in := chat("initech", "llama-3.1-8b-instruct")
-	in.Labels = map[string]string{"team": "research"}
-	d, err := w.Decide(context.Background(), in)
-	if err != nil || d.Checks != nil {
-		t.Fatalf("Decide = %+v, %v", d, err)
-	}
-	// A new policy file adds a check for one team's keys.
-	writeFile(t, dir, "moderation.rego",
-		"package infergate.authz\n\nchecks contains \"moderation\" if input.labels.team == \"research\"\n")
-	eventually(t, "the new file applies", func() bool {
+	synctest.Test(t, func(t *testing.T) {
+		dir := copyPolicies(t)
+		w, _ := watch(t, dir)
+		in := chat("initech", "llama-3.1-8b-instruct")
+		in.Labels = map[string]string{"team": "research"}
 		d, err := w.Decide(context.Background(), in)
-		return err == nil && len(d.Checks) == 1 && d.Checks[0] == "moderation"
-	})
-	// And removing it takes the check away again.
-	if err := os.Remove(filepath.Join(dir, "moderation.rego")); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the removal applies", func() bool {
-		d, err := w.Decide(context.Background(), in)
-		return err == nil && d.Checks == nil
+		if err != nil || d.Checks != nil {
+			t.Fatalf("Decide = %+v, %v", d, err)
+		}
+		// A new policy file adds a check for one team's keys.
+		writeFile(t, dir, "moderation.rego",
+			"package infergate.authz\n\nchecks contains \"moderation\" if input.labels.team == \"research\"\n")
+		afterPoll(t, "the new file applies", func() bool {
+			d, err := w.Decide(context.Background(), in)
+			return err == nil && len(d.Checks) == 1 && d.Checks[0] == "moderation"
+		})
+		// And removing it takes the check away again.
+		if err := os.Remove(filepath.Join(dir, "moderation.rego")); err != nil {
+			t.Fatal(err)
+		}
+		afterPoll(t, "the removal applies", func() bool {
+			d, err := w.Decide(context.Background(), in)
+			return err == nil && d.Checks == nil
+		})
 	})
 }
 
@@ -190,25 +205,28 @@ func TestWatchFailsOnBrokenPolicy(t *testing.T) {
 }
 
 func TestWatcherReportsMissingDirectory(t *testing.T) {
-	parent := t.TempDir()
-	dir := filepath.Join(parent, "policies")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, dir, "authz.rego", allowAll)
-	w, _ := watch(t, dir)
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the missing directory is reported", func() bool { return w.Health() != nil })
-	if !allows(t, w, chat("acme", "m")) {
-		t.Error("the previous version no longer serves")
-	}
-	// Reported once, not once per poll.
-	time.Sleep(100 * time.Millisecond)
-	if _, failed := w.Reloads(); failed != 1 {
-		t.Errorf("failed reloads = %d, want 1", failed)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "policies")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, dir, "authz.rego", allowAll)
+		w, _ := watch(t, dir)
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		afterPoll(t, "the missing directory is reported", func() bool { return w.Health() != nil })
+		if !allows(t, w, chat("acme", "m")) {
+			t.Error("the previous version no longer serves")
+		}
+		// Reported once, not once per poll.
+		time.Sleep(10 * pollEvery)
+		synctest.Wait()
+		if _, failed := w.Reloads(); failed != 1 {
+			t.Errorf("failed reloads = %d, want 1", failed)
+		}
+	})
 }
 
 func TestFingerprint(t *testing.T) {
