@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"log/slog"
 	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/infergate/infergate/internal/testutil"
@@ -65,13 +67,7 @@ func serve(t *testing.T, s *Server) string {
 // dial handshakes as a client with cert (none if nil) trusting roots, and
 // returns the server certificate's serial.
 func dial(addr string, roots *testpki.CA, cert *tls.Certificate, version uint16) (*big.Int, error) {
-	cfg := &tls.Config{RootCAs: roots.Pool(), ServerName: "infergate", MinVersion: version, MaxVersion: version}
-	if cert != nil {
-		// Sent whatever CAs the server asks for (Go's client would
-		// otherwise keep a certificate of another CA to itself).
-		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
-	}
-	conn, err := tls.Dial("tcp", addr, cfg)
+	conn, err := tls.Dial("tcp", addr, clientConfig(roots, cert, version))
 	if err != nil {
 		return nil, err
 	}
@@ -84,6 +80,17 @@ func dial(addr string, roots *testpki.CA, cert *tls.Certificate, version uint16)
 		return nil, err
 	}
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
+}
+
+// clientConfig trusts roots and presents cert (none if nil), at version.
+func clientConfig(roots *testpki.CA, cert *tls.Certificate, version uint16) *tls.Config {
+	cfg := &tls.Config{RootCAs: roots.Pool(), ServerName: "infergate", MinVersion: version, MaxVersion: version}
+	if cert != nil {
+		// Sent whatever CAs the server asks for (Go's client would
+		// otherwise keep a certificate of another CA to itself).
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	return cfg
 }
 
 func start(t *testing.T, f *fixture) (*Server, *testutil.Buffer) {
@@ -131,52 +138,118 @@ func TestClientCertificateRequired(t *testing.T) {
 
 // A new certificate reaches new handshakes; a broken one (a key that does
 // not match) is logged and the last good one stays; a new CA admits its
-// clients and drops the old one's.
+// clients and drops the old one's. In virtual time (testing/synctest),
+// over in-memory connections: each change is written between two checks,
+// still unseen just before the next one and in force right after it.
 func TestReload(t *testing.T) {
-	f := newFixture(t)
-	s, logs := start(t, f)
-	addr := serve(t, s)
-	client := f.ca.Client(t, "envoy").TLS(t)
-	first, err := dial(addr, f.ca, &client, tls.VersionTLS13)
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	second := f.serverCert(t)
-	waitServing(t, addr, f.ca, &client, second)
-
-	// A certificate without its key: refused, the second pair stays.
-	refused := s.Refused() // a poll between the two writes above may already count one
-	testpki.WriteFile(t, f.files.Cert, f.ca.Server(t, "infergate").CertPEM)
-	for deadline := time.Now().Add(5 * time.Second); s.Refused() == refused; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("a certificate without its key was not refused")
+	synctest.Test(t, func(t *testing.T) {
+		const every = time.Second
+		f := newFixture(t)
+		logs := &testutil.Buffer{}
+		s, err := New(f.files, slog.New(slog.NewTextHandler(logs, nil)))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	if !strings.Contains(logs.String(), "not reloaded") {
-		t.Errorf("log lacks the refusal:\n%s", logs.String())
-	}
-	if got, err := dial(addr, f.ca, &client, tls.VersionTLS13); err != nil || got.Cmp(second) != 0 {
-		t.Fatalf("after a mismatched pair: serial %v, %v; want the last good %v", got, err, second)
-	}
-	if err := s.Health(); err == nil || !strings.Contains(err.Error(), "certFile/keyFile") {
-		t.Errorf("Health after a mismatched pair: %v", err)
-	}
-	if first.Cmp(second) == 0 {
-		t.Fatal("serials do not differ")
-	}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { s.Run(ctx, every); close(done) }()
+		defer func() { cancel(); <-done }()
+		// advance moves virtual time on by d and lets the check due run.
+		advance := func(d time.Duration) { time.Sleep(d); synctest.Wait() }
+		advance(every / 2) // act between checks, at k+0.5s
+		// untilCheck waits until just before the next check, and check
+		// until just after it.
+		untilCheck := func() { advance(every/2 - time.Nanosecond) }
+		check := func() { advance(time.Nanosecond) }
+		client := f.ca.Client(t, "envoy").TLS(t)
+		serving := func(roots *testpki.CA, client *tls.Certificate) *big.Int {
+			t.Helper()
+			got, err := handshake(s, roots, client, tls.VersionTLS13)
+			if err != nil {
+				t.Fatalf("at %v: %v", time.Now().Format(time.StampMilli), err)
+			}
+			return got
+		}
+		first := serving(f.ca, &client)
 
-	// Rotate the client CA: the new CA's clients get in, the old one's not.
-	next := testpki.NewCA(t, "next CA")
-	third := f.serverCert(t)
-	testpki.WriteFile(t, f.files.ClientCA, next.PEM)
-	waitServing(t, addr, f.ca, ptr(next.Client(t, "envoy").TLS(t)), third)
-	if err := s.Health(); err != nil {
-		t.Errorf("Health after a good version: %v", err)
+		second := f.serverCert(t)
+		untilCheck()
+		if got := serving(f.ca, &client); got.Cmp(first) != 0 {
+			t.Fatalf("before the check: serving %v, want the first certificate %v", got, first)
+		}
+		check()
+		if got := serving(f.ca, &client); got.Cmp(second) != 0 {
+			t.Fatalf("after the check: serving %v, want the second certificate %v", got, second)
+		}
+		if first.Cmp(second) == 0 {
+			t.Fatal("serials do not differ")
+		}
+
+		// A certificate without its key: refused, once, the second pair stays.
+		advance(every / 2)
+		testpki.WriteFile(t, f.files.Cert, f.ca.Server(t, "infergate").CertPEM)
+		untilCheck()
+		if n := s.Refused(); n != 0 {
+			t.Fatalf("before the check: %d refused", n)
+		}
+		check()
+		if n := s.Refused(); n != 1 {
+			t.Fatalf("after the check: %d refused, want 1", n)
+		}
+		if !strings.Contains(logs.String(), "not reloaded") {
+			t.Errorf("log lacks the refusal:\n%s", logs.String())
+		}
+		if got := serving(f.ca, &client); got.Cmp(second) != 0 {
+			t.Fatalf("after a mismatched pair: serial %v; want the last good %v", got, second)
+		}
+		if err := s.Health(); err == nil || !strings.Contains(err.Error(), "certFile/keyFile") {
+			t.Errorf("Health after a mismatched pair: %v", err)
+		}
+		advance(5 * every)
+		if n := s.Refused(); n != 1 {
+			t.Fatalf("5 checks later: %d refused, want 1 (a refused version is not retried)", n)
+		}
+
+		// Rotate the client CA: the new CA's clients get in, the old one's not.
+		advance(every / 2)
+		next := testpki.NewCA(t, "next CA")
+		third := f.serverCert(t)
+		testpki.WriteFile(t, f.files.ClientCA, next.PEM)
+		nextClient := next.Client(t, "envoy").TLS(t)
+		untilCheck()
+		if _, err := handshake(s, f.ca, &nextClient, tls.VersionTLS13); err == nil {
+			t.Fatal("before the check: a client of the next CA is admitted")
+		}
+		check()
+		if got := serving(f.ca, &nextClient); got.Cmp(third) != 0 {
+			t.Fatalf("after the check: serving %v, want the third certificate %v", got, third)
+		}
+		if err := s.Health(); err != nil {
+			t.Errorf("Health after a good version: %v", err)
+		}
+		if _, err := handshake(s, f.ca, &client, tls.VersionTLS13); err == nil {
+			t.Error("a client of the replaced CA is still admitted")
+		}
+	})
+}
+
+// handshake is dial over an in-memory connection to a server with s's
+// config, so that it runs in virtual time.
+func handshake(s *Server, roots *testpki.CA, cert *tls.Certificate, version uint16) (*big.Int, error) {
+	c, srv := net.Pipe()
+	defer c.Close()
+	go func() {
+		conn := tls.Server(srv, s.Config())
+		defer conn.Close()
+		if conn.Handshake() == nil {
+			conn.Write([]byte("k")) // admitted
+		}
+	}()
+	conn := tls.Client(c, clientConfig(roots, cert, version))
+	if n, err := conn.Read(make([]byte, 1)); n != 1 {
+		return nil, err
 	}
-	if _, err := dial(addr, f.ca, &client, tls.VersionTLS13); err == nil {
-		t.Error("a client of the replaced CA is still admitted")
-	}
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber, nil
 }
 
 func TestNewRefusesBrokenFiles(t *testing.T) {
@@ -191,17 +264,3 @@ func TestNewRefusesBrokenFiles(t *testing.T) {
 		t.Errorf("missing key: %v", err)
 	}
 }
-
-func waitServing(t *testing.T, addr string, roots *testpki.CA, client *tls.Certificate, want *big.Int) {
-	t.Helper()
-	var got *big.Int
-	var err error
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if got, err = dial(addr, roots, client, tls.VersionTLS13); err == nil && got.Cmp(want) == 0 {
-			return
-		}
-	}
-	t.Fatalf("server certificate %v (%v), want %v", got, err, want)
-}
-
-func ptr[T any](v T) *T { return &v }
