@@ -46,7 +46,8 @@ type admissionParts struct {
 
 // newAdmission loads keys and policies and connects the limiter; run
 // watches them for changes.
-func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *telemetry.Metrics) (*admissionParts, error) {
+// clock reads the budget windows (nil: time.Now).
+func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *telemetry.Metrics, clock ratelimit.Clock) (*admissionParts, error) {
 	am, err := admission.NewMetrics(m.Meter())
 	if err != nil {
 		return nil, err
@@ -113,7 +114,9 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	for name, ch := range cfg.Checks {
 		c.Checks[name] = admission.NewCheck(name, ch, log)
 	}
-	clock := ratelimit.Clock(time.Now)
+	if clock == nil {
+		clock = time.Now
+	}
 	switch cfg.RateLimit.Backend {
 	case "memory":
 		c.Limiter = ratelimit.NewMemory(clock)

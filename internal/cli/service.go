@@ -27,6 +27,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
 	"github.com/infergate/infergate/internal/telemetry"
@@ -64,12 +65,31 @@ type Service struct {
 	stopLogs  func()            // ends the in-Envoy meter's access-log streams
 }
 
+// Option changes how NewService composes the service; the command line
+// uses none.
+type Option func(*options)
+
+type options struct {
+	budgetClock ratelimit.Clock // nil: time.Now
+}
+
+// WithBudgetClock reads the budget windows from clock instead of time.Now.
+// For tests only: the end-to-end harness shifts it so that a test starts
+// at a window's start instead of sleeping until one.
+func WithBudgetClock(clock func() time.Time) Option {
+	return func(o *options) { o.budgetClock = clock }
+}
+
 // NewService builds the service; stamps go to requests as JSON lines.
 // Policies, keys and the rate-limit backend are loaded now, so a broken
 // configuration fails at start, not at the first request. Nothing runs
 // until Serve.
-func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*Service, error) {
+func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opts ...Option) (*Service, error) {
 	ctx := context.Background()
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
 	metrics, err := telemetry.New()
 	if err != nil {
 		return nil, err
@@ -87,7 +107,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer) (*S
 	if err != nil {
 		return nil, err
 	}
-	adm, err := newAdmission(ctx, cfg, logger, metrics)
+	adm, err := newAdmission(ctx, cfg, logger, metrics, o.budgetClock)
 	if err != nil {
 		return nil, err
 	}

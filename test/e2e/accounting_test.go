@@ -67,6 +67,7 @@ func vllmPool(t *testing.T, mock http.Handler) string {
 // from the budget the next request sees (x-ratelimit-remaining-tokens).
 func TestAccountingChargesOnlyOnProof(t *testing.T) {
 	const budget = 1_000_000
+	inOneWindow(t) // one budget window for the whole test
 	s := startStackFor(t, "", func(*stack) string { return policyConfig(writeKeys(t), loadPolicies(t, budget), "") }, 1)
 	poolA := vllmPool(t, s.PoolA.Handler())
 	// pool-b's route times out after 300 ms: Envoy's own 504.
@@ -79,9 +80,6 @@ func TestAccountingChargesOnlyOnProof(t *testing.T) {
 		return strings.Replace(rendered, route, "route: {cluster: pool-b, timeout: 0.3s}", 1)
 	}
 	s.Envoy = startEnvoy(t, "envoy/demo.yaml", []string{s.Gateway.ExtProcAddr}, s.Gateway.XDSAddr, poolA, s.PoolB.Addr, routeTimeout)
-	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 20*time.Second {
-		time.Sleep(left + 100*time.Millisecond) // one budget window for the whole test
-	}
 	url := s.Envoy.URL + "/v1/chat/completions"
 	const key = "Bearer sk-load-0001"
 

@@ -32,11 +32,9 @@ func TestRetryAcrossPoolsChargesTheAnsweringAttempt(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
 	extra := "ratelimit: {backend: redis, redis: {address: " + srv.Addr() + "}}\n" + fallbackConfig
-	s := startStackOn(t, "envoy/sla.yaml", policyConfig(writeKeys(t), loadPolicies(t, budget), extra), 1)
 	// Budgets are per clock-aligned minute (and hour): run inside one.
-	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 15*time.Second {
-		time.Sleep(left + 100*time.Millisecond)
-	}
+	inOneWindow(t)
+	s := startStackOn(t, "envoy/sla.yaml", policyConfig(writeKeys(t), loadPolicies(t, budget), extra), 1)
 	hdr := map[string]string{"authorization": "Bearer sk-load-0001", "x-mock-ttft-ms": "5", "x-mock-itl-ms": "2"}
 	url := s.Envoy.URL + "/v1/chat/completions"
 

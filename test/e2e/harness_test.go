@@ -63,6 +63,26 @@ type gateway struct {
 	}
 }
 
+// budgetClocks holds, by test, the budget clock of the infergates the
+// test starts (inOneWindow); a test without one uses time.Now.
+var budgetClocks sync.Map // *testing.T → func() time.Time
+
+// inOneWindow gives the test whole budget windows without waiting for
+// one: every infergate it starts afterwards reads its budget windows from
+// a clock shifted forward to the start of the next hour (a minute's start
+// too), so the test begins at the start of a minute and of an hour. The
+// shift is forward, so Redis TTLs and seals only outlive their windows, as
+// on a replica whose clock runs a little ahead. It returns that clock, for
+// a test that names windows itself. Call it before starting the stack.
+func inOneWindow(t *testing.T) func() time.Time {
+	now := time.Now()
+	offset := now.Truncate(time.Hour).Add(time.Hour).Sub(now)
+	clock := func() time.Time { return time.Now().Add(offset) }
+	budgetClocks.Store(t, clock)
+	t.Cleanup(func() { budgetClocks.Delete(t) })
+	return clock
+}
+
 func startInfergate(t *testing.T, yamlConfig string) *gateway {
 	t.Helper()
 	cfg, err := config.Parse([]byte(yamlConfig))
@@ -71,7 +91,11 @@ func startInfergate(t *testing.T, yamlConfig string) *gateway {
 	}
 	logs := &testutil.Buffer{}
 	requests := &testutil.Buffer{}
-	svc, err := cli.NewService(cfg, slog.New(slog.NewTextHandler(logs, nil)), requests)
+	var opts []cli.Option
+	if clock, ok := budgetClocks.Load(t); ok {
+		opts = append(opts, cli.WithBudgetClock(clock.(func() time.Time)))
+	}
+	svc, err := cli.NewService(cfg, slog.New(slog.NewTextHandler(logs, nil)), requests, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -88,11 +88,9 @@ func TestTokenBudgetUnderConcurrency(t *testing.T) {
 				rdb = redis.NewClient(&redis.Options{Addr: srv.Addr()})
 				defer rdb.Close()
 			}
-			s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, budget), extra), replicas)
 			// Budgets are per clock-aligned minute: run the load inside one.
-			if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 15*time.Second {
-				time.Sleep(left + 100*time.Millisecond)
-			}
+			inOneWindow(t)
+			s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, budget), extra), replicas)
 			// Keep every stream open until all 200 are decided, so no
 			// settlement refunds budget mid-load: the count is exact.
 			hdr := map[string]string{"authorization": "Bearer sk-load-0001", "x-mock-ttft-ms": "1500", "x-mock-itl-ms": "1"}

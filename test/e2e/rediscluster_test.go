@@ -90,10 +90,7 @@ func TestRedisCluster(t *testing.T) {
 
 func testRedisCluster(t *testing.T, onError string) {
 	// The budgets are hourly: keep the test inside one hour.
-	if left := time.Hour - time.Duration(time.Now().UnixNano()%int64(time.Hour)); left < 2*time.Minute {
-		t.Logf("waiting %v for the next hour", left)
-		time.Sleep(left + 100*time.Millisecond)
-	}
+	clock := inOneWindow(t)
 	cluster := redisserver.StartCluster(t, redisserver.ClusterOptions{})
 	rdb := cluster.NewClient(t)
 	ctx := context.Background()
@@ -102,7 +99,7 @@ func testRedisCluster(t *testing.T, onError string) {
 	s := startStackWith(t, policyConfig(clusterKeysFile(t), clusterPolicies(t), extra), 2)
 	url := s.Envoy.URL + "/v1/chat/completions"
 	tag := "{" + ratelimit.DefaultClusterHashTag + "}"
-	hour := time.Now().Truncate(time.Hour).UnixMilli()
+	hour := clock().Truncate(time.Hour).UnixMilli()
 	outputCounter := func(tenant string) string {
 		return fmt.Sprintf("ig:rl:%s:tenant=%s/model=pool-a:output_tokens:3600000:%d", tag, tenant, hour)
 	}

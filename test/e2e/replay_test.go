@@ -123,12 +123,10 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
+	// Budgets are per clock-aligned minute: run inside one.
+	inOneWindow(t)
 	s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, 1_000_000),
 		"ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}"), 1)
-	// Budgets are per clock-aligned minute: run inside one.
-	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 20*time.Second {
-		time.Sleep(left + 100*time.Millisecond)
-	}
 	// Real use through Envoy, so a refund has something to take back.
 	c := chatCall("sk-load-0001", "pool-a", 32)
 	for range 10 {

@@ -116,10 +116,8 @@ func TestWasmMeterStampMatchesCadence(t *testing.T) {
 // usage, and the next one sees the budget less that charge.
 func TestWasmMeterSettlesTheBudget(t *testing.T) {
 	const budget, maxTokens = 1_000_000, 10
+	inOneWindow(t) // one budget window
 	s := startWasmStack(t, policyConfig(writeKeys(t), loadPolicies(t, budget), ""))
-	if left := time.Minute - time.Duration(time.Now().UnixNano()%int64(time.Minute)); left < 15*time.Second {
-		time.Sleep(left + 100*time.Millisecond) // one budget window
-	}
 	hdr := map[string]string{"authorization": "Bearer sk-load-0001", "x-mock-ttft-ms": "5", "x-mock-itl-ms": "1"}
 	url := s.Envoy.URL + "/v1/chat/completions"
 	remaining := func(r streamResult) int64 {
