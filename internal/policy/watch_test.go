@@ -57,16 +57,22 @@ func watch(t *testing.T, dir string) (*Watcher, *syncBuffer) {
 		cancel()
 		<-done
 	})
-	time.Sleep(pollEvery / 2)
+	advance(pollEvery / 2)
 	return w, logs
+}
+
+// advance moves the bubble's clock on by d and lets everything due run
+// until it blocks again.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
 }
 
 // afterPoll lets the next poll run to its end, then checks cond: a change
 // made since the last poll is served from the next one.
 func afterPoll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	time.Sleep(pollEvery)
-	synctest.Wait()
+	advance(pollEvery)
 	if !cond() {
 		t.Fatalf("not after the next poll: %s", what)
 	}
@@ -221,8 +227,7 @@ func TestWatcherReportsMissingDirectory(t *testing.T) {
 			t.Error("the previous version no longer serves")
 		}
 		// Reported once, not once per poll.
-		time.Sleep(10 * pollEvery)
-		synctest.Wait()
+		advance(10 * pollEvery)
 		if _, failed := w.Reloads(); failed != 1 {
 			t.Errorf("failed reloads = %d, want 1", failed)
 		}
