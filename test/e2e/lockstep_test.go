@@ -1,0 +1,207 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Streams proven by causality: the mock's lock-step mode (x-mock-lockstep)
+// writes event n+1 only once the client has acknowledged event n, which it
+// does here as soon as event n has arrived through the gateway. A gateway
+// that holds events back deadlocks the stream, so "incremental" needs no
+// read count and no gap tolerance: a stream that completes was delivered
+// event by event.
+
+// lockstepTimeout is how long the client waits for one event before calling
+// the response buffered. Generous: an event crosses Envoy in well under a
+// millisecond; only one held back for the rest of the response waits this
+// long (it never arrives: the mock waits for its acknowledgement).
+const lockstepTimeout = 10 * time.Second
+
+// lockstepResult is a lock-step stream as the client saw it. Its Events are
+// indexed as the mock numbers them (each read brought exactly one).
+type lockstepResult struct {
+	streamResult
+	Sent     time.Time   // the request left the client
+	Received []time.Time // when event k arrived at the client
+	Emitted  []time.Time // when the mock began writing event k
+}
+
+var lockstepN atomic.Int64
+
+// streamLockstep POSTs body to url in lock step with p, the pool that will
+// serve it, and acknowledges each event to p once it has arrived. It returns
+// an error, "event n never arrived", when an event does not come within
+// lockstepTimeout: the response is held back on the way.
+func streamLockstep(p *pool, url, body string, hdr map[string]string) (lockstepResult, error) {
+	id := fmt.Sprintf("e2e-%d", lockstepN.Add(1))
+	gate := p.Lockstep(id)
+	defer p.Forget(id)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stalled atomic.Bool
+	watchdog := time.AfterFunc(lockstepTimeout, func() { stalled.Store(true); cancel() })
+	defer watchdog.Stop()
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		return lockstepResult{}, err
+	}
+	req.Header.Set("content-type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set("x-mock-lockstep", id)
+	r := lockstepResult{Sent: time.Now()}
+	never := func(err error) error {
+		if stalled.Load() {
+			return fmt.Errorf("event %d never arrived (%v without it): the response is buffered", len(r.Events), lockstepTimeout)
+		}
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return r, never(err)
+	}
+	defer resp.Body.Close()
+	r.Status, r.Header, r.RequestID = resp.StatusCode, resp.Header, resp.Header.Get("x-request-id")
+	buf := make([]byte, 64<<10)
+	var pending []byte
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			at := time.Now()
+			r.Body = append(r.Body, buf[:n]...)
+			pending = append(pending, buf[:n]...)
+			for {
+				i := bytes.Index(pending, []byte("\n\n"))
+				if i < 0 {
+					break
+				}
+				r.Events = append(r.Events, event{At: at.Sub(r.Sent), Data: strings.TrimPrefix(string(pending[:i]), "data: ")})
+				r.Received = append(r.Received, at)
+				pending = pending[i+2:]
+				watchdog.Reset(lockstepTimeout)
+				gate.Ack(len(r.Events) - 1)
+			}
+		}
+		if err != nil {
+			r.Emitted = gate.Emitted()
+			if errors.Is(err, io.EOF) {
+				return r, nil
+			}
+			return r, never(err)
+		}
+	}
+}
+
+// mustLockstep is streamLockstep failing t on an error.
+func mustLockstep(t *testing.T, p *pool, url, body string, hdr map[string]string) lockstepResult {
+	t.Helper()
+	r, err := streamLockstep(p, url, body, hdr)
+	if err != nil {
+		t.Fatalf("%s: %v", url, err)
+	}
+	return r
+}
+
+// seqsOf are the indexes of r's events that keep selects.
+func seqsOf(evs []event, keep func(event) bool) []int {
+	var out []int
+	for i, e := range evs {
+		if keep(e) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// isChatContent: a chat or text completion event carrying output text.
+func isChatContent(e event) bool { return len(contentEvents([]event{e})) == 1 }
+
+// stampRecord is a request's stamp as the admin API's detail shows it.
+type stampRecord struct {
+	Start        time.Time `json:"start"`
+	GatewayMs    float64   `json:"gateway_ms"`
+	ModerationMs float64   `json:"moderation_ms"`
+	TTFTMs       float64   `json:"ttft_ms"`
+	GapsMs       []float64 `json:"gaps_ms"`
+}
+
+func (g *gateway) record(t *testing.T, requestID string) stampRecord {
+	t.Helper()
+	var rec stampRecord
+	waitFor(t, 5*time.Second, func() bool {
+		resp, err := http.Get(g.AdminURL + "/debug/requests/" + requestID + "?format=json")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && jsonDecode(resp, &rec) == nil
+	}, "the request's detail on /debug/requests")
+	return rec
+}
+
+// msDur is a published duration: whole microseconds, in milliseconds.
+func msDur(ms float64) time.Duration { return time.Duration(math.Round(ms*1e3)) * time.Microsecond }
+
+// checkBrackets holds the stamp's timing of each content event (the events
+// of r at seqs) between the mock's emit time and the client's receipt,
+// with no tolerance. The stamp places content event k at
+//
+//	F_k = Sent + TTFT + gaps[0] + … + gaps[k-1],  Sent = start + gateway + moderation
+//
+// (the waterfall of /debug/requests). Two inequalities:
+//
+//   - E_k ≤ F_k, E_k the mock's time just before it wrote event k: sound
+//     whoever's clock F_k is, Envoy's or infergate's, since nothing can see
+//     bytes before they are written. Compared on the wall clock (the
+//     stamp's start is one: Envoy's request.time), which the mock, Envoy and
+//     infergate share on one machine; unsound only across a step of the
+//     wall clock.
+//   - F_k − Sent ≤ C_k − S, C_k the client's receipt of event k and S its
+//     sending of the request, each pair on one monotonic clock: sound when
+//     F_k is when Envoy received event k (it forwards it to the client
+//     after) and Sent no earlier than the client sent (causal). A meter
+//     timing the moments it reads copies sent in observability mode (the
+//     ext_proc meter before Envoy's clock times it) may read event k after
+//     the client did, by up to Sent − S; beyond that the stamp is wrong.
+//
+// The stamp's durations are published floored to the microsecond, so F_k
+// is known within [F'_k, F'_k + (k+3) µs): each check refutes only what
+// that interval excludes.
+func checkBrackets(t *testing.T, g *gateway, r lockstepResult, seqs []int) {
+	t.Helper()
+	rec := g.record(t, r.RequestID)
+	if len(rec.GapsMs) != len(seqs)-1 {
+		t.Fatalf("the stamp has %d gaps for %d content events", len(rec.GapsMs), len(seqs))
+	}
+	sent := rec.Start.Add(msDur(rec.GatewayMs) + msDur(rec.ModerationMs))
+	since := msDur(rec.TTFTMs) // F_k − Sent
+	for k, seq := range seqs {
+		if k > 0 {
+			since += msDur(rec.GapsMs[k-1])
+		}
+		if seq >= len(r.Emitted) {
+			t.Fatalf("content event %d (event %d): the mock recorded %d emits", k, seq, len(r.Emitted))
+		}
+		floor := time.Duration(k+3) * time.Microsecond
+		if f := sent.Add(since); !r.Emitted[seq].Before(f.Add(floor)) {
+			t.Errorf("content event %d: the stamp places it at %s, before the mock wrote it at %s",
+				k, f.Format(time.RFC3339Nano), r.Emitted[seq].Format(time.RFC3339Nano))
+		}
+		if client := r.Received[seq].Sub(r.Sent); since > client {
+			t.Errorf("content event %d: the stamp places it %v after the request left the gateway, the client got it %v after sending",
+				k, since, client)
+		}
+	}
+}
