@@ -205,3 +205,65 @@ func checkBrackets(t *testing.T, g *gateway, r lockstepResult, seqs []int) {
 		}
 	}
 }
+
+// The lock-step check is honest: through the shipped config a lock-step
+// stream completes, byte-identical to the mock's own; through a gateway
+// that buffers the response it fails, as a deadlock ("event n never
+// arrived"), whatever the machine's speed. Two buffering configs: the
+// meter in BUFFERED body mode (blocking, as it must be to buffer), and a
+// Lua filter that reads the whole response body before passing it on.
+func TestLockstepFailsThroughABufferingGateway(t *testing.T) {
+	replace := func(old, new string) func(*testing.T, string) string {
+		return func(t *testing.T, rendered string) string {
+			t.Helper()
+			if strings.Count(rendered, old) != 1 {
+				t.Fatalf("envoy/demo.yaml: %q not found once", old)
+			}
+			return strings.Replace(rendered, old, new, 1)
+		}
+	}
+	const router = "          - name: envoy.filters.http.router\n"
+	for _, c := range []struct {
+		name      string
+		edits     []func(*testing.T, string) string
+		buffering bool
+	}{
+		{name: "shipped"},
+		{name: "meter BUFFERED", buffering: true, edits: []func(*testing.T, string) string{
+			replace("observability_mode: true", "observability_mode: false"),
+			replace("response_body_mode: STREAMED", "response_body_mode: BUFFERED"),
+		}},
+		{name: "Lua reading the whole body", buffering: true, edits: []func(*testing.T, string) string{
+			replace(router, `          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: "function envoy_on_response(h) h:body() end"
+`+router),
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := startStackFor(t, "", func(*stack) string { return testConfig }, 1)
+			s.Envoy = startEnvoy(t, "envoy/demo.yaml", []string{s.Gateway.ExtProcAddr}, s.Gateway.XDSAddr,
+				s.PoolA.Addr, s.PoolB.Addr, c.edits...)
+			body := chatBody("pool-a", 8, true, "")
+			got, err := streamLockstep(s.PoolA, s.Envoy.URL+"/v1/chat/completions", body, nil)
+			if c.buffering {
+				if err == nil || !strings.Contains(err.Error(), "never arrived") {
+					t.Fatalf("through a buffering gateway the lock-step stream ended with %v (status %d, %d events): the check cannot see buffering",
+						err, got.Status, len(got.Events))
+				}
+				t.Logf("as it must: %v", err)
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+				chatBody("pool-a", 8, true, `,"stream_options":{"include_usage":true}`), nil)
+			if got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
+				t.Fatalf("status %d; body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Status, got.Body, want.Body)
+			}
+		})
+	}
+}
