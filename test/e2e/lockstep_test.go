@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/bench/mock"
 )
 
 // Streams proven by causality: the mock's lock-step mode (x-mock-lockstep)
@@ -38,14 +40,31 @@ type lockstepResult struct {
 
 var lockstepN atomic.Int64
 
+// lockstepPool is a mock that serves lock-step streams (a pool, or one
+// that embeds it).
+type lockstepPool interface {
+	Lockstep(id string) *mock.Lockstep
+	Forget(id string)
+}
+
 // streamLockstep POSTs body to url in lock step with p, the pool that will
 // serve it, and acknowledges each event to p once it has arrived. It returns
 // an error, "event n never arrived", when an event does not come within
 // lockstepTimeout: the response is held back on the way.
-func streamLockstep(p *pool, url, body string, hdr map[string]string) (lockstepResult, error) {
+func streamLockstep(p lockstepPool, url, body string, hdr map[string]string) (lockstepResult, error) {
+	return streamLockstepWith(http.DefaultClient, []lockstepPool{p}, url, body, hdr)
+}
+
+// streamLockstepWith is streamLockstep through client, for a request any of
+// pools may serve (a retry moves it to the next): each gets the client's
+// acknowledgements, and Emitted is the one that wrote the most events.
+func streamLockstepWith(client *http.Client, pools []lockstepPool, url, body string, hdr map[string]string) (lockstepResult, error) {
 	id := fmt.Sprintf("e2e-%d", lockstepN.Add(1))
-	gate := p.Lockstep(id)
-	defer p.Forget(id)
+	var gates []*mock.Lockstep
+	for _, p := range pools {
+		gates = append(gates, p.Lockstep(id))
+		defer p.Forget(id)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var stalled atomic.Bool
@@ -68,7 +87,7 @@ func streamLockstep(p *pool, url, body string, hdr map[string]string) (lockstepR
 		}
 		return err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return r, never(err)
 	}
@@ -91,11 +110,17 @@ func streamLockstep(p *pool, url, body string, hdr map[string]string) (lockstepR
 				r.Received = append(r.Received, at)
 				pending = pending[i+2:]
 				watchdog.Reset(lockstepTimeout)
-				gate.Ack(len(r.Events) - 1)
+				for _, g := range gates {
+					g.Ack(len(r.Events) - 1)
+				}
 			}
 		}
 		if err != nil {
-			r.Emitted = gate.Emitted()
+			for _, g := range gates {
+				if e := g.Emitted(); len(e) > len(r.Emitted) {
+					r.Emitted = e
+				}
+			}
 			if errors.Is(err, io.EOF) {
 				return r, nil
 			}
@@ -105,9 +130,15 @@ func streamLockstep(p *pool, url, body string, hdr map[string]string) (lockstepR
 }
 
 // mustLockstep is streamLockstep failing t on an error.
-func mustLockstep(t *testing.T, p *pool, url, body string, hdr map[string]string) lockstepResult {
+func mustLockstep(t *testing.T, p lockstepPool, url, body string, hdr map[string]string) lockstepResult {
 	t.Helper()
-	r, err := streamLockstep(p, url, body, hdr)
+	return mustLockstepWith(t, http.DefaultClient, p, url, body, hdr)
+}
+
+// mustLockstepWith is mustLockstep through client.
+func mustLockstepWith(t *testing.T, client *http.Client, p lockstepPool, url, body string, hdr map[string]string) lockstepResult {
+	t.Helper()
+	r, err := streamLockstepWith(client, []lockstepPool{p}, url, body, hdr)
 	if err != nil {
 		t.Fatalf("%s: %v", url, err)
 	}
