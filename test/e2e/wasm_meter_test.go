@@ -103,8 +103,8 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 	}
 }
 
-// The Wasm meter's stamped TTFT and ITL match the mock's cadence, as the
-// ext_proc meter's do (TestStampMatchesCadence).
+// The Wasm meter's stamped TTFT and gaps lie between the mock's writes and
+// the client's receipts, as the ext_proc meter's do (TestStampMatchesCadence).
 func TestWasmMeterStampMatchesCadence(t *testing.T) {
 	stampsMatchCadence(t, startWasmStack(t, testConfig))
 }
