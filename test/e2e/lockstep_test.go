@@ -191,26 +191,28 @@ func msDur(ms float64) time.Duration { return time.Duration(math.Round(ms*1e3)) 
 //
 //	F_k = Sent + TTFT + gaps[0] + … + gaps[k-1],  Sent = start + gateway + moderation
 //
-// (the waterfall of /debug/requests). Two inequalities:
+// (the waterfall of /debug/requests). Two inequalities, each asserted only
+// where it is sound:
 //
 //   - E_k ≤ F_k, E_k the mock's time just before it wrote event k: sound
 //     whoever's clock F_k is, Envoy's or infergate's, since nothing can see
 //     bytes before they are written. Compared on the wall clock (the
 //     stamp's start is one: Envoy's request.time), which the mock, Envoy and
 //     infergate share on one machine; unsound only across a step of the
-//     wall clock.
+//     wall clock. Always asserted.
 //   - F_k − Sent ≤ C_k − S, C_k the client's receipt of event k and S its
-//     sending of the request, each pair on one monotonic clock: sound when
-//     F_k is when Envoy received event k (it forwards it to the client
-//     after) and Sent no earlier than the client sent (causal). A meter
-//     timing the moments it reads copies sent in observability mode (the
-//     ext_proc meter before Envoy's clock times it) may read event k after
-//     the client did, by up to Sent − S; beyond that the stamp is wrong.
+//     sending of the request, each side on one monotonic clock: sound when
+//     F_k is taken in Envoy as the bytes pass, before it forwards them to
+//     the client, and Sent no earlier than the client sent (causal): the
+//     in-Envoy (Wasm) meter's times. Asserted when timedInEnvoy. The
+//     ext_proc meter times the moments it reads the copies Envoy sends it
+//     in observability mode, which may be after the client got the event
+//     (a busy machine showed 2.4 ms after): no upper bound is sound for it.
 //
 // The stamp's durations are published floored to the microsecond, so F_k
 // is known within [F'_k, F'_k + (k+3) µs): each check refutes only what
 // that interval excludes.
-func checkBrackets(t *testing.T, g *gateway, r lockstepResult, seqs []int) {
+func checkBrackets(t *testing.T, g *gateway, r lockstepResult, seqs []int, timedInEnvoy bool) {
 	t.Helper()
 	rec := g.record(t, r.RequestID)
 	if len(rec.GapsMs) != len(seqs)-1 {
@@ -230,7 +232,7 @@ func checkBrackets(t *testing.T, g *gateway, r lockstepResult, seqs []int) {
 			t.Errorf("content event %d: the stamp places it at %s, before the mock wrote it at %s",
 				k, f.Format(time.RFC3339Nano), r.Emitted[seq].Format(time.RFC3339Nano))
 		}
-		if client := r.Received[seq].Sub(r.Sent); since > client {
+		if client := r.Received[seq].Sub(r.Sent); timedInEnvoy && since > client {
 			t.Errorf("content event %d: the stamp places it %v after the request left the gateway, the client got it %v after sending",
 				k, since, client)
 		}

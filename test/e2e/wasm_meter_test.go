@@ -77,7 +77,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 	if len(seqs) != tokens {
 		t.Fatalf("got %d content events, want %d", len(seqs), tokens)
 	}
-	checkBrackets(t, s.Gateway, got, seqs)
+	checkBrackets(t, s.Gateway, got, seqs, true)
 
 	st := s.Gateway.stamp(t, got.RequestID)
 	t.Logf("stamp %+v", st)
@@ -106,7 +106,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 // The Wasm meter's stamped TTFT and gaps lie between the mock's writes and
 // the client's receipts, as the ext_proc meter's do (TestStampMatchesCadence).
 func TestWasmMeterStampMatchesCadence(t *testing.T) {
-	stampsMatchCadence(t, startWasmStack(t, testConfig))
+	stampsMatchCadence(t, startWasmStack(t, testConfig), true)
 }
 
 // The summary settles the gate's reservation: the request is charged its
@@ -229,7 +229,7 @@ func TestWasmMeterPerAPI(t *testing.T) {
 			got, before, ledger := a.throughGateway(t, s, tokens, hdr)
 			st := s.Gateway.stamp(t, got.RequestID)
 			t.Logf("stamp %+v", st)
-			a.checkStamp(t, s.Gateway, st, got, tokens, before, ledger)
+			a.checkStamp(t, s.Gateway, st, got, tokens, before, ledger, true)
 		})
 	}
 }
