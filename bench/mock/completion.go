@@ -107,6 +107,7 @@ type params struct {
 	retryAfter     time.Duration
 	faults         streamFaults
 	emitTimestamps bool
+	lockstep       *Lockstep // x-mock-lockstep's gate; nil: stream freely
 }
 
 func (s *Server) parseParams(h http.Header) (params, error) {
@@ -186,7 +187,9 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 		}
 		p.emitTimestamps = v
 	}
-	return p, nil
+	var err error
+	p.lockstep, err = s.lockstepOf(h)
+	return p, err
 }
 
 // intHeader parses an optional integer header within [lo, hi].
@@ -232,6 +235,7 @@ type completion struct {
 	blocks         []uint64 // prefix cache keys; nil when the cache is off
 	faults         streamFaults
 	emitTimestamps bool
+	lockstep       *Lockstep // nil: not a lock-step stream
 
 	// The ledger's record (see ledger.go): prompt tokens billed at
 	// admission, output tokens decoded so far.
@@ -293,6 +297,7 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 	c.blocks = blocks
 	c.faults = p.faults
 	c.emitTimestamps = p.emitTimestamps
+	c.lockstep = p.lockstep
 	c.background = k == kindResponses && req.Background && !req.Stream
 	if k == kindChat || k == kindText {
 		c.choices = min(max(req.N, 1), maxChoices)

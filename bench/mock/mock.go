@@ -100,6 +100,20 @@
 // comment lines, and dropping them gives back the unstamped stream exactly.
 // A client on the same clock gets each event's transit time, and events that
 // arrive together despite distinct stamps reveal coalescing on the way.
+//
+// # Lock-step streams
+//
+// A request with the header x-mock-lockstep: <id> streams in lock step with
+// its client: event n+1 (every SSE event, the first included) is written
+// only once the client has said, out of band, that it received event n:
+// in-process with Server.Lockstep(id).Ack(n), or with
+// POST /mock/lockstep/<id>/ack?n=N. The bytes and deadlines are those of
+// the same request without the header; an event leaves at its deadline or
+// on the previous one's acknowledgement, whichever is later. A gateway that
+// holds events back (buffers the response) then deadlocks the stream at
+// once, on any machine: the client waits for event n, the mock for its
+// acknowledgement. Streaming is proven by causality, with no timing in the
+// proof. Lockstep.Emitted gives each event's emit time (see lockstep.go).
 package mock
 
 import (
@@ -223,6 +237,8 @@ type Server struct {
 	board   *Board // nil: the default mock
 	ledger  ledger
 
+	lockstep lockstepGates // x-mock-lockstep's gates, by id
+
 	mu         sync.Mutex
 	lastHeader http.Header
 	lastBody   []byte
@@ -333,6 +349,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/metrics", onlyGet(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("/mock/control", s.handleControl)
 	mux.Handle("/mock/ledger", onlyGet(http.HandlerFunc(s.handleLedger)))
+	mux.HandleFunc("POST /mock/lockstep/{id}/ack", s.handleLockstepAck)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found", "unknown route "+r.Method+" "+r.URL.Path)
 	})
@@ -504,6 +521,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, c *completio
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	sw := newSSEWriter(w, c.emitTimestamps)
+	sw.ctx, sw.lockstep = ctx, c.lockstep
 
 	// Everything before the first token goes at t0, even for a request
 	// waiting for a batch slot, like a server that accepted it.
@@ -679,6 +697,11 @@ type sseWriter struct {
 	buf   []byte
 	stamp bool // precede events with an emit-time comment
 	seq   int  // events written so far (the Responses API's sequence_number)
+
+	// A lock-step stream's gate (see lockstep.go): each event waits for the
+	// previous one's acknowledgement, or for ctx to end.
+	lockstep *Lockstep
+	ctx      context.Context
 }
 
 func newSSEWriter(w http.ResponseWriter, stamp bool) *sseWriter {
@@ -704,6 +727,11 @@ func (s *sseWriter) event(payload []byte) error { return s.named("", payload) }
 // named writes one event, preceded by its ": t=<unix ns> seq=<n>" comment
 // when stamping.
 func (s *sseWriter) named(name string, payload []byte) error {
+	if s.lockstep != nil {
+		if err := s.lockstep.await(s.ctx, s.seq); err != nil {
+			return err
+		}
+	}
 	s.buf = s.buf[:0]
 	if s.stamp {
 		s.buf = append(s.buf, ": t="...)

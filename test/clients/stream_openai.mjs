@@ -23,6 +23,11 @@
 // Anything else (connection refused, timeout, malformed stream) exits 1 with
 // the stack trace on stderr; bad arguments exit 2.
 //
+// With --lockstep ID --ack-url URL the request asks the mock for a lock-step
+// stream (x-mock-lockstep: ID) and, as each chunk arrives, tells the mock at
+// URL (POST URL/mock/lockstep/ID/ack?n=<chunk number>): the mock writes the
+// next event only then, so a gateway that buffers the stream deadlocks it.
+//
 // Needs `npm ci` in test/clients (scripts/install-test-deps.sh does it):
 //   node test/clients/stream_openai.mjs \
 //       --base-url http://127.0.0.1:10000/v1 --model M --max-tokens 16 --prompt "hi"
@@ -51,6 +56,8 @@ function parseCli(argv) {
         'max-tokens': { type: 'string' },
         prompt: { type: 'string' },
         'api-key': { type: 'string', default: 'sk-test' },
+        lockstep: { type: 'string' },
+        'ack-url': { type: 'string' },
       },
     }));
   } catch (err) {
@@ -67,7 +74,16 @@ function parseCli(argv) {
     maxTokens,
     prompt: values.prompt,
     apiKey: values['api-key'],
+    lockstep: values.lockstep,
+    ackURL: values['ack-url'],
   };
+}
+
+// ack tells the mock that chunk n arrived (lock-step streams only).
+async function ack(opts, n) {
+  if (!opts.lockstep) return;
+  const res = await fetch(`${opts.ackURL}/mock/lockstep/${opts.lockstep}/ack?n=${n}`, { method: 'POST' });
+  if (!res.ok) throw new Error(`lock-step ack ${n}: status ${res.status}`);
 }
 
 const isObject = (v) => v !== null && typeof v === 'object' && !Array.isArray(v);
@@ -137,10 +153,11 @@ async function run(opts) {
         max_tokens: opts.maxTokens,
         stream: true,
         stream_options: { include_usage: true },
-      })
+      }, opts.lockstep ? { headers: { 'x-mock-lockstep': opts.lockstep } } : undefined)
       .withResponse();
     response = res;
     for await (const chunk of stream) {
+      await ack(opts, chunks);
       chunks += 1;
       if (chunk.usage) {
         usageOut = {

@@ -23,6 +23,11 @@ API error (exit status 0, so the caller can assert on it):
 Anything else (connection refused, timeout, malformed stream) exits 1 with a
 traceback on stderr; bad arguments exit 2.
 
+With --lockstep ID --ack-url URL the request asks the mock for a lock-step
+stream (x-mock-lockstep: ID) and, as each chunk arrives, tells the mock at
+URL (POST URL/mock/lockstep/ID/ack?n=<chunk number>): the mock writes the
+next event only then, so a gateway that buffers the stream deadlocks it.
+
 Run with the venv made by scripts/install-test-deps.sh:
   .tools/py-venv/bin/python test/clients/stream_openai.py \
       --base-url http://127.0.0.1:10000/v1 --model M --max-tokens 16 --prompt "hi"
@@ -34,6 +39,7 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from typing import Any
 
 import openai
@@ -46,7 +52,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, required=True)
     p.add_argument("--prompt", required=True)
     p.add_argument("--api-key", default="sk-test")
+    p.add_argument("--lockstep", help="the mock's lock-step stream id")
+    p.add_argument("--ack-url", help="the mock's base URL, for lock-step acknowledgements")
     return p.parse_args(argv)
+
+
+def ack(args: argparse.Namespace, n: int) -> None:
+    """Tells the mock that chunk n arrived (lock-step streams only)."""
+    if not args.lockstep:
+        return
+    url = f"{args.ack_url}/mock/lockstep/{args.lockstep}/ack?n={n}"
+    urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10).close()
 
 
 def elapsed_ms(start: float) -> int:
@@ -108,8 +124,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             max_tokens=args.max_tokens,
             stream=True,
             stream_options={"include_usage": True},
+            extra_headers={"x-mock-lockstep": args.lockstep} if args.lockstep else None,
         )
         for chunk in stream:
+            ack(args, chunks)
             chunks += 1
             if chunk.usage is not None:
                 usage = {

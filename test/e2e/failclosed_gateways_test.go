@@ -328,7 +328,7 @@ func gwExpectClosed(t *testing.T, how, base string, want int, code string, probe
 }
 
 // gwExpectStream streams a completion through base and wants the pool's own
-// bytes, event by event at the pool's cadence, with the gate's routing
+// bytes, event by event (in lock step), with the gate's routing
 // header on the request the pool got (the gate ran).
 func gwExpectStream(t *testing.T, how, base string, p *gwPool, model string, hdr map[string]string) {
 	t.Helper()
@@ -344,7 +344,7 @@ func gwExpectStreamWith(t *testing.T, client *http.Client, how, base string, p *
 		h[k] = v
 	}
 	served := p.Served()
-	got := streamWith(t, client, base+"/v1/chat/completions", chatBody(model, tokens, true, ""), h)
+	got := mustLockstepWith(t, client, p, base+"/v1/chat/completions", chatBody(model, tokens, true, ""), h)
 	if got.Status != 200 {
 		t.Fatalf("%s: status %d: %s", how, got.Status, got.Body)
 	}
@@ -363,11 +363,8 @@ func gwExpectStreamWith(t *testing.T, client *http.Client, how, base string, p *
 		t.Fatalf("%s: body differs from the pool's own\n got: %q\nwant: %q", how, got.Body, want.Body)
 	}
 	content := contentEvents(got.Events)
-	if len(content) != tokens || len(got.Reads) < tokens {
-		t.Fatalf("%s: %d content events in %d reads, want %d events each on its own", how, len(content), len(got.Reads), tokens)
-	}
-	if spread := content[tokens-1].At - content[0].At; spread < (tokens-1)*itl/2 {
-		t.Errorf("%s: content events spread over %v, want about %v: delivered in a burst", how, spread, (tokens-1)*itl)
+	if len(content) != tokens {
+		t.Fatalf("%s: %d content events, want %d", how, len(content), tokens)
 	}
 	t.Logf("%s: %d bytes byte-exact, first token at %v, last at %v", how, len(got.Body),
 		content[0].At.Round(time.Millisecond), content[tokens-1].At.Round(time.Millisecond))

@@ -359,38 +359,6 @@ func startStackFor(t *testing.T, bootstrap string, config func(*stack) string, r
 func (s *stack) served() int64 { return s.PoolA.Served() + s.PoolB.Served() }
 
 // event is one SSE event as the client received it.
-// checkNotCoalesced fails when content events (their arrival times) came
-// together instead of one cadence apart. A stalled machine delays an event
-// and the next still arrives on schedule: a short gap right after a long
-// one, the two spanning two cadences. That is excused a few times per
-// stream; a buffer releasing events together does it all the time.
-func checkNotCoalesced(t *testing.T, at []time.Duration, itl time.Duration) {
-	t.Helper()
-	excused := 0
-	for i := 1; i < len(at); i++ {
-		gap := at[i] - at[i-1]
-		if gap >= itl/3 {
-			continue
-		}
-		if i >= 2 && at[i]-at[i-2] >= 3*itl/2 && excused < max(1, len(at)/8) {
-			excused++
-			t.Logf("content event %d arrived %v after the previous one, %v after the one before: a stall and its catch-up",
-				i, gap, at[i]-at[i-2])
-			continue
-		}
-		t.Errorf("content event %d arrived %v after the previous one: coalesced (ITL %v)", i, gap, itl)
-	}
-}
-
-// arrivals is when each event arrived.
-func arrivals(evs []event) []time.Duration {
-	at := make([]time.Duration, len(evs))
-	for i, e := range evs {
-		at[i] = e.At
-	}
-	return at
-}
-
 type event struct {
 	At   time.Duration // since the request was sent
 	Data string
@@ -402,7 +370,6 @@ type streamResult struct {
 	Header    http.Header
 	Body      []byte
 	Events    []event
-	Reads     []time.Duration // arrival of each read that returned bytes
 	RequestID string
 }
 
@@ -436,7 +403,6 @@ func streamWith(t *testing.T, client *http.Client, url string, body string, hdr 
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			at := time.Since(start)
-			r.Reads = append(r.Reads, at)
 			r.Body = append(r.Body, buf[:n]...)
 			pending = append(pending, buf[:n]...)
 			for {

@@ -206,10 +206,10 @@ func TestPoolCredentialHostedTLS(t *testing.T) {
 	}
 
 	// Streaming over TLS and HTTP/2: byte-exact against the same mock asked
-	// directly, every content event arriving on its own.
-	const tokens, itl = 12, 20 * time.Millisecond
+	// directly, every event arriving on its own (in lock step).
+	const tokens = 12
 	hdr := map[string]string{"x-mock-ttft-ms": "50", "x-mock-itl-ms": "20", "authorization": "Bearer " + gatewayKey}
-	got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", tokens, true, ""), hdr)
+	got := mustLockstep(t, hosted, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", tokens, true, ""), hdr)
 	if got.Status != 200 {
 		t.Fatalf("stream: status %d: %s", got.Status, got.Body)
 	}
@@ -219,11 +219,9 @@ func TestPoolCredentialHostedTLS(t *testing.T) {
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)
 	}
-	content := contentEvents(got.Events)
-	if len(content) != tokens || len(got.Reads) < tokens {
-		t.Fatalf("stream: %d content events in %d reads, want %d arriving one by one", len(content), len(got.Reads), tokens)
+	if content := contentEvents(got.Events); len(content) != tokens {
+		t.Fatalf("stream: %d content events, want %d", len(content), tokens)
 	}
-	checkNotCoalesced(t, arrivals(content), itl)
 	if st := s.Gateway.stamp(t, got.RequestID); st.Pool != "pool-b" || !st.Complete || st.Status != 200 || st.CompletionTokens != tokens {
 		t.Errorf("stream stamp = %+v", st)
 	}
@@ -242,7 +240,7 @@ func TestPoolCredentialHostedHTTP1(t *testing.T) {
 	const poolKey = "sk-hosted-http1-pool-b-0c4f"
 	s, _, hosted := startHostedStack(t, poolKey, hostedOptions{http1Only: true})
 	hdr := map[string]string{"x-mock-ttft-ms": "50", "x-mock-itl-ms": "20", "authorization": "Bearer sk-client"}
-	got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", 8, true, ""), hdr)
+	got := mustLockstep(t, hosted, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-b", 8, true, ""), hdr)
 	if got.Status != 200 {
 		t.Fatalf("stream: status %d: %s", got.Status, got.Body)
 	}
@@ -258,8 +256,8 @@ func TestPoolCredentialHostedHTTP1(t *testing.T) {
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)
 	}
-	if content := contentEvents(got.Events); len(content) != 8 || len(got.Reads) < 8 {
-		t.Errorf("stream: %d content events in %d reads, want 8 arriving one by one", len(content), len(got.Reads))
+	if content := contentEvents(got.Events); len(content) != 8 {
+		t.Errorf("stream: %d content events, want 8", len(content))
 	}
 }
 

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +28,9 @@ type sdkResult struct {
 }
 
 // The official OpenAI SDKs stream through the gateway and get every chunk
-// and the usage, exactly as the model server sent them.
+// and the usage, exactly as the model server sent them, chunk by chunk: in
+// lock step, each acknowledging its chunks to the mock (a stream held back
+// on the way would deadlock).
 func TestOpenAISDKsStreamThroughGateway(t *testing.T) {
 	s := startStack(t)
 	clients := map[string][]string{
@@ -52,15 +55,23 @@ func TestOpenAISDKsStreamThroughGateway(t *testing.T) {
 
 	for name, argv := range clients {
 		t.Run(name, func(t *testing.T) {
+			id := "sdk-" + name
+			gate := s.PoolB.Lockstep(id)
+			defer s.PoolB.Forget(id)
 			args := append(argv[1:], "--base-url", s.Envoy.URL+"/v1", "--model", "pool-b",
-				"--max-tokens", "24", "--prompt", "hello from the sdk")
-			out, err := exec.Command(argv[0], args...).Output()
+				"--max-tokens", "24", "--prompt", "hello from the sdk", "--lockstep", id, "--ack-url", "http://"+s.PoolB.Addr)
+			// A safety timeout only: the client's start, then a stream that
+			// moves as fast as the acknowledgements, or never.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*lockstepTimeout)
+			defer cancel()
+			out, err := exec.CommandContext(ctx, argv[0], args...).Output()
 			if err != nil {
 				var stderr string
 				if ee, ok := err.(*exec.ExitError); ok {
 					stderr = string(ee.Stderr)
 				}
-				t.Fatalf("%s client: %v\n%s", name, err, stderr)
+				t.Fatalf("%s client: %v (%d of %d events emitted: a stream held back deadlocks in lock step)\n%s",
+					name, err, len(gate.Emitted()), len(direct.Events), stderr)
 			}
 			var r sdkResult
 			if err := json.Unmarshal(out, &r); err != nil {
@@ -72,8 +83,8 @@ func TestOpenAISDKsStreamThroughGateway(t *testing.T) {
 			if r.Content != want.String() {
 				t.Errorf("content %q, want %q", r.Content, want.String())
 			}
-			if r.Chunks != wantChunks {
-				t.Errorf("%d chunks, want %d", r.Chunks, wantChunks)
+			if r.Chunks != wantChunks || len(gate.Emitted()) != len(direct.Events) {
+				t.Errorf("%d chunks, want %d; the mock emitted %d events in lock step, want %d", r.Chunks, wantChunks, len(gate.Emitted()), len(direct.Events))
 			}
 			if r.Usage == nil || r.Usage.CompletionTokens != maxTokens || r.Usage.PromptTokens == 0 {
 				t.Errorf("usage = %+v, want %d completion tokens", r.Usage, maxTokens)

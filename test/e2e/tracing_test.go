@@ -68,14 +68,14 @@ tracing: {endpoint: %q, insecure: true}
 
 	send := func(hdr map[string]string) Stamp {
 		t.Helper()
-		r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 6, true, ""), hdr)
+		r := mustLockstep(t, s.PoolA, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 6, true, ""), hdr)
 		if r.Status != 200 {
 			t.Fatalf("status %d: %s", r.Status, r.Body)
 		}
 		want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 			chatBody("pool-a", 6, true, `,"stream_options":{"include_usage":true}`), hdr)
-		if string(r.Body) != string(want.Body) || len(r.Reads) < 6 {
-			t.Fatalf("body through the gateway differs from the mock's, or arrived in %d reads", len(r.Reads))
+		if string(r.Body) != string(want.Body) {
+			t.Fatalf("body through the gateway differs from the mock's\n got: %q\nwant: %q", r.Body, want.Body)
 		}
 		st := s.Gateway.stamp(t, r.RequestID)
 		if st.TraceID == "" {
