@@ -28,8 +28,6 @@ const settleTimeout = 2 * time.Second
 type meterRequest struct {
 	stamp  request.Stamp
 	sentAt time.Time // the request left the gateway (see departure, stampClock)
-	// headersRead: the meter read the request headers (zero: skipped).
-	headersRead time.Time
 	// seen: this stream is a request's, to be stamped: the meter saw its
 	// request headers or what the gate decided.
 	seen       bool
@@ -133,7 +131,7 @@ const (
 func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) bool {
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		m.sentAt, m.headersRead, m.seen = at, at, true
+		m.sentAt, m.seen = at, true
 		hm := r.RequestHeaders.GetHeaders()
 		m.stamp.RequestID = header(hm, "x-request-id")
 		m.stamp.Model = header(hm, request.ModelHeader)
@@ -386,12 +384,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if st.Decision == "" {
 		st.Decision = "allow"
 	}
-	st.Timing = request.TimingOK
-	if !m.headersRead.IsZero() {
-		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent,
-			headersRead: m.headersRead, firstRead: t.First, endRead: end})
-		m.sentAt, st.Timing = v.sent, v.timing
-	}
+	v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: m.sentAt,
+		firstRead: t.First, endRead: end, stalls: s.stalls.recent(s.now())})
+	m.sentAt, st.Timing = v.sent, v.timing
 	if st.Timing == request.TimingLateRead {
 		s.metrics.MeterErrors.Add(ctx, 1, lateReadAttr)
 	}
