@@ -28,6 +28,9 @@ const settleTimeout = 2 * time.Second
 type meterRequest struct {
 	stamp  request.Stamp
 	sentAt time.Time // the request left the gateway (see departure, stampClock)
+	// envoyTimed: the times are Envoy's own (the in-Envoy meter's summary),
+	// not infergate's reads: nothing of infergate's can have held them up.
+	envoyTimed bool
 	// seen: this stream is a request's, to be stamped: the meter saw its
 	// request headers or what the gate decided.
 	seen       bool
@@ -384,9 +387,12 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if st.Decision == "" {
 		st.Decision = "allow"
 	}
-	v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: m.sentAt,
-		firstRead: t.First, endRead: end, stalls: s.stalls.recent(s.now())})
-	m.sentAt, st.Timing = v.sent, v.timing
+	st.Timing = request.TimingOK
+	if !m.envoyTimed {
+		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: m.sentAt,
+			firstRead: t.First, endRead: end, stalls: s.stalls.recent(s.now())})
+		m.sentAt, st.Timing = v.sent, v.timing
+	}
 	if st.Timing == request.TimingLateRead {
 		s.metrics.MeterErrors.Add(ctx, 1, lateReadAttr)
 	}

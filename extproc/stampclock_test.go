@@ -11,7 +11,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/wasmmeter"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/routing"
 )
@@ -230,4 +232,26 @@ func TestStallWatchRuns(t *testing.T) {
 		cancel()
 		<-done
 	})
+}
+
+// The in-Envoy meter's times are Envoy's own: a stall of infergate's while
+// its summary's request passed, or after, marks nothing.
+func TestEnvoyTimedStampIgnoresStalls(t *testing.T) {
+	s, sink, _, reader := alsServer(t)
+	start := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+	s.stalls.beat(start.Add(-stallTick))
+	s.stalls.beat(start.Add(time.Second)) // infergate did not run for the whole request
+	sum := wasmmeter.Summary{Start: start.Add(time.Millisecond), Complete: true, SSE: true, HasFirst: true,
+		TTFT: 40 * time.Millisecond, E2E: 60 * time.Millisecond, ContentEvents: 1,
+		Usage: &openai.Usage{PromptTokens: 1, CompletionTokens: 1}}
+	s.meterEntry(context.Background(), entryWith(t, sum.Encode(), start, nil))
+	if len(sink.stamps) != 1 {
+		t.Fatalf("%d stamps", len(sink.stamps))
+	}
+	if st := sink.stamps[0]; st.Timing != request.TimingOK || st.TTFT != 40*time.Millisecond {
+		t.Errorf("timing %q, TTFT %v; want ok, 40ms", st.Timing, st.TTFT)
+	}
+	if n := meterErrors(t, reader, "late_read"); n != 0 {
+		t.Errorf("%d counted late_read", n)
+	}
 }
