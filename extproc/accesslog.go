@@ -137,7 +137,7 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 		return
 	}
 	m := s.newMeterRequest()
-	m.seen, m.sentAt = true, sum.Start
+	m.seen, m.sentAt, m.envoyTimed = true, sum.Start, true
 	m.stamp.RequestID = requestID
 	if f, fs, ok := readGateField(m.sealer, c.GetMetadata().GetFilterMetadata()[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()); ok {
 		m.fieldSeal = fs

@@ -27,7 +27,10 @@ const settleTimeout = 2 * time.Second
 // bounded: the response's count (tally) and the stamp.
 type meterRequest struct {
 	stamp  request.Stamp
-	sentAt time.Time // the request left the gateway (see departure)
+	sentAt time.Time // the request left the gateway (see departure, stampClock)
+	// envoyTimed: the times are Envoy's own (the in-Envoy meter's summary),
+	// not infergate's reads: nothing of infergate's can have held them up.
+	envoyTimed bool
 	// seen: this stream is a request's, to be stamped: the meter saw its
 	// request headers or what the gate decided.
 	seen       bool
@@ -285,7 +288,8 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 //
 // With the request headers the meter stamps their arrival: Envoy sends them
 // once the gate has answered, as the request goes upstream, and TTFT and
-// E2E are then two arrivals on one stream, one clock. Without them it takes
+// E2E are then two arrivals on one stream, one clock; stampClock checks
+// that arrival against the gate's answer (a late read is marked). Without them it takes
 // the moment the gate answered, from its field: earlier by Envoy's handling
 // of the answer and its routing (measured at 0.4–0.9 ms on a loaded
 // 2-CPU machine, moved from the gateway's time into TTFT), and on the gate's
@@ -383,6 +387,15 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if st.Decision == "" {
 		st.Decision = "allow"
 	}
+	st.Timing = request.TimingOK
+	if !m.envoyTimed {
+		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: m.sentAt,
+			firstRead: t.First, endRead: end, stalls: s.stalls.recent(s.now())})
+		m.sentAt, st.Timing = v.sent, v.timing
+	}
+	if st.Timing == request.TimingLateRead {
+		s.metrics.MeterErrors.Add(ctx, 1, lateReadAttr)
+	}
 	st.E2E = end.Sub(m.sentAt)
 	if !t.First.IsZero() {
 		st.TTFT = t.First.Sub(m.sentAt)
@@ -418,9 +431,11 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		slices.Sort(sorted)
 		st.ITLP50 = stats.Percentile(sorted, 0.50)
 		st.ITLP95 = stats.Percentile(sorted, 0.95)
-		set := s.meters.poolAttrs(st)
-		for _, g := range t.Gaps {
-			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
+		if st.Timing != request.TimingLateRead { // gaps read from a backlog are not the stream's
+			set := s.meters.poolAttrs(st)
+			for _, g := range t.Gaps {
+				s.metrics.InterToken.Record(ctx, g.Seconds(), set)
+			}
 		}
 	}
 	if t.BadEvents > 0 {
@@ -505,7 +520,10 @@ func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 	st.Decision, st.Unverified = "unverified", true
 }
 
-var unverifiedAttr = metric.WithAttributes(attribute.String("reason", "unverified"))
+var (
+	unverifiedAttr = metric.WithAttributes(attribute.String("reason", "unverified"))
+	lateReadAttr   = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
+)
 
 func atoi(s string) int {
 	n := 0

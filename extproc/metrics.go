@@ -57,7 +57,12 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 			output: metric.WithAttributeSet(attribute.NewSet(append(attrs, attribute.String("gen_ai.token.type", "output"))...)),
 		}
 	})
-	ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), sets.all)
+	// A late read's model times are bounds, not measurements (counted as
+	// infergate.meter.errors{reason="late_read"} instead).
+	measured := s.Timing != request.TimingLateRead
+	if measured {
+		ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), sets.all)
+	}
 	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), sets.all)
 	if s.Gateway.Checks > 0 {
 		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), sets.all)
@@ -76,8 +81,10 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 	if s.ContentEvents == 0 {
 		return
 	}
-	ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), sets.all)
-	if s.CompletionTokens > 1 {
+	if measured {
+		ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), sets.all)
+	}
+	if measured && s.CompletionTokens > 1 {
 		ms.m.TimePerToken.Record(ctx, (s.E2E-s.TTFT).Seconds()/float64(s.CompletionTokens-1), sets.all)
 	}
 	ms.m.TokenUsage.Record(ctx, int64(s.PromptTokens), sets.input)

@@ -53,7 +53,8 @@ func TestForgedGateFieldIsNotTrusted(t *testing.T) {
 					s.meterEntry(context.Background(), e)
 				} else {
 					m := s.newMeterRequest()
-					m.observe(headersMsg(false, "x-request-id", "r", request.ModelHeader, "pool-a"), time.Now())
+					// Read as the gate answered: a read a second later would be a late one.
+					m.observe(headersMsg(false, "x-request-id", "r", request.ModelHeader, "pool-a"), start.Add(time.Millisecond))
 					resp := respHeadersWith("application/json", field, time.Time{})
 					resp.Attributes[attributesKey].Fields["xds.cluster_name"] = structpb.NewStringValue("pool-a")
 					m.observe(resp, time.Now())

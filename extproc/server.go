@@ -54,9 +54,16 @@ type Server struct {
 	orders  poolOrders
 	peers   peerStreams
 	sealer  FieldSealer
+	stalls  *stallWatch // when infergate did not run (WatchStalls)
 	// lastUnverified: Unix seconds of the last log line on an unverified stamp.
 	lastUnverified atomic.Int64
 }
+
+// WatchStalls notes, until ctx is done, when infergate itself stops
+// running (its CPU starved, the process stopped): a meter read after such
+// a stall may have waited through it, and its stamp is marked late_read
+// rather than published as measured. Without it the meter trusts its reads.
+func (s *Server) WatchStalls(ctx context.Context) { s.stalls.Run(ctx, s.now) }
 
 // DefaultCompletionPaths are the paths whose bodies the gate parses: one
 // per API it knows (openai.APIOf).
@@ -134,7 +141,7 @@ func New(opts Options) (*Server, error) {
 	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
 	opts.MaxGateStreamsPerPeer = cmp.Or(opts.MaxGateStreamsPerPeer, DefaultMaxGateStreamsPerPeer)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
-		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer,
+		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer, stalls: &stallWatch{tick: stallTick},
 		peers: peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

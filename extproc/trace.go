@@ -162,6 +162,7 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		attribute.Float64("infergate.model_ms", stats.Ms(st.E2E)),
 		attribute.Float64("infergate.moderation_ms", stats.Ms(st.Gateway.Checks)),
 		attribute.Bool("infergate.complete", st.Complete),
+		attribute.String("infergate.timing", string(st.Timing)),
 	)
 	for i, p := range st.PoolsTried {
 		span.AddEvent("attempt", trace.WithTimestamp(m.sentAt),

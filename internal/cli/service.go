@@ -62,7 +62,8 @@ type Service struct {
 	recent    *requestlog.Ring // nil when admin.recentRequests is 0
 	tracing   *telemetry.Tracing
 	certs     *tlsreload.Server // ext_proc's mTLS files; nil without extproc.tls
-	stopLogs  func()            // ends the in-Envoy meter's access-log streams
+	extproc   *extproc.Server
+	stopLogs  func() // ends the in-Envoy meter's access-log streams
 }
 
 // Option changes how NewService composes the service; the command line
@@ -186,6 +187,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		grpc.ForceServerCodecV2(extproc.NewCodec()),
 	)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, srv)
+	s.extproc = srv
 	// The in-Envoy meter's summaries (envoy/wasm-meter.yaml), on the same port.
 	als, stopLogs := srv.AccessLogService()
 	accesslogv3.RegisterAccessLogServiceServer(s.grpc, als)
@@ -312,6 +314,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 		return nil
 	})
 	g.Go(func() error { s.adm.run(watchCtx); return nil })
+	g.Go(func() error { s.extproc.WatchStalls(watchCtx); return nil })
 	if s.publisher != nil {
 		g.Go(func() error { s.publisher.Run(feedCtx); return nil })
 	}

@@ -68,7 +68,25 @@ type Stamp struct {
 	// Tenant and Principal are empty, Decision is "unverified", and the
 	// stamp feeds no controller.
 	Unverified bool
+	// Timing says whether the meter can vouch for the times above (see
+	// Timing); empty for a request the gate answered itself.
+	Timing Timing
 }
+
+// Timing is whether a stamp's times are measurements or only bounds. Its
+// values are few and fixed: a metric label may carry them.
+type Timing string
+
+const (
+	// TimingOK: the meter's reads agree with Envoy's and the gate's clocks
+	// wherever they could be compared.
+	TimingOK Timing = "ok"
+	// TimingLateRead: the meter read a message later than those clocks
+	// allow (infergate was starved or stopped while the request passed):
+	// Sent is the gate's answer and TTFT and E2E are upper bounds, not
+	// measurements. Such a stamp feeds no latency observation.
+	TimingLateRead Timing = "late_read"
+)
 
 // GatewayTime is the time spent in the gateway before the upstream got the
 // request, split by stage.

@@ -83,6 +83,9 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	str("decision", s.Decision)
 	str("reason", s.Reason)
 	boolean("complete", s.Complete)
+	if s.Timing != "" {
+		str("timing", string(s.Timing))
+	}
 	b = append(b, '}', '\n')
 	_, _ = l.w.Write(b)
 	if cap(b) <= 16<<10 { // keep a normal line's buffer, not a huge one

@@ -143,6 +143,7 @@ type Record struct {
 	Reason           string    `json:"reason,omitempty"`
 	Stream           bool      `json:"stream"`
 	Complete         bool      `json:"complete"`
+	Timing           string    `json:"timing,omitempty"` // request.Timing: "late_read" times are bounds
 	PromptTokens     int       `json:"prompt_tokens"`
 	CompletionTokens int       `json:"completion_tokens"`
 	TotalMs          float64   `json:"total_ms"`
@@ -166,7 +167,7 @@ func NewRecord(s *request.Stamp, withGaps bool) Record {
 		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, API: string(s.API), Pool: s.Pool,
 		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Tenant: s.Tenant,
 		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason,
-		Stream: s.Stream, Complete: s.Complete, PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,
+		Stream: s.Stream, Complete: s.Complete, Timing: string(s.Timing), PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,
 		TotalMs: stats.Ms(s.Total), GatewayMs: stats.Ms(s.Gateway.Total), GateMs: stats.Ms(s.Gateway.Gate),
 		AuthMs: stats.Ms(s.Gateway.Auth), PolicyMs: stats.Ms(s.Gateway.Policy), RateLimitMs: stats.Ms(s.Gateway.RateLimit),
 		ModerationMs: stats.Ms(s.Gateway.Checks), ModelMs: stats.Ms(s.E2E), TTFTMs: stats.Ms(s.TTFT),

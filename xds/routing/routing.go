@@ -226,8 +226,8 @@ func (r *Service) PoolName(p string) string {
 // serving pool's latency and status, and a failure for each pool an
 // earlier attempt failed on.
 func Observations(st *request.Stamp, observe func(controller.Observation)) {
-	if st.Decision == "deny" || st.Unverified || st.Pool == "" {
-		return // a forged or replayed stamp moves no weight
+	if st.Decision == "deny" || st.Unverified || st.Pool == "" || st.Timing == request.TimingLateRead {
+		return // a forged or replayed stamp moves no weight, nor do times the meter could not vouch for
 	}
 	now := time.Now()
 	for _, p := range st.PoolsTried[:max(len(st.PoolsTried)-1, 0)] {

@@ -1,0 +1,81 @@
+package extproc
+
+import (
+	"time"
+
+	"github.com/infergate/infergate/internal/request"
+)
+
+// maxHandoff bounds how long after the gate answered the meter may read
+// the request headers and still vouch for the read: Envoy hands them on
+// as the request goes upstream, 0.4–0.9 ms after the gate's answer on a
+// loaded 2-CPU machine. A later read was held up in infergate (its CPU
+// starved, the process stopped, its streams backlogged), not in Envoy. It
+// bounds, the same way, how soon after a stall the meter drains what
+// queued during it.
+const maxHandoff = 10 * time.Millisecond
+
+// clockFacts are what the meter knows of one request's times, each on the
+// clock it was read from: Envoy's, the gate's, the meter's reads.
+type clockFacts struct {
+	envoyStart time.Time // Envoy received the request (request.time); zero: unknown
+	gateSent   time.Time // the gate answered (its field); zero: unknown
+	// departed is the meter's read of the request headers, or for a meter
+	// that skips them the gate's answer as departure bounds it.
+	departed  time.Time
+	firstRead time.Time // the meter read the first content token (or the body's end); zero: none
+	endRead   time.Time // the meter read the response's end
+	stalls    []stall   // when infergate did not run (stallWatch)
+}
+
+// clockVerdict is when the request left the gateway, and whether the meter
+// can vouch for the times it stamps from there.
+type clockVerdict struct {
+	sent   time.Time
+	timing request.Timing
+}
+
+// stampClock dates the request's departure and says whether the meter can
+// vouch for its times.
+//
+// The departure is the meter's read of the request headers, checked
+// against the gate's answer: the request cannot leave before the gate
+// answered, and Envoy hands the meter its headers within maxHandoff of
+// that. A later read was late: the request left at the gate's answer
+// (right within maxHandoff), and whatever the meter read in the backlog
+// that followed (within maxHandoff of the late read) may have passed Envoy
+// at any time since. A gate's answer that runs ahead of the read, or
+// before Envoy had the request, or over an hour before, is another
+// replica's skewed clock or no gate's: not comparable, the read stands.
+//
+// The response's reads have no Envoy time to be checked against (Envoy
+// stamps none on a message): a stall of infergate's that ended less than
+// maxHandoff before the first token's read (the end's, without one), or
+// any later before the end, may have held them up. Either way the stamp is
+// late_read: its TTFT and E2E are upper bounds, its gaps not the stream's.
+func stampClock(f clockFacts) clockVerdict {
+	v := clockVerdict{sent: f.departed, timing: request.TimingOK}
+	next := f.firstRead
+	if next.IsZero() {
+		next = f.endRead
+	}
+	read, gate := f.departed, f.gateSent
+	comparable := !read.IsZero() && !gate.IsZero() && !gate.After(read) && read.Sub(gate) <= time.Hour &&
+		(f.envoyStart.IsZero() || !gate.Before(f.envoyStart))
+	if comparable && read.Sub(gate) > maxHandoff {
+		v.sent = gate
+		if !next.After(read.Add(maxHandoff)) {
+			v.timing = request.TimingLateRead
+		}
+	}
+	from := v.sent
+	if b := next.Add(-maxHandoff); b.After(from) {
+		from = b
+	}
+	for _, s := range f.stalls {
+		if s.to.After(from) && s.from.Before(f.endRead) {
+			v.timing = request.TimingLateRead
+		}
+	}
+	return v
+}

@@ -1,0 +1,257 @@
+package extproc
+
+import (
+	"context"
+	"io"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/wasmmeter"
+	"github.com/infergate/infergate/xds/controller"
+	"github.com/infergate/infergate/xds/routing"
+)
+
+func TestStampClock(t *testing.T) {
+	t0 := time.Unix(1_796_000_000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	ok, late := request.TimingOK, request.TimingLateRead
+	for _, tc := range []struct {
+		name string
+		f    clockFacts
+		want clockVerdict
+	}{
+		{"read as the gate answered",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.5), firstRead: at(20), endRead: at(40)},
+			clockVerdict{at(2.5), ok}},
+		{"read just within the handoff",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(12), firstRead: at(12.1), endRead: at(40)},
+			clockVerdict{at(12), ok}},
+		{"read late, the first token in its backlog",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(176), firstRead: at(176.07), endRead: at(176.1)},
+			clockVerdict{at(2), late}},
+		{"read late, no token, the end in its backlog",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(176), endRead: at(180)},
+			clockVerdict{at(2), late}},
+		{"read late, the first token read after the backlog",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(15), firstRead: at(40.1), endRead: at(60)},
+			clockVerdict{at(2), ok}},
+		{"no gate answer to compare with",
+			clockFacts{envoyStart: at(0), departed: at(176), firstRead: at(176.07), endRead: at(176.1)},
+			clockVerdict{at(176), ok}},
+		{"a gate clock ahead of the read",
+			clockFacts{envoyStart: at(0), gateSent: at(80), departed: at(50), firstRead: at(60), endRead: at(70)},
+			clockVerdict{at(50), ok}},
+		{"a gate clock behind Envoy's",
+			clockFacts{envoyStart: at(0), gateSent: at(-30), departed: at(3), firstRead: at(4), endRead: at(5)},
+			clockVerdict{at(3), ok}},
+		{"a gate answer over an hour old",
+			clockFacts{gateSent: at(-3_600_001), departed: at(3), firstRead: at(4), endRead: at(5)},
+			clockVerdict{at(3), ok}},
+		{"request headers skipped: departed at the gate's answer",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2), firstRead: at(176), endRead: at(180)},
+			clockVerdict{at(2), ok}},
+		{"stalled while the first token passed",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(160.02), endRead: at(160.1),
+				stalls: []stall{{at(10), at(160)}}},
+			clockVerdict{at(2.6), late}},
+		{"stalled, then drained just before the first token's read",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(39), endRead: at(60),
+				stalls: []stall{{at(10), at(30)}}},
+			clockVerdict{at(2.6), late}},
+		{"a stall over before the first token",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(60),
+				stalls: []stall{{at(10), at(30)}}},
+			clockVerdict{at(2.6), ok}},
+		{"a stall between tokens",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
+				stalls: []stall{{at(50), at(120)}}},
+			clockVerdict{at(2.6), late}},
+		{"a stall before the request or after its end",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
+				stalls: []stall{{at(-50), at(-30)}, {at(131), at(300)}}},
+			clockVerdict{at(2.6), ok}},
+		{"no token, a stall ending as the end was read",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), endRead: at(130),
+				stalls: []stall{{at(50), at(125)}}},
+			clockVerdict{at(2.6), late}},
+	} {
+		if got := stampClock(tc.f); !got.sent.Equal(tc.want.sent) || got.timing != tc.want.timing {
+			t.Errorf("%s: sent %v %s; want %v %s", tc.name, got.sent.Sub(t0), got.timing, tc.want.sent.Sub(t0), tc.want.timing)
+		}
+	}
+}
+
+// scriptedStream is a meter stream whose messages infergate reads at the
+// times given: a message read late sat in the queue since Envoy sent it.
+type scriptedStream struct {
+	grpc.ServerStream
+	msgs  []*extprocv3.ProcessingRequest
+	reads []time.Time
+	now   *time.Time
+	// runUntil runs the rest of the process (its stall watch) up to each read.
+	runUntil func(time.Time)
+}
+
+func (s *scriptedStream) Context() context.Context                 { return context.Background() }
+func (s *scriptedStream) Send(*extprocv3.ProcessingResponse) error { return nil }
+func (s *scriptedStream) Recv() (*extprocv3.ProcessingRequest, error) {
+	if len(s.msgs) == 0 {
+		return nil, io.EOF
+	}
+	msg := s.msgs[0]
+	s.runUntil(s.reads[0])
+	*s.now, s.msgs, s.reads = s.reads[0], s.msgs[1:], s.reads[1:]
+	return msg, nil
+}
+
+// A meter that reads Envoy's messages late (infergate starved or stopped
+// while the request passed) publishes a stamp that is right or marked
+// late_read, never silently wrong. The request, on Envoy's side: received
+// at 0, the gate answered at 2 ms and the request left at 2.5 ms, its
+// response headers at 5 ms, its first token at 40 ms, its end at 50 ms.
+// Before, a reader stalled from 2 to 176 ms stamped TTFT 0.07 ms and a
+// gateway time of 176 ms, and one stalled from 10 to 160 ms a TTFT of
+// 157 ms, as if they were measured.
+func TestMeterStalledReader(t *testing.T) {
+	t0 := time.Unix(1_796_000_000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	const departure, firstToken = 2.5, 40.0
+	for _, tc := range []struct {
+		name  string
+		reads [5]float64 // request headers, response headers, first token, second, end
+		stall [2]float64 // when infergate did not run, as its stall watch saw it
+		want  request.Timing
+	}{
+		{"read on time", [5]float64{2.6, 5.1, 40.1, 45.1, 50.1}, [2]float64{}, request.TimingOK},
+		{"stalled over the whole request", [5]float64{176, 176.02, 176.07, 176.1, 176.12}, [2]float64{2, 176}, request.TimingLateRead},
+		{"stalled until after the response headers", [5]float64{30, 30.01, 40.1, 45.1, 50.1}, [2]float64{2, 30}, request.TimingOK},
+		{"stalled while the first token passed", [5]float64{2.6, 5.1, 160, 160.01, 160.02}, [2]float64{10, 160}, request.TimingLateRead},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, sink := newTestServer(t, "")
+			var now time.Time
+			s.now = func() time.Time { return now }
+			// The stall watch wakes every tick, except while infergate
+			// does not run; it wakes as the stall ends.
+			stallFrom, stallTo := at(tc.stall[0]), at(tc.stall[1])
+			beat := t0
+			runUntil := func(to time.Time) {
+				for ; !beat.After(to); beat = beat.Add(stallTick) {
+					if beat.After(stallFrom) && beat.Before(stallTo) {
+						beat = stallTo
+					}
+					s.stalls.beat(beat)
+				}
+			}
+			f := sampleField
+			f.sent = at(2).UnixMicro()
+			hdrs := headersMsg(false, "x-request-id", "r1")
+			hdrs.ObservabilityMode = true
+			hdrs.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
+				request.MeterAttribute: structpb.NewStringValue(sealed(&f)),
+				"request.time":         structpb.NewStringValue(t0.UTC().Format(time.RFC3339Nano))}}}
+			stream := &scriptedStream{now: &now, runUntil: runUntil, msgs: []*extprocv3.ProcessingRequest{hdrs,
+				respHeaders("text/event-stream"), respBody(contentChunk, false), respBody(contentChunk, false),
+				respBody(usageChunk+"data: [DONE]\n\n", true)}}
+			for _, ms := range tc.reads {
+				stream.reads = append(stream.reads, at(ms))
+			}
+			if err := s.Process(stream); err != nil {
+				t.Fatal(err)
+			}
+			st := sink.stamps[0]
+			if st.Timing != tc.want {
+				t.Errorf("timing %q, want %q (TTFT %v, gateway %v)", st.Timing, tc.want, st.TTFT, st.Gateway.Total)
+			}
+			observed := 0
+			routing.Observations(st, func(controller.Observation) { observed++ })
+			if want := map[bool]int{true: 0, false: 1}[st.Timing == request.TimingLateRead]; observed != want {
+				t.Errorf("%d controller observations from a %q stamp, want %d", observed, st.Timing, want)
+			}
+			// Right: the departure within the handoff after the gate's
+			// answer, the first token no later than the handoff after it
+			// passed Envoy; the gateway's time the same way.
+			sentOK := !st.Sent.Before(at(2)) && !st.Sent.After(at(departure).Add(maxHandoff))
+			firstOK := !st.Sent.Add(st.TTFT).Before(at(firstToken)) && !st.Sent.Add(st.TTFT).After(at(firstToken).Add(maxHandoff))
+			gatewayOK := st.Gateway.Total >= 2*time.Millisecond && st.Gateway.Total <= 2*time.Millisecond+maxHandoff
+			if st.Timing != request.TimingLateRead && !(sentOK && firstOK && gatewayOK) {
+				t.Errorf("silently wrong: sent at %v, TTFT %v, gateway %v; the request left at %vms, its first token passed at %vms",
+					st.Sent.Sub(t0), st.TTFT, st.Gateway.Total, departure, firstToken)
+			}
+		})
+	}
+}
+
+// The watch sees a stall when it wakes later than it was due by more than
+// maxHandoff, and one under way when its beat is overdue; it forgets the
+// oldest beyond its ring.
+func TestStallWatch(t *testing.T) {
+	t0 := time.Unix(1_796_000_000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	w := &stallWatch{tick: stallTick}
+	if got := w.recent(at(100)); len(got) != 0 {
+		t.Errorf("a watch that never beat saw %v", got)
+	}
+	for _, ms := range []float64{0, 5, 10, 25, 41, 46} { // due at 15: 10 ms late at 25 is no stall; due at 30: 11 ms late at 41 is
+		w.beat(at(ms))
+	}
+	if got := w.recent(at(50)); len(got) != 1 || !got[0].from.Equal(at(30)) || !got[0].to.Equal(at(41)) {
+		t.Errorf("stalls %v, want 30–41 ms", got)
+	}
+	if got := w.recent(at(62)); len(got) != 2 || !got[1].from.Equal(at(51)) || !got[1].to.Equal(at(62)) {
+		t.Errorf("stalls %v, want 30–41 ms and one under way since 51 ms", got)
+	}
+	for i := range 2 * len(w.ring) {
+		w.beat(at(float64(100 + 20*i)))
+	}
+	if got := w.recent(w.last); len(got) != len(w.ring) {
+		t.Errorf("%d stalls kept, want %d", len(got), len(w.ring))
+	}
+}
+
+// Running, the watch beats on its tick (virtual time): no stall.
+func TestStallWatchRuns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := &stallWatch{tick: stallTick}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { w.Run(ctx, time.Now); close(done) }()
+		start := time.Now()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if got := w.recent(time.Now()); len(got) != 0 || !w.last.Equal(start.Add(time.Second)) {
+			t.Errorf("stalls %v, last beat %v after the start; want none, 1s", got, w.last.Sub(start))
+		}
+		cancel()
+		<-done
+	})
+}
+
+// The in-Envoy meter's times are Envoy's own: a stall of infergate's while
+// its summary's request passed, or after, marks nothing.
+func TestEnvoyTimedStampIgnoresStalls(t *testing.T) {
+	s, sink, _, reader := alsServer(t)
+	start := time.Now().Add(-time.Second).Truncate(time.Microsecond)
+	s.stalls.beat(start.Add(-stallTick))
+	s.stalls.beat(start.Add(time.Second)) // infergate did not run for the whole request
+	sum := wasmmeter.Summary{Start: start.Add(time.Millisecond), Complete: true, SSE: true, HasFirst: true,
+		TTFT: 40 * time.Millisecond, E2E: 60 * time.Millisecond, ContentEvents: 1,
+		Usage: &openai.Usage{PromptTokens: 1, CompletionTokens: 1}}
+	s.meterEntry(context.Background(), entryWith(t, sum.Encode(), start, nil))
+	if len(sink.stamps) != 1 {
+		t.Fatalf("%d stamps", len(sink.stamps))
+	}
+	if st := sink.stamps[0]; st.Timing != request.TimingOK || st.TTFT != 40*time.Millisecond {
+		t.Errorf("timing %q, TTFT %v; want ok, 40ms", st.Timing, st.TTFT)
+	}
+	if n := meterErrors(t, reader, "late_read"); n != 0 {
+		t.Errorf("%d counted late_read", n)
+	}
+}
