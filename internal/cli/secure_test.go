@@ -140,7 +140,10 @@ func TestServeRefusesPlaintextBeyondLoopback(t *testing.T) {
 		{"--extproc-listen", ":0", "--admin-listen", "127.0.0.1:0"},
 		{"--extproc-listen", "127.0.0.1:0", "--admin-listen", "0.0.0.0:0"},
 	} {
-		err := Run(context.Background(), append([]string{"serve"}, args...), io.Discard, io.Discard)
+		// A serve that starts (and should not have) ends with the context.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := Run(ctx, append([]string{"serve"}, args...), io.Discard, io.Discard)
+		cancel()
 		if err == nil || !strings.Contains(err.Error(), "is not a loopback address") {
 			t.Errorf("serve %q: %v, want a refusal", args, err)
 		}
