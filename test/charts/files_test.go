@@ -482,6 +482,12 @@ func TestValuesRejected(t *testing.T) {
 		{"listen address in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"listen": ":1234"}}}
 		}, "config.extproc.listen is set by the chart; use the chart value ports.extproc"},
+		{"plaintext opt-in in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"extproc": map[string]any{"insecureOpenToNetwork": false}}}
+		}, "config.extproc.insecureOpenToNetwork is set by the chart; use the chart value extproc.tls"},
+		{"admin opt-in in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"admin": map[string]any{"openToNetwork": false}}}
+		}, "config.admin.openToNetwork is set by the chart; use the chart value ports.admin"},
 		{"redis address in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"ratelimit": map[string]any{"redis": map[string]any{"address": "r:6379"}}}}
 		}, "config.ratelimit.redis.address is set by the chart"},

@@ -200,6 +200,9 @@ message that says what to change.
   "extproc.listen" "ports.extproc"
   "admin.listen" "ports.admin"
   "xds.listen" "ports.xds"
+  "extproc.insecureOpenToNetwork" "extproc.tls"
+  "admin.openToNetwork" "ports.admin"
+  "xds.insecureOpenToNetwork" "ports.xds"
   "auth.keys" "apiKeys"
   "policy.dir" "policies"
   "ratelimit.backend" "redis.address"
@@ -281,14 +284,21 @@ message that says what to change.
 The configuration file: values.config with the keys the chart owns.
 */}}
 {{- define "infergate.config" -}}
+{{- /* A pod's ports listen on the pod network, which infergate refuses
+  without mTLS or an explicit opt-in: the chart writes one or the other.
+  Plaintext ext_proc and xDS are then guarded by the mesh (istio) or the
+  NetworkPolicy only. The admin port serves /metrics and the probes there,
+  the /debug pages only with a token. */}}
 {{- $extproc := dict "listen" (printf ":%d" (int .Values.ports.extproc)) }}
 {{- if include "infergate.extprocTLSSecret" . }}
 {{- $_ := set $extproc "tls" (dict "certFile" "/etc/infergate/tls/tls.crt" "keyFile" "/etc/infergate/tls/tls.key" "clientCAFile" "/etc/infergate/tls/ca.crt") }}
+{{- else }}
+{{- $_ := set $extproc "insecureOpenToNetwork" true }}
 {{- end }}
 {{- $owned := dict
   "extproc" $extproc
-  "admin" (dict "listen" (printf ":%d" (int .Values.ports.admin)))
-  "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds))) }}
+  "admin" (dict "listen" (printf ":%d" (int .Values.ports.admin)) "openToNetwork" true)
+  "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds)) "insecureOpenToNetwork" true) }}
 {{- if include "infergate.apiKeysSecret" . }}
 {{- $_ := set $owned "auth" (dict "keys" "/etc/infergate/keys") }}
 {{- end }}
