@@ -62,6 +62,7 @@ var typed = map[string]func() any{
 	// Istio's kinds: their spec is a protobuf message; see decodeIstio.
 	"networking.istio.io/v1alpha3/EnvoyFilter": nil,
 	"security.istio.io/v1/PeerAuthentication":  nil,
+	"security.istio.io/v1/AuthorizationPolicy": nil,
 }
 
 // certificate is cert-manager.io/v1 Certificate, the fields the chart may
@@ -197,10 +198,26 @@ func decodePeerAuthentication(doc []byte) (*istiosecurity.PeerAuthentication, er
 	return spec, nil
 }
 
+// decodeAuthorizationPolicy decodes an AuthorizationPolicy strictly.
+func decodeAuthorizationPolicy(doc []byte) (*istiosecurity.AuthorizationPolicy, error) {
+	var ap istioObject
+	if err := strictDecode(doc, &ap); err != nil {
+		return nil, err
+	}
+	spec := &istiosecurity.AuthorizationPolicy{}
+	if err := protojson.Unmarshal(ap.Spec, spec); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	return spec, nil
+}
+
 // decodeIstio decodes an Istio object of kind gvk.
 func decodeIstio(gvk string, doc []byte) (any, error) {
-	if strings.HasSuffix(gvk, "/PeerAuthentication") {
+	switch {
+	case strings.HasSuffix(gvk, "/PeerAuthentication"):
 		return decodePeerAuthentication(doc)
+	case strings.HasSuffix(gvk, "/AuthorizationPolicy"):
+		return decodeAuthorizationPolicy(doc)
 	}
 	spec, _, err := decodeEnvoyFilter(doc)
 	return spec, err
@@ -432,6 +449,10 @@ spec:
 	if _, err := decodePeerAuthentication([]byte(pa)); err == nil {
 		t.Error("PeerAuthentication with an unknown spec field decoded without error")
 	}
+	ap := "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: x}\nspec: {rules: [{from: [{source: {principal: [a]}}]}]}\n"
+	if _, err := decodeAuthorizationPolicy([]byte(ap)); err == nil {
+		t.Error("AuthorizationPolicy with an unknown field decoded without error")
+	}
 	c := &certificate{}
 	if err := strictDecode([]byte("apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: x}\nspec: {secretName: s, issuerRef: {name: i}, dnsNames: [a], usages: [server-auth]}\n"), c); err != nil || c.check() == nil {
 		t.Errorf("Certificate with an unknown usage: decode %v, check %v", err, c.check())
@@ -624,6 +645,21 @@ func TestStrictDecodeCombinations(t *testing.T) {
 			if pa.GetPortLevelMtls()[50051].GetMode().String() != "STRICT" || pa.GetMtls().GetMode().String() != "PERMISSIVE" ||
 				pa.GetSelector().GetMatchLabels()["app.kubernetes.io/component"] != "serve" {
 				t.Errorf("PeerAuthentication %v", pa)
+			}
+			// The ext_proc port admits the gateway's and the model servers'
+			// identities only; the admin port anyone in the mesh.
+			ap := objs["security.istio.io/v1/AuthorizationPolicy"][0].(*istiosecurity.AuthorizationPolicy)
+			rules := ap.GetRules()
+			if ap.GetAction().String() != "ALLOW" || len(rules) != 2 || ap.GetSelector().GetMatchLabels()["app.kubernetes.io/component"] != "serve" {
+				t.Fatalf("AuthorizationPolicy %v", ap)
+			}
+			want := []string{"cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account", "cluster.local/ns/models/sa/vllm"}
+			if got := rules[0].GetFrom()[0].GetSource().GetPrincipals(); !slices.Equal(got, want) ||
+				!slices.Equal(rules[0].GetTo()[0].GetOperation().GetPorts(), []string{"50051"}) {
+				t.Errorf("ext_proc rule %v, want principals %q on port 50051", rules[0], want)
+			}
+			if len(rules[1].GetFrom()) != 0 || !slices.Equal(rules[1].GetTo()[0].GetOperation().GetPorts(), []string{"9090"}) {
+				t.Errorf("admin rule %v", rules[1])
 			}
 		}},
 	}

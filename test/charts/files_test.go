@@ -217,6 +217,11 @@ func TestIstioSidecarSkipsOnlyTheChartsGateway(t *testing.T) {
 			if c.ids != nil {
 				istio["sidecar"].(map[string]any)["gatewayIdentities"] = c.ids
 			}
+			if c.ids != nil && len(c.ids) == 0 {
+				// The AuthorizationPolicy would have no identity to admit
+				// the gateway by (a render error, TestValuesRejected).
+				istio["authorizationPolicy"] = map[string]any{"enabled": false}
+			}
 			r, err := render(t, vals)
 			if err != nil {
 				t.Fatal(err)
@@ -482,6 +487,14 @@ func TestValuesRejected(t *testing.T) {
 		{"listen address in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"listen": ":1234"}}}
 		}, "config.extproc.listen is set by the chart; use the chart value ports.extproc"},
+		{"authorization policy without the sidecars' identities", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
+				"sidecar": map[string]any{"enabled": true, "workloadSelector": map[string]any{"app": "vllm"}}}}
+		}, "istio.authorizationPolicy.sidecarIdentities"},
+		{"authorization policy without the gateway's identities", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
+				"sidecar": map[string]any{"gatewayIdentities": []any{}}}}
+		}, "istio.sidecar.gatewayIdentities"},
 		{"plaintext opt-in in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"insecureOpenToNetwork": false}}}
 		}, "config.extproc.insecureOpenToNetwork is set by the chart; use the chart value extproc.tls"},

@@ -275,6 +275,16 @@ message that says what to change.
 {{- if and .Values.istio.peerAuthentication.enabled (not .Values.istio.enabled) }}
 {{- fail "istio.peerAuthentication needs istio.enabled" }}
 {{- end }}
+{{- with .Values.istio }}
+{{- if and .enabled .peerAuthentication.enabled .authorizationPolicy.enabled }}
+{{- if and .gateway.enabled (not .sidecar.gatewayIdentities) }}
+{{- fail "istio.authorizationPolicy admits the gateway by istio.sidecar.gatewayIdentities: list the gateway's SPIFFE IDs there (or set istio.authorizationPolicy.enabled: false)" }}
+{{- end }}
+{{- if and .sidecar.enabled (not .authorizationPolicy.sidecarIdentities) }}
+{{- fail "istio.authorizationPolicy admits the model servers' sidecars by istio.authorizationPolicy.sidecarIdentities: list their service accounts' SPIFFE IDs (or set istio.authorizationPolicy.enabled: false)" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.istio.enabled .Values.istio.sidecar.enabled (not .Values.istio.sidecar.workloadSelector) }}
 {{- fail "istio.sidecar.workloadSelector must select the model-server pods (an empty selector would put the filters on every sidecar of the namespace)" }}
 {{- end }}
