@@ -630,6 +630,30 @@ func TestStrictDecodeCombinations(t *testing.T) {
 				t.Errorf("ext_proc peer %+v, want Envoy Gateway's proxies of eg in any namespace", peer)
 			}
 		}},
+		{"debug pages behind the token Secret", map[string]any{
+			"debug": map[string]any{"enabled": true, "tokenSecret": map[string]any{"name": "dbg", "key": "t"}},
+		}, func(t *testing.T, objs map[string][]any) {
+			cfg := findConfigMap(objs, releaseName+"-config").Data["config.yaml"]
+			for _, want := range []string{"tokenFile: /etc/infergate/debug/token", "openToNetwork: true"} {
+				if !strings.Contains(cfg, want) {
+					t.Errorf("config lacks %q:\n%s", want, cfg)
+				}
+			}
+			pod := objs["apps/v1/Deployment"][0].(*appsv1.Deployment).Spec.Template.Spec
+			mounted := false
+			for _, m := range pod.Containers[0].VolumeMounts {
+				mounted = mounted || m.Name == "debug-token" && m.MountPath == "/etc/infergate/debug"
+			}
+			found := false
+			for _, v := range pod.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == "dbg" {
+					found = len(v.Secret.Items) == 1 && v.Secret.Items[0].Key == "t" && v.Secret.Items[0].Path == "token"
+				}
+			}
+			if !mounted || !found {
+				t.Errorf("the token Secret is not mounted as /etc/infergate/debug/token: %+v %+v", pod.Containers[0].VolumeMounts, pod.Volumes)
+			}
+		}},
 		{"NetworkPolicy peers derived for Istio, PeerAuthentication", map[string]any{
 			"istio":         readValues(t, chartDir+"/ci/istio-values.yaml")["istio"],
 			"networkPolicy": map[string]any{"enabled": true},

@@ -495,6 +495,12 @@ func TestValuesRejected(t *testing.T) {
 			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
 				"sidecar": map[string]any{"gatewayIdentities": []any{}}}}
 		}, "istio.sidecar.gatewayIdentities"},
+		{"debug pages without a token", func() map[string]any {
+			return map[string]any{"debug": map[string]any{"pprof": true}}
+		}, "debug.tokenSecret.name"},
+		{"debug pages in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"admin": map[string]any{"debug": map[string]any{"enabled": true}}}}
+		}, "config.admin.debug is set by the chart; use the chart value debug"},
 		{"plaintext opt-in in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"insecureOpenToNetwork": false}}}
 		}, "config.extproc.insecureOpenToNetwork is set by the chart; use the chart value extproc.tls"},

@@ -202,6 +202,8 @@ message that says what to change.
   "xds.listen" "ports.xds"
   "extproc.insecureOpenToNetwork" "extproc.tls"
   "admin.openToNetwork" "ports.admin"
+  "admin.debug" "debug"
+  "admin.pprof" "debug.pprof"
   "xds.insecureOpenToNetwork" "ports.xds"
   "auth.keys" "apiKeys"
   "policy.dir" "policies"
@@ -236,6 +238,9 @@ message that says what to change.
 {{- end }}
 {{- if and (eq .Values.mode "serve") (not .Values.redis.address) (or $extproc.autoscaling.enabled (gt (int $extproc.replicas) 1)) }}
 {{- fail "more than one serve replica needs shared rate-limit counters: set redis.address (or keep extproc.replicas: 1 without autoscaling)" }}
+{{- end }}
+{{- if and (or .Values.debug.enabled .Values.debug.pprof) (not .Values.debug.tokenSecret.name) }}
+{{- fail "debug.enabled and debug.pprof need debug.tokenSecret.name: the /debug pages on the pod network are served only behind a bearer token" }}
 {{- end }}
 {{- if and .Values.redis.passwordSecret.name (not .Values.redis.address) }}
 {{- fail "redis.passwordSecret is set but redis.address is not" }}
@@ -305,9 +310,14 @@ The configuration file: values.config with the keys the chart owns.
 {{- else }}
 {{- $_ := set $extproc "insecureOpenToNetwork" true }}
 {{- end }}
+{{- $admin := dict "listen" (printf ":%d" (int .Values.ports.admin)) "openToNetwork" true }}
+{{- if or .Values.debug.enabled .Values.debug.pprof }}
+{{- $_ := set $admin "debug" (dict "enabled" .Values.debug.enabled "tokenFile" "/etc/infergate/debug/token") }}
+{{- $_ := set $admin "pprof" .Values.debug.pprof }}
+{{- end }}
 {{- $owned := dict
   "extproc" $extproc
-  "admin" (dict "listen" (printf ":%d" (int .Values.ports.admin)) "openToNetwork" true)
+  "admin" $admin
   "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds)) "insecureOpenToNetwork" true) }}
 {{- if include "infergate.apiKeysSecret" . }}
 {{- $_ := set $owned "auth" (dict "keys" "/etc/infergate/keys") }}
@@ -421,6 +431,10 @@ spec:
     {{- if $v.redis.passwordSecret.name }}
     - {name: redis-password, mountPath: /etc/infergate/redis, readOnly: true}
     {{- end }}
+    {{- if or $v.debug.enabled $v.debug.pprof }}
+    # A directory, not a subPath: a rotated token reaches the running process.
+    - {name: debug-token, mountPath: /etc/infergate/debug, readOnly: true}
+    {{- end }}
     {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
     # A directory, not subPaths: a renewed certificate reaches the running
     # process, which reloads it for new handshakes.
@@ -446,6 +460,13 @@ spec:
       defaultMode: 0440
       items: [{key: {{ .key }}, path: password}]
   {{- end }}
+  {{- end }}
+  {{- if or $v.debug.enabled $v.debug.pprof }}
+  - name: debug-token
+    secret:
+      secretName: {{ $v.debug.tokenSecret.name }}
+      defaultMode: 0440
+      items: [{key: {{ $v.debug.tokenSecret.key }}, path: token}]
   {{- end }}
   {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
   - name: extproc-tls
