@@ -18,7 +18,7 @@ import (
 // behind admin.debug.tokenFile when it is set. Nothing is mounted (404)
 // when neither is on.
 func debugPages(mux *http.ServeMux, admin config.Admin, pages func(*http.ServeMux)) {
-	if !admin.Guarded() {
+	if !admin.ServesDebug() {
 		return
 	}
 	debug := http.NewServeMux()
@@ -61,7 +61,7 @@ func readToken(file string) ([]byte, error) {
 // checkDebugToken fails at start when admin.debug.tokenFile is set but
 // holds no token.
 func checkDebugToken(admin config.Admin) error {
-	if admin.Debug.TokenFile == "" || !admin.Guarded() {
+	if admin.Debug.TokenFile == "" || !admin.ServesDebug() {
 		return nil
 	}
 	if _, err := readToken(admin.Debug.TokenFile); err != nil {

@@ -320,8 +320,8 @@ type Debug struct {
 	TokenFile string `yaml:"tokenFile"`
 }
 
-// Guarded reports whether anything is served under /debug/.
-func (a Admin) Guarded() bool { return a.Debug.Enabled || a.Pprof }
+// ServesDebug reports whether anything is served under /debug/.
+func (a Admin) ServesDebug() bool { return a.Debug.Enabled || a.Pprof }
 
 // Tracing exports OpenTelemetry spans of every request's phases over OTLP.
 // Standard OTEL_EXPORTER_OTLP_* variables (headers, certificates) apply.
@@ -558,7 +558,7 @@ func (c *Config) validate() error {
 	if validAddr(c.Admin.Listen) && !Loopback(c.Admin.Listen) {
 		check(c.Admin.OpenToNetwork, "admin.listen", "%q is not a loopback address: set admin.openToNetwork: true to serve /metrics, /healthz and /readyz "+
 			"beyond loopback, or listen on 127.0.0.1:PORT", c.Admin.Listen)
-		check(!c.Admin.Guarded() || strings.TrimSpace(c.Admin.Debug.TokenFile) != "", "admin.debug.tokenFile",
+		check(!c.Admin.ServesDebug() || strings.TrimSpace(c.Admin.Debug.TokenFile) != "", "admin.debug.tokenFile",
 			"is required for the /debug pages (admin.debug.enabled, admin.pprof) on %q, beyond loopback", c.Admin.Listen)
 	}
 	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",

@@ -432,7 +432,7 @@ func checkBounds(t *testing.T, c *Config) {
 	if !Loopback(c.XDS.Listen) && !c.XDS.TLS.Enabled() && !c.XDS.InsecureOpenToNetwork {
 		t.Errorf("xds.listen %q: plaintext beyond loopback without the opt-in", c.XDS.Listen)
 	}
-	if !Loopback(c.Admin.Listen) && (!c.Admin.OpenToNetwork || c.Admin.Guarded() && c.Admin.Debug.TokenFile == "") {
+	if !Loopback(c.Admin.Listen) && (!c.Admin.OpenToNetwork || c.Admin.ServesDebug() && c.Admin.Debug.TokenFile == "") {
 		t.Errorf("admin %+v: beyond loopback without the opt-in, or debug pages without a token", c.Admin)
 	}
 	if tls := c.ExtProc.TLS; tls.Enabled() && (len(tls.missing()) > 0 || validUnix(c.ExtProc.Listen)) {
