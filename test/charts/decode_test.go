@@ -1,7 +1,10 @@
 package charts
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
@@ -628,6 +631,54 @@ func TestStrictDecodeCombinations(t *testing.T) {
 				peer.PodSelector.MatchLabels["gateway.envoyproxy.io/owning-gateway-name"] != "eg" ||
 				peer.PodSelector.MatchLabels["gateway.envoyproxy.io/owning-gateway-namespace"] != "envoy-gateway-system" {
 				t.Errorf("ext_proc peer %+v, want Envoy Gateway's proxies of eg in any namespace", peer)
+			}
+		}},
+		{"generated mTLS certificates", map[string]any{
+			"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true}},
+		}, func(t *testing.T, objs map[string][]any) {
+			secrets := map[string]*corev1.Secret{}
+			for _, o := range objs["v1/Secret"] {
+				secrets[o.(*corev1.Secret).Name] = o.(*corev1.Secret)
+			}
+			server, client := secrets[releaseName+"-extproc-tls"], secrets[releaseName+"-envoy-client"]
+			if server == nil || client == nil {
+				t.Fatalf("Secrets %v, want %s-extproc-tls and %s-envoy-client", secrets, releaseName, releaseName)
+			}
+			parse := func(s *corev1.Secret) (*x509.Certificate, *x509.CertPool) {
+				if _, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"]); err != nil {
+					t.Fatalf("%s: %v", s.Name, err)
+				}
+				block, _ := pem.Decode(s.Data["tls.crt"])
+				if block == nil {
+					t.Fatalf("%s: tls.crt is not PEM", s.Name)
+				}
+				cert, err := x509.ParseCertificate(block.Bytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				roots := x509.NewCertPool()
+				if !roots.AppendCertsFromPEM(s.Data["ca.crt"]) {
+					t.Fatalf("%s: ca.crt holds no certificate", s.Name)
+				}
+				return cert, roots
+			}
+			serverCert, roots := parse(server)
+			clientCert, clientRoots := parse(client)
+			name := releaseName + "." + namespace + ".svc.cluster.local"
+			if _, err := serverCert.Verify(x509.VerifyOptions{DNSName: name, Roots: roots}); err != nil {
+				t.Errorf("infergate's certificate for %s: %v", name, err)
+			}
+			// Envoy's client certificate chains to the CA infergate trusts
+			// (the server Secret's ca.crt), and Envoy trusts infergate's.
+			if _, err := clientCert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+				t.Errorf("Envoy's client certificate: %v", err)
+			}
+			if _, err := serverCert.Verify(x509.VerifyOptions{DNSName: name, Roots: clientRoots}); err != nil {
+				t.Errorf("infergate's certificate by the client Secret's ca.crt: %v", err)
+			}
+			cfg := findConfigMap(objs, releaseName+"-config").Data["config.yaml"]
+			if !strings.Contains(cfg, "clientCAFile: /etc/infergate/tls/ca.crt") || strings.Contains(cfg, "extproc:\n  insecureOpenToNetwork") {
+				t.Errorf("config without the generated TLS files, or plaintext:\n%s", cfg)
 			}
 		}},
 		{"debug pages behind the token Secret", map[string]any{

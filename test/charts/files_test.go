@@ -495,6 +495,9 @@ func TestValuesRejected(t *testing.T) {
 			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
 				"sidecar": map[string]any{"gatewayIdentities": []any{}}}}
 		}, "istio.sidecar.gatewayIdentities"},
+		{"generated certificates and a Secret", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true, "secretName": "s"}}}
+		}, "extproc.tls.generate makes the certificates itself"},
 		{"debug pages without a token", func() map[string]any {
 			return map[string]any{"debug": map[string]any{"pprof": true}}
 		}, "debug.tokenSecret.name"},

@@ -264,8 +264,11 @@ message that says what to change.
 {{- end }}
 {{- end }}
 {{- with .Values.extproc.tls }}
-{{- if and .enabled (not .secretName) (not .certManager.issuerRef) }}
-{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt) or extproc.tls.certManager.issuerRef" }}
+{{- if and .enabled (not .secretName) (not .certManager.issuerRef) (not .generate) }}
+{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt), extproc.tls.certManager.issuerRef or extproc.tls.generate" }}
+{{- end }}
+{{- if and .generate (or .secretName .certManager.issuerRef) }}
+{{- fail "extproc.tls.generate makes the certificates itself: drop extproc.tls.secretName and extproc.tls.certManager.issuerRef, or generate" }}
 {{- end }}
 {{- if and .enabled $.Values.istio.enabled }}
 {{- fail "extproc.tls with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
