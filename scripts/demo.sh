@@ -54,6 +54,7 @@ keys:
 - {id: initech-demo, sha256: $(hash_key sk-demo-initech), tenant: initech} # free tier
 KEYS
 cat >"$WORK/infergate.yaml" <<CONFIG
+admin: {debug: {enabled: true}}  # /debug/requests; the admin port is on loopback
 auth: {keys: $WORK/keys.yaml}
 policy: {dir: $PWD/policies}
 models: [pool-a, pool-b, llama-3.1-8b-instruct, llama-3.1-70b-instruct, bge-m3]
@@ -132,9 +133,10 @@ note "TTFT: to the first generated text, as this client saw it and as infergate'
 note "GET /v1/models is infergate's own answer: the configured models (models: in its config) the caller's tier may call"
 
 say "One streamed request through the gateway (model pool-a)"
-note "(infergate restarted with its default configuration: no keys, no policies)"
+note "(infergate restarted with its default configuration, /debug pages on: no keys, no policies)"
 kill "${PIDS[2]}"; wait "${PIDS[2]}" 2>/dev/null || true
-bin/infergate serve --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
+echo 'admin: {debug: {enabled: true}}' >"$WORK/debug.yaml"
+bin/infergate serve --config "$WORK/debug.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
   >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS[2]=$!
 wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate"
 curl -sN -D "$WORK/headers" http://127.0.0.1:$LISTEN_PORT/v1/chat/completions \
@@ -215,6 +217,7 @@ say "SLA routing: virtual model \"llama\" on pool-a (primary) and pool-b (backup
 kill "${PIDS[2]}" "${PIDS[3]}"; wait "${PIDS[2]}" "${PIDS[3]}" 2>/dev/null || true
 export XDS_PORT=$(free_port)
 cat >"$WORK/sla.yaml" <<CONFIG
+admin: {debug: {enabled: true}}
 virtualModels:
 - name: llama
   pools: [{cluster: pool-a, priority: 0}, {cluster: pool-b, priority: 1}]

@@ -197,7 +197,7 @@ func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
 	fs.StringVar(&f.sweep, "sweep", "", "one measurement per load level: concurrency=1,2,4 or rate=5,10,20, or VAR=START:STOP:FACTOR; reports the knee")
 	fs.StringVar(&f.jsonPath, "json", "", "write the report to this JSON `file` (docs/bench-json.md)")
 	fs.StringVar(&f.htmlPath, "html", "", "write a self-contained HTML report to this `file`")
-	fs.StringVar(&f.join, "join", "", "infergate's admin `URL`: send a traceparent per request, then join each request with the gateway's record of it (gateway, moderation, upstream first token, decode, outside)")
+	fs.StringVar(&f.join, "join", "", "infergate's admin `URL` (with admin.debug.enabled): send a traceparent per request, then join each request with the gateway's record of it (gateway, moderation, upstream first token, decode, outside)")
 	fs.StringVar(&f.baseline, "baseline", "", "compare with a previous --json `file`; exit non-zero on a regression")
 	fs.Func("tolerance", "allowed worsening vs --baseline, as `T`: 10% (the default) for the default metrics, or METRIC=5% (e.g. ttft_ms.p99=5%); repeatable", f.tolerances.ParseTolerance)
 	if err := flagset.Parse(fs, args); err != nil {

@@ -61,7 +61,7 @@ func FetchRecords(ctx context.Context, client *http.Client, adminURL string) ([]
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("join: %s: status %d (is admin.recentRequests > 0?)", url, resp.StatusCode)
+		return nil, fmt.Errorf("join: %s: status %d (are admin.debug.enabled true and admin.recentRequests > 0?)", url, resp.StatusCode)
 	}
 	var recs []gatewayRecord
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxJoinBody)).Decode(&recs); err != nil {

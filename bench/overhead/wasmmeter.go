@@ -72,7 +72,9 @@ func wasmMeterSpec(h *harness) (gatewaySpec, func(), error) {
 	if err != nil {
 		return gatewaySpec{}, nil, fmt.Errorf("envoy/wasm-meter.yaml: access_log: %w", err)
 	}
-	return gatewaySpec{envoy: func(doc map[string]any) error {
+	return gatewaySpec{infergate: func(c map[string]any) {
+		c["meter"] = map[string]any{"wasm": true} // the access-log service takes the summaries
+	}, envoy: func(doc map[string]any) error {
 		tc, err := filterConfig(doc, "infergate.meter")
 		if err != nil {
 			return err

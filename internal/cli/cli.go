@@ -41,7 +41,7 @@ Commands:
   version    print the version
 
 Examples:
-  infergate serve                              # ext_proc on :50051, admin on :9090
+  infergate serve                              # ext_proc on 127.0.0.1:50051, admin on 127.0.0.1:9090
   infergate serve --config infergate.yaml
   infergate validate --config infergate.yaml
   infergate mock --listen 127.0.0.1:8001 --ttft 200ms --itl 20ms
@@ -110,6 +110,9 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 	}
 	if *adminAddr != "" {
 		cfg.Admin.Listen = *adminAddr
+	}
+	if err := cfg.Validate(); err != nil { // the flags' addresses too
+		return err
 	}
 	if name == "extproc" {
 		// The ext_proc service alone: routing decisions belong to `serve`

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/telemetry"
+	"github.com/infergate/infergate/internal/tlsreload"
 	"github.com/infergate/infergate/xds/feed"
 	"github.com/infergate/infergate/xds/routing"
 )
@@ -29,6 +31,7 @@ type ControllerService struct {
 	metrics *telemetry.Metrics
 	routing *routing.Service
 	rdb     redis.UniversalClient
+	certs   *tlsreload.Server // xDS's mTLS files; nil without xds.tls
 }
 
 // NewControllerService needs virtual models and the shared Redis
@@ -40,8 +43,18 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	if cfg.RateLimit.Backend != "redis" {
 		return nil, errors.New("controller: observations come from the shared Redis; set ratelimit.backend: redis")
 	}
+	if err := checkDebugToken(cfg.Admin); err != nil {
+		return nil, err
+	}
+	certs, err := serverCerts(cfg.XDS.TLS, logger)
+	if err != nil {
+		return nil, fmt.Errorf("xds.tls: %w", err)
+	}
 	metrics, err := telemetry.New()
 	if err != nil {
+		return nil, err
+	}
+	if err := observeCertReloads(metrics.Meter(), nil, certs); err != nil {
 		return nil, err
 	}
 	rdb, err := redisClient(cfg.RateLimit.Redis)
@@ -53,7 +66,7 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 		rdb.Close()
 		return nil, err
 	}
-	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb}, nil
+	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb, certs: certs}, nil
 }
 
 // Serve runs until ctx is done or a part fails; every goroutine it starts
@@ -62,8 +75,17 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.Listener) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", c.metrics.Handler())
-	mux.HandleFunc("GET /debug/controller", c.routing.DebugHandler)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	debugPages(mux, c.cfg.Admin, func(debug *http.ServeMux) {
+		debug.HandleFunc("GET /debug/controller", c.routing.DebugHandler)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "ok\n")
+		if c.certs != nil {
+			if err := c.certs.Health(); err != nil {
+				io.WriteString(w, "serving the last good version: "+err.Error()+"\n")
+			}
+		}
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		if err := c.rdb.Ping(r.Context()).Err(); err != nil {
 			http.Error(w, "not ready: redis: "+err.Error(), http.StatusServiceUnavailable)
@@ -85,6 +107,10 @@ func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.List
 		feed.Subscribe(runCtx, c.rdb, feed.DefaultStream, c.routing.Observe, c.log)
 		return nil
 	})
+	if c.certs != nil {
+		xdsLis = tls.NewListener(xdsLis, c.certs.Config())
+		g.Go(func() error { c.certs.Run(runCtx, c.cfg.Policy.ReloadInterval); return nil })
+	}
 	g.Go(func() error { return c.routing.Run(runCtx, xdsLis) })
 	c.log.Info("infergate controller serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String())
 

@@ -18,7 +18,7 @@ func TestExtProcTLSNotOnUnixSocket(t *testing.T) {
 	os.WriteFile(cfg, []byte("extproc:\n  tls: {certFile: /x/tls.crt, keyFile: /x/tls.key, clientCAFile: /x/ca.crt}\n"), 0o644)
 	err := Run(context.Background(), []string{"serve", "--config", cfg, "--extproc-listen", "unix:" + filepath.Join(dir, "s.sock"),
 		"--admin-listen", "127.0.0.1:0"}, &bytes.Buffer{}, &bytes.Buffer{})
-	if err == nil || !strings.Contains(err.Error(), "extproc.tls is not used on a unix: socket") {
+	if err == nil || !strings.Contains(err.Error(), "extproc.tls: not used on a unix: socket") {
 		t.Errorf("serve: %v", err)
 	}
 }

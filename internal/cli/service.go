@@ -2,13 +2,13 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -63,7 +63,11 @@ type Service struct {
 	tracing   *telemetry.Tracing
 	certs     *tlsreload.Server // ext_proc's mTLS files; nil without extproc.tls
 	extproc   *extproc.Server
-	stopLogs  func() // ends the in-Envoy meter's access-log streams
+	xdsCerts  *tlsreload.Server // xDS's mTLS files; nil without xds.tls
+	stopLogs  func()            // ends the in-Envoy meter's access-log streams
+	// listen opens the configured listeners (net.Listen; tests bind the
+	// configured host on a free port).
+	listen func(network, addr string) (net.Listener, error)
 }
 
 // Option changes how NewService composes the service; the command line
@@ -100,7 +104,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		sinks = append(sinks, requestlog.NewLogSink(requests))
 	}
 	var recent *requestlog.Ring
-	if *cfg.Admin.RecentRequests > 0 {
+	if cfg.Admin.Debug.Enabled && *cfg.Admin.RecentRequests > 0 {
 		recent = requestlog.NewRing(*cfg.Admin.RecentRequests)
 		sinks = append(sinks, recent)
 	}
@@ -121,7 +125,11 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		adm.close()
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: recent, tracing: tracing}
+	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: recent, tracing: tracing, listen: net.Listen}
+	if err := checkDebugToken(cfg.Admin); err != nil {
+		adm.close()
+		return nil, err
+	}
 	switch {
 	case adm.redis != nil:
 		// Replicas share Redis: every one publishes its observations and
@@ -158,16 +166,15 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		adm.close()
 		return nil, err
 	}
-	if s.certs != nil {
-		certs := s.certs
-		if _, err := metrics.Meter().Int64ObservableCounter("infergate.reload.errors", metric.WithDescription(reloadErrorsHelp),
-			metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-				o.Observe(certs.Refused(), reloadTLS)
-				return nil
-			})); err != nil {
+	if s.routing.NeedsListener() {
+		if s.xdsCerts, err = serverCerts(cfg.XDS.TLS, logger); err != nil {
 			adm.close()
-			return nil, err
+			return nil, fmt.Errorf("xds.tls: %w", err)
 		}
+	}
+	if err := observeCertReloads(metrics.Meter(), s.certs, s.xdsCerts); err != nil {
+		adm.close()
+		return nil, err
 	}
 	s.grpc = grpc.NewServer(
 		extprocCreds(s.certs),
@@ -188,10 +195,14 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 	)
 	extprocv3.RegisterExternalProcessorServer(s.grpc, srv)
 	s.extproc = srv
-	// The in-Envoy meter's summaries (envoy/wasm-meter.yaml), on the same port.
-	als, stopLogs := srv.AccessLogService()
-	accesslogv3.RegisterAccessLogServiceServer(s.grpc, als)
-	s.stopLogs = stopLogs
+	s.stopLogs = func() {}
+	if cfg.Meter.Wasm {
+		// The in-Envoy meter's summaries (envoy/wasm-meter.yaml), on the
+		// same port; without it nothing may send summaries.
+		als, stopLogs := srv.AccessLogService()
+		accesslogv3.RegisterAccessLogServiceServer(s.grpc, als)
+		s.stopLogs = stopLogs
+	}
 	return s, nil
 }
 
@@ -209,7 +220,34 @@ func extprocCerts(cfg *config.Config, logger *slog.Logger) (*tlsreload.Server, e
 	if strings.HasPrefix(cfg.ExtProc.Listen, config.UnixPrefix) {
 		return nil, fmt.Errorf("extproc.tls is not used on a unix: socket (%s)", cfg.ExtProc.Listen)
 	}
+	return serverCerts(t, logger)
+}
+
+// serverCerts loads a listener's mTLS files, or returns nil without them.
+func serverCerts(t config.TLS, logger *slog.Logger) (*tlsreload.Server, error) {
+	if !t.Enabled() {
+		return nil, nil
+	}
 	return tlsreload.New(tlsreload.Files{Cert: t.CertFile, Key: t.KeyFile, ClientCA: t.ClientCAFile}, logger)
+}
+
+// observeCertReloads counts the refused reloads of each listener's files
+// (nil: none).
+func observeCertReloads(meter metric.Meter, extproc, xds *tlsreload.Server) error {
+	if extproc == nil && xds == nil {
+		return nil
+	}
+	_, err := meter.Int64ObservableCounter("infergate.reload.errors", metric.WithDescription(reloadErrorsHelp),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			if extproc != nil {
+				o.Observe(extproc.Refused(), reloadTLS)
+			}
+			if xds != nil {
+				o.Observe(xds.Refused(), reloadXDSTLS)
+			}
+			return nil
+		}))
+	return err
 }
 
 // extprocCreds serves mTLS with certs' current files, or plaintext.
@@ -220,7 +258,10 @@ func extprocCreds(certs *tlsreload.Server) grpc.ServerOption {
 	return grpc.Creds(credentials.NewTLS(certs.Config()))
 }
 
-var reloadTLS = metric.WithAttributes(attribute.String("source", "extproc_tls"))
+var (
+	reloadTLS    = metric.WithAttributes(attribute.String("source", "extproc_tls"))
+	reloadXDSTLS = metric.WithAttributes(attribute.String("source", "xds_tls"))
+)
 
 // health is nil, or why the last reload of keys, policies or the ext_proc
 // certificates was refused (the last good version keeps serving).
@@ -229,26 +270,25 @@ func (s *Service) health() error {
 	if s.certs != nil {
 		err = errors.Join(err, s.certs.Health())
 	}
+	if s.xdsCerts != nil {
+		err = errors.Join(err, s.xdsCerts.Health())
+	}
 	return err
 }
 
-// AdminHandler serves /metrics, /healthz and /readyz.
+// AdminHandler serves /metrics, /healthz and /readyz, and the /debug
+// pages admin.debug and admin.pprof turn on.
 func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", s.metrics.Handler())
-	mux.HandleFunc("GET /debug/controller", s.routing.DebugHandler)
-	if s.recent != nil {
-		pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
-		mux.Handle("GET /debug/requests", pages)
-		mux.Handle("GET /debug/requests/{id}", pages)
-	}
-	if s.cfg.Admin.Pprof {
-		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
-		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
-	}
+	debugPages(mux, s.cfg.Admin, func(debug *http.ServeMux) {
+		debug.HandleFunc("GET /debug/controller", s.routing.DebugHandler)
+		if s.recent != nil {
+			pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
+			debug.Handle("GET /debug/requests", pages)
+			debug.Handle("GET /debug/requests/{id}", pages)
+		}
+	})
 	// Health and readiness mean "can decide": a refused reload of keys or
 	// policies keeps the last good version serving, so the pod stays ready
 	// (a bad shared ConfigMap must not take every replica out of rotation
@@ -285,6 +325,9 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	if s.routing == nil && xdsLis != nil {
 		xdsLis.Close()
 	}
+	if s.xdsCerts != nil && xdsLis != nil {
+		xdsLis = tls.NewListener(xdsLis, s.xdsCerts.Config())
+	}
 	admin := &http.Server{Handler: s.AdminHandler(), ReadHeaderTimeout: 5 * time.Second}
 	// Each part stops on its own signal, in the order above; the group's
 	// context only tells that one of them failed.
@@ -304,8 +347,10 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 		}
 		return nil
 	})
-	if s.certs != nil {
-		g.Go(func() error { s.certs.Run(watchCtx, s.cfg.Policy.ReloadInterval); return nil })
+	for _, certs := range []*tlsreload.Server{s.certs, s.xdsCerts} {
+		if certs != nil {
+			g.Go(func() error { certs.Run(watchCtx, s.cfg.Policy.ReloadInterval); return nil })
+		}
 	}
 	g.Go(func() error {
 		if err := admin.Serve(adminLis); !errors.Is(err, http.ErrServerClosed) {
@@ -360,18 +405,18 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 
 // ListenAndServe opens the configured listeners and serves.
 func (s *Service) ListenAndServe(ctx context.Context) error {
-	ep, err := listenExtProc(s.cfg.ExtProc.Listen)
+	ep, err := listenExtProc(s.listen, s.cfg.ExtProc.Listen)
 	if err != nil {
 		return fmt.Errorf("extproc listener: %w", err)
 	}
-	ad, err := net.Listen("tcp", s.cfg.Admin.Listen)
+	ad, err := s.listen("tcp", s.cfg.Admin.Listen)
 	if err != nil {
 		ep.Close()
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	var xl net.Listener
 	if s.routing.NeedsListener() {
-		if xl, err = net.Listen("tcp", s.cfg.XDS.Listen); err != nil {
+		if xl, err = s.listen("tcp", s.cfg.XDS.Listen); err != nil {
 			ep.Close()
 			ad.Close()
 			return fmt.Errorf("xds listener: %w", err)
@@ -383,10 +428,10 @@ func (s *Service) ListenAndServe(ctx context.Context) error {
 // listenExtProc listens on host:port, or on a Unix domain socket for
 // unix:PATH (a stale socket file left by a killed process is replaced; the
 // listener removes the file when it closes).
-func listenExtProc(addr string) (net.Listener, error) {
+func listenExtProc(listen func(network, addr string) (net.Listener, error), addr string) (net.Listener, error) {
 	path, ok := strings.CutPrefix(addr, config.UnixPrefix)
 	if !ok {
-		return net.Listen("tcp", addr)
+		return listen("tcp", addr)
 	}
 	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSocket != 0 {
 		_ = os.Remove(path)

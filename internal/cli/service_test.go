@@ -24,6 +24,16 @@ import (
 // returns the admin address it bound.
 func startServe(t *testing.T, args ...string) string {
 	t.Helper()
+	return startServeAddrs(t, args...).admin
+}
+
+// serving is the addresses a started `serve` bound.
+type serving struct{ extproc, admin string }
+
+// startServeAddrs runs `infergate serve` with args until the test ends and
+// returns the addresses it bound.
+func startServeAddrs(t *testing.T, args ...string) serving {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	stderr := &testutil.Buffer{}
@@ -36,14 +46,14 @@ func startServe(t *testing.T, args ...string) string {
 	})
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		for line := range strings.Lines(stderr.String()) {
-			var l struct{ Msg, Admin string }
+			var l struct{ Msg, Extproc, Admin string }
 			if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "infergate serving" {
-				return l.Admin
+				return serving{extproc: l.Extproc, admin: l.Admin}
 			}
 		}
 	}
 	t.Fatalf("serve never started: %s", stderr.String())
-	return ""
+	return serving{}
 }
 
 // extproc.listen unix:PATH serves ext_proc on a Unix domain socket, replacing

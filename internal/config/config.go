@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"slices"
@@ -139,8 +140,17 @@ type Resource struct {
 
 // XDS is the control plane Envoy fetches the virtual-model routes from.
 type XDS struct {
+	// Listen is host:port; loopback unless TLS or InsecureOpenToNetwork
+	// (see ExtProc.Listen).
 	Listen          string `yaml:"listen"`
 	RouteConfigName string `yaml:"routeConfigName"`
+	// TLS serves xDS over TLS to clients whose certificate the CA signed
+	// (mTLS): whoever reaches a plaintext xDS port reads every route and
+	// weight.
+	TLS TLS `yaml:"tls"`
+	// InsecureOpenToNetwork lets a non-loopback Listen serve plaintext xDS
+	// to anything that reaches it.
+	InsecureOpenToNetwork bool `yaml:"insecureOpenToNetwork"`
 }
 
 // Auth says how callers are identified. With neither keys nor JWT
@@ -297,6 +307,10 @@ const DefaultMaxGateStreamsPerPeer = 4096
 type ExtProc struct {
 	// Listen is host:port, or unix:PATH for a Unix domain socket (Envoy on
 	// the same host: its cluster endpoint is then {pipe: {path: PATH}}).
+	// A host:port must be a loopback IP (127.0.0.1, [::1]) unless TLS is
+	// set or InsecureOpenToNetwork says plaintext on the network is meant:
+	// a host name or an unspecified address (":50051", 0.0.0.0, [::]) is
+	// not provably loopback.
 	Listen string `yaml:"listen"`
 	// MaxConcurrentStreams bounds in-flight ext_proc streams per connection
 	// (two per HTTP request: gate and meter).
@@ -314,6 +328,11 @@ type ExtProc struct {
 	// certificate the CA signed (mTLS): anything that can reach a plaintext
 	// port can forge a meter's stamps or a gate's verified JWT claims.
 	TLS TLS `yaml:"tls"`
+	// InsecureOpenToNetwork lets a non-loopback Listen serve plaintext:
+	// anything that reaches the port can open gate and meter streams. For
+	// a network whose only other peer is the gateway (a NetworkPolicy
+	// enforced by the CNI, a mesh's mTLS in front of the port).
+	InsecureOpenToNetwork bool `yaml:"insecureOpenToNetwork"`
 }
 
 // TLS is the ext_proc port's certificate, its key and the CA client
@@ -343,15 +362,35 @@ func (t TLS) missing() []string {
 
 // Admin is the HTTP port for /metrics, /healthz, /readyz and the /debug pages.
 type Admin struct {
+	// Listen is host:port, a loopback IP unless OpenToNetwork.
 	Listen string `yaml:"listen"`
+	// OpenToNetwork lets a non-loopback Listen serve /metrics, /healthz
+	// and /readyz (a scraper and the kubelet reach them over the pod
+	// network); the /debug pages then need Debug.TokenFile.
+	OpenToNetwork bool `yaml:"openToNetwork"`
 	// RecentRequests is how many requests /debug/requests keeps (default
 	// 1000; 0: none are kept and the page is off).
 	RecentRequests *int `yaml:"recentRequests"`
 	// Pprof mounts Go's profiler (net/http/pprof) under /debug/pprof/: for
 	// profiling a running gateway. Off by default: the admin port should
-	// not hand out profiles unless asked to.
-	Pprof bool `yaml:"pprof"`
+	// not hand out profiles unless asked to. Guarded by Debug.TokenFile.
+	Pprof bool  `yaml:"pprof"`
+	Debug Debug `yaml:"debug"`
 }
+
+// Debug turns on /debug/requests (tenants, principals, upstreams, reasons)
+// and /debug/controller (pools and weights).
+type Debug struct {
+	Enabled bool `yaml:"enabled"`
+	// TokenFile holds a bearer token every /debug/ request (pprof's too)
+	// must present as "Authorization: Bearer TOKEN"; "" = no token
+	// (loopback only). Read on every request, so a rotated Secret applies
+	// at once.
+	TokenFile string `yaml:"tokenFile"`
+}
+
+// ServesDebug reports whether anything is served under /debug/.
+func (a Admin) ServesDebug() bool { return a.Debug.Enabled || a.Pprof }
 
 // Tracing exports OpenTelemetry spans of every request's phases over OTLP.
 // Standard OTEL_EXPORTER_OTLP_* variables (headers, certificates) apply.
@@ -406,6 +445,10 @@ type Meter struct {
 	// MaxTrackedGaps bounds the inter-token gaps kept per request for
 	// percentiles; later gaps still count toward max and metrics.
 	MaxTrackedGaps int `yaml:"maxTrackedGaps"`
+	// Wasm serves the in-Envoy meter's summaries (envoy/wasm-meter.yaml:
+	// Envoy's gRPC access log) on the ext_proc port. Off, the access-log
+	// service is not registered: nothing can send summaries.
+	Wasm bool `yaml:"wasm"`
 }
 
 // Log configures the process logger.
@@ -474,14 +517,14 @@ func Parse(b []byte) (*Config, error) {
 }
 
 func (c *Config) fillDefaults() {
-	setDefault(&c.ExtProc.Listen, ":50051")
+	setDefault(&c.ExtProc.Listen, "127.0.0.1:50051")
 	if c.ExtProc.MaxConcurrentStreams == 0 {
 		c.ExtProc.MaxConcurrentStreams = 10000
 	}
 	if c.ExtProc.MaxGateStreamsPerPeer == 0 {
 		c.ExtProc.MaxGateStreamsPerPeer = DefaultMaxGateStreamsPerPeer
 	}
-	setDefault(&c.Admin.Listen, ":9090")
+	setDefault(&c.Admin.Listen, "127.0.0.1:9090")
 	if c.Admin.RecentRequests == nil {
 		c.Admin.RecentRequests = ptr(1000)
 	}
@@ -553,7 +596,7 @@ func (c *Config) fillDefaults() {
 	if c.VirtualModels == nil {
 		c.VirtualModels = []VirtualModel{}
 	}
-	setDefault(&c.XDS.Listen, ":18000")
+	setDefault(&c.XDS.Listen, "127.0.0.1:18000")
 	setDefault(&c.XDS.RouteConfigName, "infergate")
 	setDefault(&c.Log.Level, "info")
 	setDefault(&c.Log.Format, "json")
@@ -561,6 +604,10 @@ func (c *Config) fillDefaults() {
 		c.Log.Requests = ptr(true)
 	}
 }
+
+// Validate checks c again, e.g. after command-line flags changed its
+// listen addresses.
+func (c *Config) Validate() error { return c.validate() }
 
 func (c *Config) validate() error {
 	var errs []error
@@ -576,7 +623,17 @@ func (c *Config) validate() error {
 			strings.Join(missing, ", "))
 		check(!validUnix(c.ExtProc.Listen), "extproc.tls", "not used on a unix: socket (its file permissions are its boundary); listen on host:port or drop tls")
 	}
+	if !validUnix(c.ExtProc.Listen) && validAddr(c.ExtProc.Listen) {
+		errs = append(errs, exposed("extproc", c.ExtProc.Listen, c.ExtProc.TLS.Enabled() || c.ExtProc.InsecureOpenToNetwork,
+			"anything that reaches it could open gate and meter streams (forged stamps, forged JWT claims)")...)
+	}
 	check(validAddr(c.Admin.Listen), "admin.listen", "%q is not host:port", c.Admin.Listen)
+	if validAddr(c.Admin.Listen) && !Loopback(c.Admin.Listen) {
+		check(c.Admin.OpenToNetwork, "admin.listen", "%q is not a loopback address: set admin.openToNetwork: true to serve /metrics, /healthz and /readyz "+
+			"beyond loopback, or listen on 127.0.0.1:PORT", c.Admin.Listen)
+		check(!c.Admin.ServesDebug() || strings.TrimSpace(c.Admin.Debug.TokenFile) != "", "admin.debug.tokenFile",
+			"is required for the /debug pages (admin.debug.enabled, admin.pprof) on %q, beyond loopback", c.Admin.Listen)
+	}
 	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",
 		"must be between 1 and 67108864, got %d", c.Gate.MaxBodyBytes)
 	check(oneOf(c.Gate.ChatOutputLimit, "max_tokens", "max_completion_tokens"), "gate.chatOutputLimit",
@@ -601,6 +658,15 @@ func (c *Config) validate() error {
 		check(oneOf(ch.OnError, "deny", "allow"), "checks", "%s: onError must be deny or allow; got %q", name, ch.OnError)
 	}
 	check(validAddr(c.XDS.Listen), "xds.listen", "%q is not host:port", c.XDS.Listen)
+	if tls := c.XDS.TLS; tls.Enabled() {
+		missing := tls.missing()
+		check(len(missing) == 0, "xds.tls", "certFile, keyFile and clientCAFile go together (client certificates are required); missing %s",
+			strings.Join(missing, ", "))
+	}
+	if validAddr(c.XDS.Listen) {
+		errs = append(errs, exposed("xds", c.XDS.Listen, c.XDS.TLS.Enabled() || c.XDS.InsecureOpenToNetwork,
+			"anything that reaches it reads every route and pool weight")...)
+	}
 	check(*c.Admin.RecentRequests >= 0 && *c.Admin.RecentRequests <= 100_000, "admin.recentRequests", "must be 0 to 100000, got %d", *c.Admin.RecentRequests)
 	check(oneOf(c.WeightSink.Type, "xds", "httpRouteFile", "httpRoute", "virtualService"), "weightSink.type",
 		"must be xds, httpRouteFile, httpRoute or virtualService; got %q", c.WeightSink.Type)
@@ -763,6 +829,34 @@ func lineOf(root *yaml.Node, path string) int {
 		}
 	}
 	return line
+}
+
+// exposed refuses a listener of section that reaches beyond loopback
+// unless allowed (its mTLS, or the explicit opt-in); risk says what a peer
+// could do.
+func exposed(section, addr string, allowed bool, risk string) []error {
+	if allowed || Loopback(addr) {
+		return nil
+	}
+	alternative := ""
+	if section == "extproc" {
+		alternative = " (or a unix: socket)"
+	}
+	return []error{&Error{Path: section + ".listen", Msg: fmt.Sprintf("%q is not a loopback address and the port is plaintext: %s. "+
+		"Listen on 127.0.0.1:PORT%s, require client certificates with %s.tls, or accept the risk with %s.insecureOpenToNetwork: true",
+		addr, risk, alternative, section, section)}}
+}
+
+// Loopback reports whether a host:port binds loopback only: its host is an
+// IP literal in 127.0.0.0/8 or ::1. A host name is not provably loopback
+// (what it resolves to can change), nor an empty or unspecified host.
+func Loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 func validAddr(a string) bool {

@@ -20,8 +20,8 @@ import (
 // that the code defaults and the embedded file cannot drift together.
 func defaults() *Config {
 	return &Config{
-		ExtProc: ExtProc{Listen: ":50051", MaxConcurrentStreams: 10000, MaxGateStreamsPerPeer: 4096},
-		Admin:   Admin{Listen: ":9090", RecentRequests: ptr(1000)},
+		ExtProc: ExtProc{Listen: "127.0.0.1:50051", MaxConcurrentStreams: 10000, MaxGateStreamsPerPeer: 4096},
+		Admin:   Admin{Listen: "127.0.0.1:9090", RecentRequests: ptr(1000)},
 		Gate: Gate{
 			MaxBodyBytes:    1 << 20,
 			InjectUsage:     ptr(true),
@@ -40,7 +40,7 @@ func defaults() *Config {
 		Checks:        map[string]Check{},
 		Models:        []string{},
 		VirtualModels: []VirtualModel{},
-		XDS:           XDS{Listen: ":18000", RouteConfigName: "infergate"},
+		XDS:           XDS{Listen: "127.0.0.1:18000", RouteConfigName: "infergate"},
 		WeightSink:    WeightSink{Type: "xds"},
 		Tracing:       Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
 		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
@@ -110,15 +110,17 @@ func TestValidFile(t *testing.T) {
 	yes := true
 	want := &Config{
 		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, MaxGateStreamsPerPeer: 64, TLS: TLS{
-			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"}},
-		Admin: Admin{Listen: "[::1]:9191", RecentRequests: ptr(50), Pprof: true},
+			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"},
+			InsecureOpenToNetwork: true},
+		Admin: Admin{Listen: "[::1]:9191", OpenToNetwork: true, RecentRequests: ptr(50), Pprof: true,
+			Debug: Debug{Enabled: true, TokenFile: "/etc/infergate/debug/token"}},
 		Gate: Gate{
 			MaxBodyBytes:    64 << 20,
 			InjectUsage:     ptr(false),
 			ChatOutputLimit: "max_completion_tokens",
 			Paths:           []string{"/v1/chat/completions", "/openai/v1/responses"},
 		},
-		Meter: Meter{MaxEventBytes: 1024, MaxTrackedGaps: 100},
+		Meter: Meter{MaxEventBytes: 1024, MaxTrackedGaps: 100, Wasm: true},
 		Auth: Auth{
 			Keys: "/etc/infergate/keys",
 			JWT: JWT{Enabled: true, Namespace: "jwt", PayloadKey: "claims", TenantClaim: "org",
@@ -139,7 +141,8 @@ func TestValidFile(t *testing.T) {
 				Cooldown: 10 * time.Second, ProbeWeight: 2, PrefillPerToken: time.Millisecond},
 			Retry: &RetryRule{Attempts: 1, On: "5xx,reset,retriable-status-codes", StatusCodes: []uint32{429}, AcrossPools: &yes},
 		}},
-		XDS:        XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm"},
+		XDS: XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm", InsecureOpenToNetwork: true,
+			TLS: TLS{CertFile: "/etc/infergate/xds/tls.crt", KeyFile: "/etc/infergate/xds/tls.key", ClientCAFile: "/etc/infergate/xds/ca.crt"}},
 		WeightSink: WeightSink{Type: "httpRouteFile", HTTPRoute: HTTPRouteFile{File: "/etc/eg/routes.yaml", Namespace: "llm", Name: "chat"}},
 		Tracing: Tracing{Endpoint: "otel-collector:4318", Protocol: "http", Insecure: true, SampleRatio: 0.25,
 			QueueSize: 100, TraceURL: "http://jaeger:16686/trace/{trace_id}"},
@@ -206,9 +209,37 @@ func TestParsePartial(t *testing.T) {
 			modify: func(c *Config) {},
 		},
 		{
-			name:   "host names and IPv6 listen addresses",
-			doc:    "extproc:\n  listen: \"localhost:50051\"\nadmin:\n  listen: \"[::]:9090\"\n",
-			modify: func(c *Config) { c.ExtProc.Listen, c.Admin.Listen = "localhost:50051", "[::]:9090" },
+			name: "IPv6 loopback listen addresses",
+			doc:  "extproc:\n  listen: \"[::1]:50051\"\nadmin:\n  listen: \"[::1]:9090\"\nxds:\n  listen: \"127.9.9.9:18000\"\n",
+			modify: func(c *Config) {
+				c.ExtProc.Listen, c.Admin.Listen, c.XDS.Listen = "[::1]:50051", "[::1]:9090", "127.9.9.9:18000"
+			},
+		},
+		{
+			name: "beyond loopback with the explicit opt-ins",
+			doc: "extproc:\n  listen: \"localhost:50051\"\n  insecureOpenToNetwork: true\nadmin:\n  listen: \"[::]:9090\"\n  openToNetwork: true\n" +
+				"xds:\n  listen: \":18000\"\n  insecureOpenToNetwork: true\n",
+			modify: func(c *Config) {
+				c.ExtProc.Listen, c.Admin.Listen, c.XDS.Listen = "localhost:50051", "[::]:9090", ":18000"
+				c.ExtProc.InsecureOpenToNetwork, c.Admin.OpenToNetwork, c.XDS.InsecureOpenToNetwork = true, true, true
+			},
+		},
+		{
+			name: "beyond loopback with mTLS, and debug pages behind a token",
+			doc: "extproc:\n  listen: \":50051\"\n  tls: {certFile: /t/tls.crt, keyFile: /t/tls.key, clientCAFile: /t/ca.crt}\n" +
+				"xds:\n  listen: \"0.0.0.0:18000\"\n  tls: {certFile: /x/tls.crt, keyFile: /x/tls.key, clientCAFile: /x/ca.crt}\n" +
+				"admin:\n  listen: \":9090\"\n  openToNetwork: true\n  pprof: true\n  debug: {enabled: true, tokenFile: /d/token}\n",
+			modify: func(c *Config) {
+				c.ExtProc.Listen, c.XDS.Listen, c.Admin.Listen = ":50051", "0.0.0.0:18000", ":9090"
+				c.ExtProc.TLS = TLS{CertFile: "/t/tls.crt", KeyFile: "/t/tls.key", ClientCAFile: "/t/ca.crt"}
+				c.XDS.TLS = TLS{CertFile: "/x/tls.crt", KeyFile: "/x/tls.key", ClientCAFile: "/x/ca.crt"}
+				c.Admin.OpenToNetwork, c.Admin.Pprof, c.Admin.Debug = true, true, Debug{Enabled: true, TokenFile: "/d/token"}
+			},
+		},
+		{
+			name:   "debug pages on loopback need no token",
+			doc:    "admin: {debug: {enabled: true}}\n",
+			modify: func(c *Config) { c.Admin.Debug.Enabled = true },
 		},
 		{
 			name:   "ext_proc on a Unix domain socket",
@@ -322,6 +353,20 @@ func TestInvalidFiles(t *testing.T) {
 	}
 }
 
+// Only an IP literal in 127.0.0.0/8 or ::1 is loopback: a host name may
+// resolve elsewhere, an empty or unspecified host is every interface.
+func TestLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:50051": true, "127.1.2.3:1": true, "[::1]:9090": true, "[::ffff:127.0.0.1]:1": true,
+		":50051": false, "0.0.0.0:1": false, "[::]:1": false, "localhost:1": false, "10.0.0.5:1": false,
+		"[fe80::1%lo]:1": false, "infergate.svc:1": false, "127.0.0.1": false, "unix:/run/s.sock": false,
+	} {
+		if got := Loopback(addr); got != want {
+			t.Errorf("Loopback(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
 func TestLoadMissingFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "nope.yaml")
 	if _, err := Load(path); !os.IsNotExist(err) {
@@ -384,6 +429,15 @@ func checkBounds(t *testing.T, c *Config) {
 	}
 	if c.ExtProc.MaxConcurrentStreams == 0 || c.ExtProc.MaxGateStreamsPerPeer == 0 {
 		t.Errorf("extproc.maxConcurrentStreams = %d, maxGateStreamsPerPeer = %d", c.ExtProc.MaxConcurrentStreams, c.ExtProc.MaxGateStreamsPerPeer)
+	}
+	if !validUnix(c.ExtProc.Listen) && !Loopback(c.ExtProc.Listen) && !c.ExtProc.TLS.Enabled() && !c.ExtProc.InsecureOpenToNetwork {
+		t.Errorf("extproc.listen %q: plaintext beyond loopback without the opt-in", c.ExtProc.Listen)
+	}
+	if !Loopback(c.XDS.Listen) && !c.XDS.TLS.Enabled() && !c.XDS.InsecureOpenToNetwork {
+		t.Errorf("xds.listen %q: plaintext beyond loopback without the opt-in", c.XDS.Listen)
+	}
+	if !Loopback(c.Admin.Listen) && (!c.Admin.OpenToNetwork || c.Admin.ServesDebug() && c.Admin.Debug.TokenFile == "") {
+		t.Errorf("admin %+v: beyond loopback without the opt-in, or debug pages without a token", c.Admin)
 	}
 	if tls := c.ExtProc.TLS; tls.Enabled() && (len(tls.missing()) > 0 || validUnix(c.ExtProc.Listen)) {
 		t.Errorf("extproc.tls = %+v on %q: partial, or on a Unix socket", tls, c.ExtProc.Listen)

@@ -1,7 +1,10 @@
 package charts
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"slices"
 	"strings"
@@ -62,6 +65,7 @@ var typed = map[string]func() any{
 	// Istio's kinds: their spec is a protobuf message; see decodeIstio.
 	"networking.istio.io/v1alpha3/EnvoyFilter": nil,
 	"security.istio.io/v1/PeerAuthentication":  nil,
+	"security.istio.io/v1/AuthorizationPolicy": nil,
 }
 
 // certificate is cert-manager.io/v1 Certificate, the fields the chart may
@@ -197,10 +201,26 @@ func decodePeerAuthentication(doc []byte) (*istiosecurity.PeerAuthentication, er
 	return spec, nil
 }
 
+// decodeAuthorizationPolicy decodes an AuthorizationPolicy strictly.
+func decodeAuthorizationPolicy(doc []byte) (*istiosecurity.AuthorizationPolicy, error) {
+	var ap istioObject
+	if err := strictDecode(doc, &ap); err != nil {
+		return nil, err
+	}
+	spec := &istiosecurity.AuthorizationPolicy{}
+	if err := protojson.Unmarshal(ap.Spec, spec); err != nil {
+		return nil, fmt.Errorf("spec: %w", err)
+	}
+	return spec, nil
+}
+
 // decodeIstio decodes an Istio object of kind gvk.
 func decodeIstio(gvk string, doc []byte) (any, error) {
-	if strings.HasSuffix(gvk, "/PeerAuthentication") {
+	switch {
+	case strings.HasSuffix(gvk, "/PeerAuthentication"):
 		return decodePeerAuthentication(doc)
+	case strings.HasSuffix(gvk, "/AuthorizationPolicy"):
+		return decodeAuthorizationPolicy(doc)
 	}
 	spec, _, err := decodeEnvoyFilter(doc)
 	return spec, err
@@ -432,6 +452,10 @@ spec:
 	if _, err := decodePeerAuthentication([]byte(pa)); err == nil {
 		t.Error("PeerAuthentication with an unknown spec field decoded without error")
 	}
+	ap := "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: x}\nspec: {rules: [{from: [{source: {principal: [a]}}]}]}\n"
+	if _, err := decodeAuthorizationPolicy([]byte(ap)); err == nil {
+		t.Error("AuthorizationPolicy with an unknown field decoded without error")
+	}
 	c := &certificate{}
 	if err := strictDecode([]byte("apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: x}\nspec: {secretName: s, issuerRef: {name: i}, dnsNames: [a], usages: [server-auth]}\n"), c); err != nil || c.check() == nil {
 		t.Errorf("Certificate with an unknown usage: decode %v, check %v", err, c.check())
@@ -609,6 +633,78 @@ func TestStrictDecodeCombinations(t *testing.T) {
 				t.Errorf("ext_proc peer %+v, want Envoy Gateway's proxies of eg in any namespace", peer)
 			}
 		}},
+		{"generated mTLS certificates", map[string]any{
+			"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true}},
+		}, func(t *testing.T, objs map[string][]any) {
+			secrets := map[string]*corev1.Secret{}
+			for _, o := range objs["v1/Secret"] {
+				secrets[o.(*corev1.Secret).Name] = o.(*corev1.Secret)
+			}
+			server, client := secrets[releaseName+"-extproc-tls"], secrets[releaseName+"-envoy-client"]
+			if server == nil || client == nil {
+				t.Fatalf("Secrets %v, want %s-extproc-tls and %s-envoy-client", secrets, releaseName, releaseName)
+			}
+			parse := func(s *corev1.Secret) (*x509.Certificate, *x509.CertPool) {
+				if _, err := tls.X509KeyPair(s.Data["tls.crt"], s.Data["tls.key"]); err != nil {
+					t.Fatalf("%s: %v", s.Name, err)
+				}
+				block, _ := pem.Decode(s.Data["tls.crt"])
+				if block == nil {
+					t.Fatalf("%s: tls.crt is not PEM", s.Name)
+				}
+				cert, err := x509.ParseCertificate(block.Bytes)
+				if err != nil {
+					t.Fatal(err)
+				}
+				roots := x509.NewCertPool()
+				if !roots.AppendCertsFromPEM(s.Data["ca.crt"]) {
+					t.Fatalf("%s: ca.crt holds no certificate", s.Name)
+				}
+				return cert, roots
+			}
+			serverCert, roots := parse(server)
+			clientCert, clientRoots := parse(client)
+			name := releaseName + "." + namespace + ".svc.cluster.local"
+			if _, err := serverCert.Verify(x509.VerifyOptions{DNSName: name, Roots: roots}); err != nil {
+				t.Errorf("infergate's certificate for %s: %v", name, err)
+			}
+			// Envoy's client certificate chains to the CA infergate trusts
+			// (the server Secret's ca.crt), and Envoy trusts infergate's.
+			if _, err := clientCert.Verify(x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+				t.Errorf("Envoy's client certificate: %v", err)
+			}
+			if _, err := serverCert.Verify(x509.VerifyOptions{DNSName: name, Roots: clientRoots}); err != nil {
+				t.Errorf("infergate's certificate by the client Secret's ca.crt: %v", err)
+			}
+			cfg := findConfigMap(objs, releaseName+"-config").Data["config.yaml"]
+			if !strings.Contains(cfg, "clientCAFile: /etc/infergate/tls/ca.crt") || strings.Contains(cfg, "extproc:\n  insecureOpenToNetwork") {
+				t.Errorf("config without the generated TLS files, or plaintext:\n%s", cfg)
+			}
+		}},
+		{"debug pages behind the token Secret", map[string]any{
+			"debug": map[string]any{"enabled": true, "tokenSecret": map[string]any{"name": "dbg", "key": "t"}},
+		}, func(t *testing.T, objs map[string][]any) {
+			cfg := findConfigMap(objs, releaseName+"-config").Data["config.yaml"]
+			for _, want := range []string{"tokenFile: /etc/infergate/debug/token", "openToNetwork: true"} {
+				if !strings.Contains(cfg, want) {
+					t.Errorf("config lacks %q:\n%s", want, cfg)
+				}
+			}
+			pod := objs["apps/v1/Deployment"][0].(*appsv1.Deployment).Spec.Template.Spec
+			mounted := false
+			for _, m := range pod.Containers[0].VolumeMounts {
+				mounted = mounted || m.Name == "debug-token" && m.MountPath == "/etc/infergate/debug"
+			}
+			found := false
+			for _, v := range pod.Volumes {
+				if v.Secret != nil && v.Secret.SecretName == "dbg" {
+					found = len(v.Secret.Items) == 1 && v.Secret.Items[0].Key == "t" && v.Secret.Items[0].Path == "token"
+				}
+			}
+			if !mounted || !found {
+				t.Errorf("the token Secret is not mounted as /etc/infergate/debug/token: %+v %+v", pod.Containers[0].VolumeMounts, pod.Volumes)
+			}
+		}},
 		{"NetworkPolicy peers derived for Istio, PeerAuthentication", map[string]any{
 			"istio":         readValues(t, chartDir+"/ci/istio-values.yaml")["istio"],
 			"networkPolicy": map[string]any{"enabled": true},
@@ -624,6 +720,21 @@ func TestStrictDecodeCombinations(t *testing.T) {
 			if pa.GetPortLevelMtls()[50051].GetMode().String() != "STRICT" || pa.GetMtls().GetMode().String() != "PERMISSIVE" ||
 				pa.GetSelector().GetMatchLabels()["app.kubernetes.io/component"] != "serve" {
 				t.Errorf("PeerAuthentication %v", pa)
+			}
+			// The ext_proc port admits the gateway's and the model servers'
+			// identities only; the admin port anyone in the mesh.
+			ap := objs["security.istio.io/v1/AuthorizationPolicy"][0].(*istiosecurity.AuthorizationPolicy)
+			rules := ap.GetRules()
+			if ap.GetAction().String() != "ALLOW" || len(rules) != 2 || ap.GetSelector().GetMatchLabels()["app.kubernetes.io/component"] != "serve" {
+				t.Fatalf("AuthorizationPolicy %v", ap)
+			}
+			want := []string{"cluster.local/ns/istio-system/sa/istio-ingressgateway-service-account", "cluster.local/ns/models/sa/vllm"}
+			if got := rules[0].GetFrom()[0].GetSource().GetPrincipals(); !slices.Equal(got, want) ||
+				!slices.Equal(rules[0].GetTo()[0].GetOperation().GetPorts(), []string{"50051"}) {
+				t.Errorf("ext_proc rule %v, want principals %q on port 50051", rules[0], want)
+			}
+			if len(rules[1].GetFrom()) != 0 || !slices.Equal(rules[1].GetTo()[0].GetOperation().GetPorts(), []string{"9090"}) {
+				t.Errorf("admin rule %v", rules[1])
 			}
 		}},
 	}

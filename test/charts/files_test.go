@@ -217,6 +217,11 @@ func TestIstioSidecarSkipsOnlyTheChartsGateway(t *testing.T) {
 			if c.ids != nil {
 				istio["sidecar"].(map[string]any)["gatewayIdentities"] = c.ids
 			}
+			if c.ids != nil && len(c.ids) == 0 {
+				// The AuthorizationPolicy would have no identity to admit
+				// the gateway by (a render error, TestValuesRejected).
+				istio["authorizationPolicy"] = map[string]any{"enabled": false}
+			}
 			r, err := render(t, vals)
 			if err != nil {
 				t.Fatal(err)
@@ -482,6 +487,29 @@ func TestValuesRejected(t *testing.T) {
 		{"listen address in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"listen": ":1234"}}}
 		}, "config.extproc.listen is set by the chart; use the chart value ports.extproc"},
+		{"authorization policy without the sidecars' identities", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
+				"sidecar": map[string]any{"enabled": true, "workloadSelector": map[string]any{"app": "vllm"}}}}
+		}, "istio.authorizationPolicy.sidecarIdentities"},
+		{"authorization policy without the gateway's identities", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
+				"sidecar": map[string]any{"gatewayIdentities": []any{}}}}
+		}, "istio.sidecar.gatewayIdentities"},
+		{"generated certificates and a Secret", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true, "secretName": "s"}}}
+		}, "extproc.tls.generate makes the certificates itself"},
+		{"debug pages without a token", func() map[string]any {
+			return map[string]any{"debug": map[string]any{"pprof": true}}
+		}, "debug.tokenSecret.name"},
+		{"debug pages in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"admin": map[string]any{"debug": map[string]any{"enabled": true}}}}
+		}, "config.admin.debug is set by the chart; use the chart value debug"},
+		{"plaintext opt-in in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"extproc": map[string]any{"insecureOpenToNetwork": false}}}
+		}, "config.extproc.insecureOpenToNetwork is set by the chart; use the chart value extproc.tls"},
+		{"admin opt-in in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"admin": map[string]any{"openToNetwork": false}}}
+		}, "config.admin.openToNetwork is set by the chart; use the chart value ports.admin"},
 		{"redis address in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"ratelimit": map[string]any{"redis": map[string]any{"address": "r:6379"}}}}
 		}, "config.ratelimit.redis.address is set by the chart"},

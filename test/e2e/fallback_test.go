@@ -13,6 +13,7 @@ import (
 )
 
 const fallbackConfig = `
+admin: {debug: {enabled: true}}
 virtualModels:
 - name: llama
   pools:

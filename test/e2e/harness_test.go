@@ -310,6 +310,8 @@ type stack struct {
 const testConfig = `
 gate:
   maxBodyBytes: 65536
+admin:
+  debug: {enabled: true} # /debug/requests: the harness listens on loopback
 log:
   level: debug
 `

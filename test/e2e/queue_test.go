@@ -17,6 +17,7 @@ import (
 func TestSLAQueueDepthFromPoolMetrics(t *testing.T) {
 	s := startStackFor(t, "envoy/sla.yaml", func(s *stack) string {
 		return `
+admin: {debug: {enabled: true}}
 virtualModels:
 - name: llama
   pools:

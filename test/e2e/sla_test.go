@@ -23,6 +23,7 @@ import (
 )
 
 const slaConfig = `
+admin: {debug: {enabled: true}}
 virtualModels:
 - name: llama
   pools:

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"gopkg.in/yaml.v3"
+
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
@@ -44,10 +46,12 @@ func meterWasm(t *testing.T) string {
 	return wasmBuild.path
 }
 
-// startWasmStack is startStackWith(config, 1) on envoy/wasm-meter.yaml.
+// startWasmStack is startStackWith(config, 1) on envoy/wasm-meter.yaml,
+// with meter.wasm: the access-log service takes the module's summaries.
 func startWasmStack(t *testing.T, config string) *stack {
 	t.Helper()
 	wasm := meterWasm(t)
+	config = withWasmMeter(t, config)
 	s := startStackFor(t, "", func(*stack) string { return config }, 1)
 	s.Envoy = envoytest.Start(t, renderEnvoy(t, "envoy/wasm-meter.yaml", map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0",
@@ -55,6 +59,26 @@ func startWasmStack(t *testing.T, config string) *stack {
 		"JWKS_FILE": testIssuer(t).jwksPath, "OTLP_PORT": otlpPort(t), "WASM_FILE": wasm,
 	}))
 	return s
+}
+
+// withWasmMeter sets meter.wasm: true in a YAML config.
+func withWasmMeter(t *testing.T, config string) string {
+	t.Helper()
+	doc := map[string]any{}
+	if err := yaml.Unmarshal([]byte(config), &doc); err != nil {
+		t.Fatal(err)
+	}
+	meter, _ := doc["meter"].(map[string]any)
+	if meter == nil {
+		meter = map[string]any{}
+	}
+	meter["wasm"] = true
+	doc["meter"] = meter
+	b, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // Through the Wasm meter the body is byte-identical to the mock's own

@@ -200,6 +200,11 @@ message that says what to change.
   "extproc.listen" "ports.extproc"
   "admin.listen" "ports.admin"
   "xds.listen" "ports.xds"
+  "extproc.insecureOpenToNetwork" "extproc.tls"
+  "admin.openToNetwork" "ports.admin"
+  "admin.debug" "debug"
+  "admin.pprof" "debug.pprof"
+  "xds.insecureOpenToNetwork" "ports.xds"
   "auth.keys" "apiKeys"
   "policy.dir" "policies"
   "ratelimit.backend" "redis.address"
@@ -234,6 +239,9 @@ message that says what to change.
 {{- if and (eq .Values.mode "serve") (not .Values.redis.address) (or $extproc.autoscaling.enabled (gt (int $extproc.replicas) 1)) }}
 {{- fail "more than one serve replica needs shared rate-limit counters: set redis.address (or keep extproc.replicas: 1 without autoscaling)" }}
 {{- end }}
+{{- if and (or .Values.debug.enabled .Values.debug.pprof) (not .Values.debug.tokenSecret.name) }}
+{{- fail "debug.enabled and debug.pprof need debug.tokenSecret.name: the /debug pages on the pod network are served only behind a bearer token" }}
+{{- end }}
 {{- if and .Values.redis.passwordSecret.name (not .Values.redis.address) }}
 {{- fail "redis.passwordSecret is set but redis.address is not" }}
 {{- end }}
@@ -256,8 +264,11 @@ message that says what to change.
 {{- end }}
 {{- end }}
 {{- with .Values.extproc.tls }}
-{{- if and .enabled (not .secretName) (not .certManager.issuerRef) }}
-{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt) or extproc.tls.certManager.issuerRef" }}
+{{- if and .enabled (not .secretName) (not .certManager.issuerRef) (not .generate) }}
+{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt), extproc.tls.certManager.issuerRef or extproc.tls.generate" }}
+{{- end }}
+{{- if and .generate (or .secretName .certManager.issuerRef) }}
+{{- fail "extproc.tls.generate makes the certificates itself: drop extproc.tls.secretName and extproc.tls.certManager.issuerRef, or generate" }}
 {{- end }}
 {{- if and .enabled $.Values.istio.enabled }}
 {{- fail "extproc.tls with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
@@ -272,6 +283,16 @@ message that says what to change.
 {{- if and .Values.istio.peerAuthentication.enabled (not .Values.istio.enabled) }}
 {{- fail "istio.peerAuthentication needs istio.enabled" }}
 {{- end }}
+{{- with .Values.istio }}
+{{- if and .enabled .peerAuthentication.enabled .authorizationPolicy.enabled }}
+{{- if and .gateway.enabled (not .sidecar.gatewayIdentities) }}
+{{- fail "istio.authorizationPolicy admits the gateway by istio.sidecar.gatewayIdentities: list the gateway's SPIFFE IDs there (or set istio.authorizationPolicy.enabled: false)" }}
+{{- end }}
+{{- if and .sidecar.enabled (not .authorizationPolicy.sidecarIdentities) }}
+{{- fail "istio.authorizationPolicy admits the model servers' sidecars by istio.authorizationPolicy.sidecarIdentities: list their service accounts' SPIFFE IDs (or set istio.authorizationPolicy.enabled: false)" }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- if and .Values.istio.enabled .Values.istio.sidecar.enabled (not .Values.istio.sidecar.workloadSelector) }}
 {{- fail "istio.sidecar.workloadSelector must select the model-server pods (an empty selector would put the filters on every sidecar of the namespace)" }}
 {{- end }}
@@ -281,14 +302,26 @@ message that says what to change.
 The configuration file: values.config with the keys the chart owns.
 */}}
 {{- define "infergate.config" -}}
+{{- /* A pod's ports listen on the pod network, which infergate refuses
+  without mTLS or an explicit opt-in: the chart writes one or the other.
+  Plaintext ext_proc and xDS are then guarded by the mesh (istio) or the
+  NetworkPolicy only. The admin port serves /metrics and the probes there,
+  the /debug pages only with a token. */}}
 {{- $extproc := dict "listen" (printf ":%d" (int .Values.ports.extproc)) }}
 {{- if include "infergate.extprocTLSSecret" . }}
 {{- $_ := set $extproc "tls" (dict "certFile" "/etc/infergate/tls/tls.crt" "keyFile" "/etc/infergate/tls/tls.key" "clientCAFile" "/etc/infergate/tls/ca.crt") }}
+{{- else }}
+{{- $_ := set $extproc "insecureOpenToNetwork" true }}
+{{- end }}
+{{- $admin := dict "listen" (printf ":%d" (int .Values.ports.admin)) "openToNetwork" true }}
+{{- if or .Values.debug.enabled .Values.debug.pprof }}
+{{- $_ := set $admin "debug" (dict "enabled" .Values.debug.enabled "tokenFile" "/etc/infergate/debug/token") }}
+{{- $_ := set $admin "pprof" .Values.debug.pprof }}
 {{- end }}
 {{- $owned := dict
   "extproc" $extproc
-  "admin" (dict "listen" (printf ":%d" (int .Values.ports.admin)))
-  "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds))) }}
+  "admin" $admin
+  "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds)) "insecureOpenToNetwork" true) }}
 {{- if include "infergate.apiKeysSecret" . }}
 {{- $_ := set $owned "auth" (dict "keys" "/etc/infergate/keys") }}
 {{- end }}
@@ -401,6 +434,10 @@ spec:
     {{- if $v.redis.passwordSecret.name }}
     - {name: redis-password, mountPath: /etc/infergate/redis, readOnly: true}
     {{- end }}
+    {{- if or $v.debug.enabled $v.debug.pprof }}
+    # A directory, not a subPath: a rotated token reaches the running process.
+    - {name: debug-token, mountPath: /etc/infergate/debug, readOnly: true}
+    {{- end }}
     {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
     # A directory, not subPaths: a renewed certificate reaches the running
     # process, which reloads it for new handshakes.
@@ -426,6 +463,13 @@ spec:
       defaultMode: 0440
       items: [{key: {{ .key }}, path: password}]
   {{- end }}
+  {{- end }}
+  {{- if or $v.debug.enabled $v.debug.pprof }}
+  - name: debug-token
+    secret:
+      secretName: {{ $v.debug.tokenSecret.name }}
+      defaultMode: 0440
+      items: [{key: {{ $v.debug.tokenSecret.key }}, path: token}]
   {{- end }}
   {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
   - name: extproc-tls

@@ -1,0 +1,91 @@
+package cli
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+
+	"github.com/infergate/infergate/internal/config"
+)
+
+// debugPages mounts under /debug/ what admin turns on: the pages pages
+// registers with admin.debug.enabled, Go's profiler with admin.pprof; both
+// behind admin.debug.tokenFile when it is set. Nothing is mounted (404)
+// when neither is on.
+func debugPages(mux *http.ServeMux, admin config.Admin, pages func(*http.ServeMux)) {
+	if !admin.ServesDebug() {
+		return
+	}
+	debug := http.NewServeMux()
+	if admin.Debug.Enabled {
+		pages(debug)
+	}
+	if admin.Pprof {
+		debug.HandleFunc("GET /debug/pprof/", pprof.Index)
+		debug.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		debug.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		debug.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		debug.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
+	mux.Handle("/debug/", bearer(admin.Debug.TokenFile, debug))
+}
+
+// maxTokenBytes bounds the token file read on every /debug request.
+const maxTokenBytes = 4096
+
+// readToken reads the bearer token from file: trimmed, non-empty.
+func readToken(file string) ([]byte, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenBytes+1))
+	switch token := bytes.TrimSpace(b); {
+	case err != nil:
+		return nil, err
+	case len(b) > maxTokenBytes:
+		return nil, fmt.Errorf("%s: longer than %d bytes", file, maxTokenBytes)
+	case len(token) == 0:
+		return nil, fmt.Errorf("%s: empty", file)
+	default:
+		return token, nil
+	}
+}
+
+// checkDebugToken fails at start when admin.debug.tokenFile is set but
+// holds no token.
+func checkDebugToken(admin config.Admin) error {
+	if admin.Debug.TokenFile == "" || !admin.ServesDebug() {
+		return nil
+	}
+	if _, err := readToken(admin.Debug.TokenFile); err != nil {
+		return fmt.Errorf("admin.debug.tokenFile: %w", err)
+	}
+	return nil
+}
+
+// bearer serves h to requests with "Authorization: Bearer TOKEN", TOKEN the
+// file's content, read on every request (a rotated Secret applies at once);
+// others get 401, as does every request while the file holds no token.
+// Without a file, h is served as is.
+func bearer(tokenFile string, h http.Handler) http.Handler {
+	if tokenFile == "" {
+		return h
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		want, err := readToken(tokenFile)
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="infergate debug"`)
+			http.Error(w, "unauthorized: /debug/ needs the bearer token of admin.debug.tokenFile", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
