@@ -103,7 +103,8 @@ func TestAdversarialLedger(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	keys, policies := ledgerTenants(t, slices.Sorted(maps.Keys(cells)))
 	s := startStackFor(t, "", func(*stack) string {
-		return policyConfig(keys, policies, "ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}")
+		// meter.wasm: the access-log service is there for the peer to forge.
+		return withWasmMeter(t, policyConfig(keys, policies, "ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}"))
 	}, 1)
 	fast := mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond, MaxTokens: 64}
 	s.PoolA.SetConfig(fast)
@@ -706,8 +707,8 @@ func (p *ledgerPeer) settle(field string, completion int) {
 
 // settleByAccessLog sends field with a complete, 0-usage summary of the
 // in-Envoy meter as one access-log entry per copy, on the ext_proc port
-// where infergate takes the access log. Infergate has handled the entries
-// once it answers the stream; a refused stream (no such service) is fine.
+// where infergate takes the access log (meter.wasm is on). Infergate has
+// handled the entries once it answers the stream.
 func (p *ledgerPeer) settleByAccessLog(field string, copies int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -125,8 +125,10 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 	defer rdb.Close()
 	// Budgets are per clock-aligned minute: run inside one.
 	inOneWindow(t)
-	s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, 1_000_000),
-		"ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}"), 1)
+	// The in-Envoy meter's access-log service is on, so forged summaries
+	// have somewhere to go.
+	s := startStackWith(t, withWasmMeter(t, policyConfig(writeKeys(t), loadPolicies(t, 1_000_000),
+		"ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}")), 1)
 	// Real use through Envoy, so a refund has something to take back.
 	c := chatCall("sk-load-0001", "pool-a", 32)
 	for range 10 {
@@ -177,8 +179,7 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 	}
 	unsealed := "1|0|0|12|0|0|0|0|0|allow|unsealed-summary|pool-a|acme|key:forger|ok|||chat"
 	if !sendSummaries(t, conn, 200, []string{forged, unsealed}, []string{"forged-summary", "unsealed-summary"}) {
-		t.Log("the access-log service is not registered (no Wasm meter configured): nothing to forge there")
-		return
+		t.Fatal("the access-log service is not registered: meter.wasm is on, it must be")
 	}
 	for _, id := range []string{"forged-summary", "unsealed-summary"} {
 		if st := s.Gateway.stamp(t, id); st.Tenant != "" || st.Principal != "" {
@@ -247,7 +248,7 @@ func sendSummaries(t *testing.T, conn *grpc.ClientConn, code uint32, fields, ids
 // sample; the one real request after them does. Before, such a message
 // moved pool-a's weight 100 -> 5 in about 4 s.
 func TestForgedSummariesMoveNoWeight(t *testing.T) {
-	s := startStackOn(t, "envoy/sla.yaml", slaConfig, 1)
+	s := startStackOn(t, "envoy/sla.yaml", withWasmMeter(t, slaConfig), 1)
 	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -261,8 +262,7 @@ func TestForgedSummariesMoveNoWeight(t *testing.T) {
 		}
 	}
 	if !sendSummaries(t, conn, 500, fields, []string{"forged"}) {
-		t.Log("the access-log service is not registered (no Wasm meter configured): nothing to forge there")
-		return
+		t.Fatal("the access-log service is not registered: meter.wasm is on, it must be")
 	}
 	if resp, e := chatCall("", "llama", 4).do(t, s.Envoy.URL); resp.StatusCode != 200 {
 		t.Fatalf("a real request: %d %+v", resp.StatusCode, e)
