@@ -60,6 +60,7 @@ func heapInUse() uint64 {
 // between is served. HOSTILE_REQUESTS sets how many (default 1,000; the
 // closing measurement used 10,000).
 func TestHostileModelNamesCostNothing(t *testing.T) {
+	t.Parallel()
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("HOSTILE_REQUESTS")); err == nil && v > 0 {
 		n = v
@@ -145,6 +146,7 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 // out of order. infergate answers or drops those streams, keeps running,
 // and keeps serving Envoy.
 func TestOutOfRangeExtProcMessagesCrashNothing(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -246,6 +248,7 @@ func grepLines(s, sub string) string {
 // The client's gateway key stops at the gateway, and so do headers that
 // try to spell the gate's own: the pool sees neither.
 func TestUpstreamNeverSeesClientCredentials(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), copyPolicies(t), ""), 1)
 	c := chatCall("sk-acme-0001", "pool-a", 8)
 	c.hdr = map[string]string{"x-api-key": "sk-acme-0001", "x_infergate_model": "pool-b", "x-infergate-tenant": "globex"}
@@ -270,6 +273,7 @@ func TestUpstreamNeverSeesClientCredentials(t *testing.T) {
 // are Redis keys) moves no counter: only reservations infergate sealed are
 // settled. The test reads Redis itself.
 func TestForgedReservationMovesNoCounter(t *testing.T) {
+	t.Parallel()
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -375,6 +379,7 @@ func TestDeepJSONRefusedAtOnce(t *testing.T) {
 // A client that opts out of usage is still charged the model server's own
 // count: the gate asks for usage on every stream.
 func TestUsageOptOutStillMetered(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	got := stream(t, s.Envoy.URL+"/v1/chat/completions",
 		chatBody("pool-a", 6, true, `,"stream_options":{"include_usage":false}`), nil)

@@ -29,6 +29,7 @@ type sdkResult struct {
 // The official OpenAI SDKs stream through the gateway and get every chunk
 // and the usage, exactly as the model server sent them.
 func TestOpenAISDKsStreamThroughGateway(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	clients := map[string][]string{
 		"python": {filepath.Join(repoRoot, ".tools", "py-venv", "bin", "python"), filepath.Join(repoRoot, "test", "clients", "stream_openai.py")},
@@ -130,6 +131,7 @@ type apiResult struct {
 // the meter stamps each request with its API, the usage the mock reported
 // and, for a stream, a first token and one content event per token.
 func TestSDKsDriveEveryAPI(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	python := filepath.Join(repoRoot, ".tools", "py-venv", "bin", "python")
 	openaiPy := []string{python, filepath.Join(repoRoot, "test", "clients", "apis_openai.py")}
