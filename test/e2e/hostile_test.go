@@ -298,11 +298,12 @@ func TestForgedReservationMovesNoCounter(t *testing.T) {
 		}
 		return out
 	}
-	var before map[string]string
+	// The metric counts a settlement after its Redis write: the snapshot
+	// is taken once it shows, or it could catch the reservation unsettled.
 	waitFor(t, 3*time.Second, func() bool {
-		before = snapshot()
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
 	}, "the real request's settlement")
+	before := snapshot()
 	var counters []string
 	for k := range before {
 		counters = append(counters, k)
