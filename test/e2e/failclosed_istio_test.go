@@ -744,15 +744,9 @@ func istioCheckPatched(t *testing.T, proxy istioProxy, bootstrap map[string]any)
 	}
 }
 
-func TestFailClosedIstioGateway(t *testing.T) {
-	t.Parallel()
-	istioFailClosed(t, istioIngressGateway)
-}
+func TestFailClosedIstioGateway(t *testing.T) { istioFailClosed(t, istioIngressGateway) }
 
-func TestFailClosedIstioSidecar(t *testing.T) {
-	t.Parallel()
-	istioFailClosed(t, istioModelSidecar)
-}
+func TestFailClosedIstioSidecar(t *testing.T) { istioFailClosed(t, istioModelSidecar) }
 
 func istioFailClosed(t *testing.T, proxy istioProxy) {
 	filters := istioEnvoyFilters(t)

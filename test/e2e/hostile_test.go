@@ -60,7 +60,6 @@ func heapInUse() uint64 {
 // between is served. HOSTILE_REQUESTS sets how many (default 1,000; the
 // closing measurement used 10,000).
 func TestHostileModelNamesCostNothing(t *testing.T) {
-	t.Parallel()
 	n := 1000
 	if v, err := strconv.Atoi(os.Getenv("HOSTILE_REQUESTS")); err == nil && v > 0 {
 		n = v

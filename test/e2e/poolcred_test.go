@@ -115,7 +115,6 @@ func authAt(t *testing.T, s *stack, key, model string, stream bool) (servedBy st
 }
 
 func TestPoolCredentialInjectedPerCluster(t *testing.T) {
-	t.Parallel()
 	const key1, key2 = "sk-pool-b-first-3f9a1c", "sk-pool-b-second-7be042"
 	s, vol, hosted := startPoolCredStack(t, key1)
 

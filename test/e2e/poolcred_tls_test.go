@@ -133,7 +133,6 @@ func startHostedStack(t *testing.T, key string, opt hostedOptions) (*stack, *sec
 // and never the client's gateway key (in either header), and streams stay
 // byte-exact and incremental.
 func TestPoolCredentialHostedTLS(t *testing.T) {
-	t.Parallel()
 	const poolKey = "sk-hosted-pool-b-5d21e8"
 	const gatewayKey = "sk-acme-0001" // a real gateway key: auth.keys has it
 	config := testConfig + "auth: {keys: " + writeKeys(t) + "}\n"
@@ -240,7 +239,6 @@ func TestPoolCredentialHostedTLS(t *testing.T) {
 // A hosted API without HTTP/2 gets HTTP/1.1 over the same TLS (ALPN), with
 // its name, its key and an incremental, byte-exact stream.
 func TestPoolCredentialHostedHTTP1(t *testing.T) {
-	t.Parallel()
 	const poolKey = "sk-hosted-http1-pool-b-0c4f"
 	s, _, hosted := startHostedStack(t, poolKey, hostedOptions{http1Only: true})
 	hdr := map[string]string{"x-mock-ttft-ms": "50", "x-mock-itl-ms": "20", "authorization": "Bearer sk-client"}

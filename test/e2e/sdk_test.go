@@ -131,7 +131,6 @@ type apiResult struct {
 // the meter stamps each request with its API, the usage the mock reported
 // and, for a stream, a first token and one content event per token.
 func TestSDKsDriveEveryAPI(t *testing.T) {
-	t.Parallel()
 	s := startStack(t)
 	python := filepath.Join(repoRoot, ".tools", "py-venv", "bin", "python")
 	openaiPy := []string{python, filepath.Join(repoRoot, "test", "clients", "apis_openai.py")}
