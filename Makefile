@@ -123,14 +123,16 @@ unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpor
 	$(GO) vet ./...
 	$(GO) tool opa test policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos)
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos -e /bench/overhead)
 
 # Each parallel e2e test runs its own Envoy, infergate, pools and clients:
 # two at a time keeps two cores busy without starving any of them.
 E2E_PARALLEL ?= 2
 .PHONY: e2e
-e2e: deps ## The end-to-end tests (real Envoy + infergate + mock pools + SDKs), race detector on, E2E_PARALLEL (2) at a time; GOTESTFLAGS=-v for the log
+e2e: deps ## The end-to-end tests (real Envoy + infergate + mock pools + SDKs), E2E_PARALLEL (2) at a time, then the overhead harness's smoke run; race detector on; GOTESTFLAGS=-v for the log
 	$(GO) test -race -count=1 -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./test/e2e/
+	@# The overhead harness's smoke run: every phase through real Envoy (a minute).
+	$(GO) test -race -count=1 $(GOTESTFLAGS) ./bench/overhead/
 
 .PHONY: kube
 kube: kube-test ## Alias of kube-test
