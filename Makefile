@@ -10,7 +10,7 @@ FUZZTIME  ?= 10s
 
 .PHONY: help
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target>\n\n"} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-8s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "; printf "Usage: make <target>\n\n"} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build bin/infergate
@@ -107,18 +107,45 @@ release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI
 deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs)
 	@scripts/install-test-deps.sh >/dev/null
 
+# The tiers: make unit, e2e, chaos and kube each run one part of make test;
+# make test runs them all, one after another (real processes share the cores).
 .PHONY: test
-test: deps ## Run every test: Rego (opa test), unit and layout (race detector on), fuzz seed corpora, end-to-end against real Envoy and Redis
+test: deps ## Run every test, tier after tier: make unit, make e2e, the chaos package (with a 3-minute soak), the chart tests, make kube
+	$(MAKE) unit
+	$(MAKE) e2e
+	@# Faults under load, and the ledger after each (make chaos prints the table).
+	$(GO) test -count=1 -timeout 20m ./test/chaos/
+	$(MAKE) chart-test
+	$(MAKE) kube-test
+
+.PHONY: unit
+unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora, race detector on: no Envoy-backed suite
 	$(GO) vet ./...
 	$(GO) tool opa test policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos)
-	@# End to end last and alone: real processes share the two cores.
-	$(GO) test -race -count=1 ./test/e2e/
-	@# Faults under load, and the ledger after each (make chaos prints the table).
-	$(GO) test -count=1 -timeout 20m ./test/chaos/
-	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
-	$(MAKE) kube-test
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos -e /bench/overhead)
+
+# Each parallel e2e test runs its own Envoy, infergate, pools and clients:
+# two at a time keeps two cores busy without starving any of them.
+E2E_PARALLEL ?= 2
+.PHONY: e2e
+e2e: deps ## The end-to-end tests (real Envoy + infergate + mock pools + SDKs), E2E_PARALLEL (2) at a time, then the overhead harness's smoke run; race detector on; GOTESTFLAGS=-v for the log
+	$(GO) test -race -count=1 -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./test/e2e/
+	@# The overhead harness's smoke run: every phase through real Envoy (a minute).
+	$(GO) test -race -count=1 $(GOTESTFLAGS) ./bench/overhead/
+
+.PHONY: kube
+kube: kube-test ## Alias of kube-test
+
+# LOAD_TARGET=unit (say) runs one tier under the burner instead of make test.
+LOAD_TARGET ?= test
+.PHONY: test-under-load
+test-under-load: ## make test (or LOAD_TARGET) with one core kept busy by a CPU burner it starts and always stops
+	@set -e; \
+	if command -v taskset >/dev/null; then taskset -c 0 yes >/dev/null & else yes >/dev/null & fi; burner=$$!; \
+	trap 'kill $$burner 2>/dev/null || true' EXIT INT TERM; \
+	echo "CPU burner: pid $$burner, one core busy"; \
+	$(MAKE) $(LOAD_TARGET)
 
 .PHONY: chart-test
 chart-test: ## Helm chart: lint, render, strict decode, golden files, Envoy Gateway translation (first run builds egctl)
@@ -131,10 +158,6 @@ kube-test: deps ## The chart, the weight sinks and Envoy Gateway (Kubernetes mod
 	@# Its own Go module (test/kube/go.mod): kube-apiserver and etcd built from the
 	@# module proxy, in-process. The version stamp is what the chart's kubeVersion checks.
 	cd test/kube && $(GO) test -count=1 -timeout 40m -ldflags '$(KUBE_LDFLAGS)' ./...
-
-.PHONY: e2e
-e2e: deps ## Run only the end-to-end tests (real Envoy + infergate + mock pools + SDKs), verbosely
-	$(GO) test -count=1 -v ./test/e2e/
 
 .PHONY: chaos
 chaos: deps ## Kill, freeze and restart infergate, Envoy, Redis, the controller and a pool under load; check every byte and the ledger; print the table

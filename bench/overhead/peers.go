@@ -146,45 +146,22 @@ func (h *harness) startPeer(info *PeerInfo) (*peer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scripts/install-peers.sh %s: %w\n%s", info.Key, err, lastLines(stderr.String(), 20))
 	}
-	vars := map[string]string{}
-	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
-		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
-			vars[k] = v
-		}
-	}
 	port, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	mock := fmt.Sprintf("http://127.0.0.1:%d/v1", h.mockPort)
-	p := &peer{info: info, url: "http://127.0.0.1:" + strconv.Itoa(port)}
-	var ready string
-	switch info.Key {
-	case peerLiteLLM:
-		info.Version = vars["LITELLM_VERSION"]
-		env := []string{"MOCK_API_BASE=" + mock, "LITELLM_MASTER_KEY=" + benchKey,
-			// Nothing fetched from outside at start (the model cost map is
-			// in the package), and errors only in its log.
-			"LITELLM_LOCAL_MODEL_COST_MAP=True", "LITELLM_LOG=ERROR"}
-		p.proc, err = startProc(h.work, info.Key, h.opts.GatewayCPUs, env, vars["LITELLM_BIN"],
-			"--config", filepath.Join(h.opts.Root, "bench/overhead/peers/litellm.yaml"),
-			"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--num_workers", "1")
-		ready = p.url + "/health/liveliness"
-	case peerPortkey:
-		info.Version = vars["PORTKEY_VERSION"]
-		p.headers = map[string]string{"x-portkey-provider": "openai", "x-portkey-custom-host": mock,
-			"x-portkey-forward-headers": strings.Join(mockHeaders, ",")}
-		p.proc, err = startProc(h.work, info.Key, h.opts.GatewayCPUs, []string{"NODE_ENV=production"}, vars["NODE_BIN"],
-			vars["PORTKEY_SERVER"], "--port="+strconv.Itoa(port), "--headless")
-		ready = p.url + "/"
-	default:
-		return nil, fmt.Errorf("unknown peer %q (want %s)", info.Key, strings.Join(allPeers, ", "))
-	}
+	url := "http://127.0.0.1:" + strconv.Itoa(port)
+	l, err := launchPeer(h.opts.Root, info.Key, installVars(out), port, fmt.Sprintf("http://127.0.0.1:%d/v1", h.mockPort))
 	if err != nil {
 		return nil, err
 	}
+	info.Version = l.version
+	p := &peer{info: info, url: url, headers: l.headers}
+	if p.proc, err = startProc(h.work, info.Key, h.opts.GatewayCPUs, l.env, l.bin, l.args...); err != nil {
+		return nil, err
+	}
 	// LiteLLM imports for seconds before it listens, longer on a busy CPU.
-	if err := p.proc.waitReadyFor(ready, 2*time.Minute); err != nil {
+	if err := p.proc.waitReadyFor(url+l.ready, 2*time.Minute); err != nil {
 		p.proc.stop()
 		return nil, err
 	}
@@ -194,6 +171,69 @@ func (h *harness) startPeer(info *PeerInfo) (*peer, error) {
 	}
 	h.logf("peer %s %s: ready at %s", info.Key, info.Version, p.url)
 	return p, nil
+}
+
+// installVars reads scripts/install-peers.sh's output: NAME=value lines.
+func installVars(out []byte) map[string]string {
+	vars := map[string]string{}
+	for sc := bufio.NewScanner(bytes.NewReader(out)); sc.Scan(); {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			vars[k] = v
+		}
+	}
+	return vars
+}
+
+// peerInstallVars are the names each peer's launch reads from
+// scripts/install-peers.sh's output.
+var peerInstallVars = map[string][]string{
+	peerLiteLLM: {"LITELLM_BIN", "LITELLM_VERSION"},
+	peerPortkey: {"NODE_BIN", "PORTKEY_SERVER", "PORTKEY_VERSION"},
+}
+
+// peerLaunch is how a peer lane runs: its command and environment, the
+// path that answers once it listens, and the headers its lane sends.
+type peerLaunch struct {
+	version string
+	bin     string
+	args    []string
+	env     []string
+	ready   string
+	headers map[string]string
+}
+
+// launchPeer builds a peer's launch from what scripts/install-peers.sh
+// printed (vars), the port it listens on and the mock's base URL (.../v1).
+func launchPeer(root, key string, vars map[string]string, port int, mock string) (peerLaunch, error) {
+	names, ok := peerInstallVars[key]
+	if !ok {
+		return peerLaunch{}, fmt.Errorf("unknown peer %q (want %s)", key, strings.Join(allPeers, ", "))
+	}
+	for _, name := range names {
+		if vars[name] == "" {
+			return peerLaunch{}, fmt.Errorf("peer %s: scripts/install-peers.sh printed no %s", key, name)
+		}
+	}
+	switch key {
+	case peerLiteLLM:
+		return peerLaunch{version: vars["LITELLM_VERSION"], bin: vars["LITELLM_BIN"],
+			args: []string{"--config", filepath.Join(root, "bench/overhead/peers/litellm.yaml"),
+				"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--num_workers", "1"},
+			env: []string{"MOCK_API_BASE=" + mock, "LITELLM_MASTER_KEY=" + benchKey,
+				// Nothing fetched from outside at start (the model cost map is
+				// in the package), and errors only in its log.
+				"LITELLM_LOCAL_MODEL_COST_MAP=True", "LITELLM_LOG=ERROR"},
+			ready: "/health/liveliness",
+		}, nil
+	default: // peerPortkey
+		return peerLaunch{version: vars["PORTKEY_VERSION"], bin: vars["NODE_BIN"],
+			args:  []string{vars["PORTKEY_SERVER"], "--port=" + strconv.Itoa(port), "--headless"},
+			env:   []string{"NODE_ENV=production"},
+			ready: "/",
+			headers: map[string]string{"x-portkey-provider": "openai", "x-portkey-custom-host": mock,
+				"x-portkey-forward-headers": strings.Join(mockHeaders, ",")},
+		}, nil
+	}
 }
 
 // livePeers drops the peer lanes whose process has exited, recording why.

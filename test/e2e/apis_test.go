@@ -190,6 +190,7 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 // duration, and the input tokens the mock reported and billed (labelled
 // embeddings in the GenAI metrics).
 func TestStampsEmbeddings(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	const ttft = 100
 	hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft)}
@@ -243,6 +244,7 @@ func TestStampsEmbeddings(t *testing.T) {
 // settled charge is the usage the mock reported (and billed), not the
 // gate's estimate, and nothing for output.
 func TestBudgetChargesEmbeddings(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), loadPolicies(t, 1_000_000), ""), 1)
 	hdr := map[string]string{"authorization": "Bearer sk-load-0001", "x-mock-ttft-ms": "20"}
 	settledTokens := func() float64 {

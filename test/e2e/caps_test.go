@@ -34,6 +34,7 @@ allow_unbounded contains "previous_response_id"
 // conversation, a stored prompt) is refused unless the policy accepts it,
 // never reaching a pool.
 func TestOutputCapsAndUnboundedCosts(t *testing.T) {
+	t.Parallel()
 	const tierCap = 64 // capPolicy's max_tokens
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "authz.rego"), []byte(capPolicy), 0o644); err != nil {

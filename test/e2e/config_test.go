@@ -19,6 +19,7 @@ import (
 // (demo.yaml, and sla.yaml with its routes over xDS): same filters, same
 // local replies, same cluster protocol settings.
 func TestSnippetMatchesTestedBootstrap(t *testing.T) {
+	t.Parallel()
 	var snippet struct {
 		HTTPFilters          []any            `yaml:"http_filters"`
 		LocalReplyConfig     any              `yaml:"local_reply_config"`
@@ -52,6 +53,7 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 // gate reads, the default policy headers) and every x-infergate-* under
 // either spelling; infergate warns about policy headers outside them.
 func TestSnippetForwardsGateHeaders(t *testing.T) {
+	t.Parallel()
 	var snippet struct {
 		HTTPFilters []struct {
 			Name        string `yaml:"name"`
@@ -162,6 +164,7 @@ func readYAML(t *testing.T, rel string, v any) {
 // Every shipped Envoy config drops headers with underscores: only the gate
 // sets x-infergate-*, under any spelling.
 func TestShippedConfigsDropUnderscoreHeaders(t *testing.T) {
+	t.Parallel()
 	for _, f := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/overhead.yaml", "envoy/overhead-plain.yaml", "envoy/xds-test.yaml"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {

@@ -48,6 +48,7 @@ func post(t *testing.T, url, contentType, body string, hdr map[string]string) (*
 // Every malformed request gets its OpenAI-style error from the gateway and
 // never reaches an upstream.
 func TestBadRequestsNeverReachUpstream(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	big := `{"model":"pool-a","messages":[{"role":"user","content":"` + strings.Repeat("x", 70_000) + `"}]}`
 	huge := `{"model":"pool-a","messages":[{"role":"user","content":"` + strings.Repeat("x", 2<<20) + `"}]}`
@@ -103,6 +104,7 @@ func TestBadRequestsNeverReachUpstream(t *testing.T) {
 
 // A client cannot pick a pool by sending the routing header itself.
 func TestSpoofedRoutingHeaderHasNoEffect(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	hdr := map[string]string{"x-infergate-model": "pool-b", "x-infergate-tenant": "admin"}
 	r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 3, true, ""), hdr)
@@ -145,6 +147,7 @@ func TestGateFailsClosed(t *testing.T) {
 
 // A meter that dies mid-stream never breaks the response.
 func TestMeterFailureNeverBreaksStream(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	body := chatBody("pool-a", 20, true, "")
 	hdr := map[string]string{"x-mock-ttft-ms": "100", "x-mock-itl-ms": "25"}

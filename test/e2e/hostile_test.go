@@ -145,6 +145,7 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 // out of order. infergate answers or drops those streams, keeps running,
 // and keeps serving Envoy.
 func TestOutOfRangeExtProcMessagesCrashNothing(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -246,6 +247,7 @@ func grepLines(s, sub string) string {
 // The client's gateway key stops at the gateway, and so do headers that
 // try to spell the gate's own: the pool sees neither.
 func TestUpstreamNeverSeesClientCredentials(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), copyPolicies(t), ""), 1)
 	c := chatCall("sk-acme-0001", "pool-a", 8)
 	c.hdr = map[string]string{"x-api-key": "sk-acme-0001", "x_infergate_model": "pool-b", "x-infergate-tenant": "globex"}
@@ -270,6 +272,7 @@ func TestUpstreamNeverSeesClientCredentials(t *testing.T) {
 // are Redis keys) moves no counter: only reservations infergate sealed are
 // settled. The test reads Redis itself.
 func TestForgedReservationMovesNoCounter(t *testing.T) {
+	t.Parallel()
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -294,11 +297,12 @@ func TestForgedReservationMovesNoCounter(t *testing.T) {
 		}
 		return out
 	}
-	var before map[string]string
+	// The metric counts a settlement after its Redis write: the snapshot
+	// is taken once it shows, or it could catch the reservation unsettled.
 	waitFor(t, 3*time.Second, func() bool {
-		before = snapshot()
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
 	}, "the real request's settlement")
+	before := snapshot()
 	var counters []string
 	for k := range before {
 		counters = append(counters, k)
@@ -375,6 +379,7 @@ func TestDeepJSONRefusedAtOnce(t *testing.T) {
 // A client that opts out of usage is still charged the model server's own
 // count: the gate asks for usage on every stream.
 func TestUsageOptOutStillMetered(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	got := stream(t, s.Envoy.URL+"/v1/chat/completions",
 		chatBody("pool-a", 6, true, `,"stream_options":{"include_usage":false}`), nil)

@@ -14,6 +14,7 @@ import (
 // and the answer comes while the body is still being sent (the gate waited
 // for none of it). With a key, the same gateway answers as ever.
 func TestUnauthenticatedAnsweredBeforeTheBody(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, "gate: {maxBodyBytes: 1048576}\nauth: {keys: "+writeKeys(t)+"}\nlog: {level: debug}\n", 1)
 	url := s.Envoy.URL + "/v1/completions"
 	// 960 KB of token IDs, cut before its end: invalid JSON.

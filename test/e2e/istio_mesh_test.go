@@ -34,6 +34,7 @@ const (
 // refuse it); a caller inside the mesh that skips the gateway meets the
 // sidecar's gate, with its key or without.
 func TestIstioGatewayAndSidecarGateOnce(t *testing.T) {
+	t.Parallel()
 	filters := istioEnvoyFilters(t)
 	poolA, poolB := startGWPool(t), startGWPool(t)
 	g := startInfergate(t, "auth: {keys: "+writeKeys(t)+"}\n")

@@ -56,6 +56,7 @@ func getModels(t *testing.T, base, path, key string) (int, []string, string) {
 // gate answers it, each tier seeing the configured models it may call;
 // no pool sees the request.
 func TestModelsListedPerTierThroughEnvoy(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), filepath.Join(repoRoot, "policies"), modelsConfig), 1)
 	for _, c := range []struct {
 		name, path, key string
@@ -92,6 +93,7 @@ func TestModelsListedPerTierThroughEnvoy(t *testing.T) {
 // The official OpenAI Python SDK lists and retrieves models through the
 // gateway.
 func TestOpenAISDKListsModels(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), filepath.Join(repoRoot, "policies"), modelsConfig), 1)
 	const script = `
 import json, sys, openai

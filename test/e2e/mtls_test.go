@@ -78,6 +78,7 @@ func (f *mtlsFiles) config() string {
 // from the CA is refused at the handshake and records nothing; a rotated
 // server certificate is what the next handshake sees.
 func TestExtProcMTLS(t *testing.T) {
+	t.Parallel()
 	files := newMTLSFiles(t)
 	s := startStackFor(t, "", func(*stack) string { return files.config() }, 1)
 	s.Envoy = envoytest.Start(t, mtlsBootstrap(t, s, files.envoyDir))
@@ -205,6 +206,7 @@ func snippetMTLSCluster(t *testing.T) map[string]any {
 // envoy/snippet-mtls.yaml is envoy/snippet.yaml's cluster plus TLS, and its
 // names and files are the ones the test above runs.
 func TestSnippetMTLSMatchesSnippet(t *testing.T) {
+	t.Parallel()
 	var plain struct {
 		Clusters []map[string]any `yaml:"clusters"`
 	}

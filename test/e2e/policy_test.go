@@ -119,6 +119,7 @@ func embeddingsCall(key, model string) call {
 // Keys, tenants, tiers and models decide through the real Envoy with the
 // shipped policies; JWT claims verified by Envoy's jwt_authn decide too.
 func TestPolicyDecidesThroughEnvoy(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), filepath.Join(repoRoot, "policies"), ""), 1)
 	jwt := testIssuer(t)
 	cases := []struct {
@@ -174,6 +175,7 @@ func TestPolicyDecidesThroughEnvoy(t *testing.T) {
 // Every request gets the policy's decision, whatever its method, path or
 // headers; only allowed ones reach a pool.
 func TestNoRequestBypassesTheGate(t *testing.T) {
+	t.Parallel()
 	s := startStackWith(t, policyConfig(writeKeys(t), filepath.Join(repoRoot, "policies"), ""), 1)
 	key := "sk-initech-0001" // free tier
 	cases := []struct {

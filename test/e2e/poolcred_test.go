@@ -213,6 +213,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 // pool-b cluster (TLS, DNS, credential) and auto_host_rewrite on the routes
 // that may pick it: the same infergate filters, routes and other clusters.
 func TestPoolCredentialBootstrapMatchesDemo(t *testing.T) {
+	t.Parallel()
 	vars := map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2", "EXTPROC_PORT": "3", "POOL_A_PORT": "4",
 		"POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7", "POOL_B_CREDENTIAL_SDS": "/sds.yaml",
 		"POOL_B_HOST": "api.example.com", "POOL_B_ADDRESS": "api.example.com", "POOL_B_CA": "/ca.crt"}

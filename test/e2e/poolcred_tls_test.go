@@ -265,6 +265,7 @@ func TestPoolCredentialHostedHTTP1(t *testing.T) {
 // its name, is refused: Envoy tries (the handshake names the pool), fails
 // it for that reason, answers 503, and no request reaches the pool.
 func TestPoolCredentialHostedTLSRefused(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		cert hostedCert

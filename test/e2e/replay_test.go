@@ -248,6 +248,7 @@ func sendSummaries(t *testing.T, conn *grpc.ClientConn, code uint32, fields, ids
 // sample; the one real request after them does. Before, such a message
 // moved pool-a's weight 100 -> 5 in about 4 s.
 func TestForgedSummariesMoveNoWeight(t *testing.T) {
+	t.Parallel()
 	s := startStackOn(t, "envoy/sla.yaml", withWasmMeter(t, slaConfig), 1)
 	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -32,6 +32,7 @@ type sdkResult struct {
 // lock step, each acknowledging its chunks to the mock (a stream held back
 // on the way would deadlock).
 func TestOpenAISDKsStreamThroughGateway(t *testing.T) {
+	t.Parallel()
 	s := startStack(t)
 	clients := map[string][]string{
 		"python": {filepath.Join(repoRoot, ".tools", "py-venv", "bin", "python"), filepath.Join(repoRoot, "test", "clients", "stream_openai.py")},

@@ -16,6 +16,7 @@ import (
 
 // Shadow mode evaluates and records the policy's denials but enforces none.
 func TestShadowModeRecordsWithoutEnforcing(t *testing.T) {
+	t.Parallel()
 	cfg := policyConfig(writeKeys(t), filepath.Join(repoRoot, "policies"), "") + "\n" // policy.shadow below
 	cfg = strings.Replace(cfg, "reloadInterval: 200ms", "reloadInterval: 200ms\n  shadow: true", 1)
 	s := startStackWith(t, cfg, 1)
