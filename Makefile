@@ -130,7 +130,7 @@ unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpor
 E2E_PARALLEL ?= 2
 .PHONY: e2e
 e2e: deps ## The end-to-end tests (real Envoy + infergate + mock pools + SDKs), E2E_PARALLEL (2) at a time, then the overhead harness's smoke run; race detector on; GOTESTFLAGS=-v for the log
-	$(GO) test -race -count=1 -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./test/e2e/
+	$(GO) test -race -count=1 -timeout 30m -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./test/e2e/
 	@# The overhead harness's smoke run: every phase through real Envoy (a minute).
 	$(GO) test -race -count=1 $(GOTESTFLAGS) ./bench/overhead/
 
