@@ -101,6 +101,7 @@ virtualModels:
 weightSink:
   type: httpRouteFile
   httpRoute: {file: %s, namespace: default, name: llm}
+admin: {debug: {enabled: true}} # the stamp's detail, for its timing brackets
 `, writeKeys(t), policyDir, routes)
 	}, 1, func(st *stack) {
 		// The resources must exist before infergate reads its HTTPRoute.
