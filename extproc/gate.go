@@ -400,7 +400,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 		principal: fieldString(v.Principal, maxStampField), reason: fieldString(v.Reason, maxStampReason),
 		traceparent: traceparent, reservation: v.Reservation, api: string(api),
 	}
-	field := sealField(s.sealer, &mf)
+	field := sealField(ctx, s.sealer, &mf)
 	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
 		s.log.Error("gate metadata", "err", "the meter's field is "+strconv.Itoa(len(field))+" bytes; the limit is "+strconv.Itoa(maxMeterField))
 		s.unreserve(ctx, adm, v)

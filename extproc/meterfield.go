@@ -92,7 +92,7 @@ func (f *gateField) encode() string {
 // the composition root wires the replicas' keyring (internal/seal.Fields).
 type FieldSealer interface {
 	// Seal seals a version-1 field.
-	Seal(field string) string
+	Seal(ctx context.Context, field string) string
 	// Open verifies a sealed field (MAC, key, expiry) and returns it, its
 	// seal's id and expiry.
 	Open(sealed string) (field, id string, expires time.Time, err error)
@@ -109,8 +109,8 @@ type fieldSeal struct {
 }
 
 // sealField renders f in version 2.
-func sealField(sealer FieldSealer, f *gateField) string {
-	return sealedVersion + sealer.Seal(f.encode())
+func sealField(ctx context.Context, sealer FieldSealer, f *gateField) string {
+	return sealedVersion + sealer.Seal(ctx, f.encode())
 }
 
 // readGateField decodes a field of either version. A sealed one is

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -138,7 +139,7 @@ func testSealer() FieldSealer {
 }
 
 // sealed is f as a gate of this process writes it (version 2).
-func sealed(f *gateField) string { return sealField(testSealer(), f) }
+func sealed(f *gateField) string { return sealField(context.Background(), testSealer(), f) }
 
 // withGateField adds f, sealed, to msg's attributes, as Envoy sends it.
 func withGateField(msg *extprocv3.ProcessingRequest, f *gateField) {

@@ -420,7 +420,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return nil, true
 	}
-	v.Reservation = c.sealReservation(v.Tenant, res.Reservation)
+	v.Reservation = c.sealReservation(ctx, v.Tenant, res.Reservation)
 	c.Metrics.reserved(ctx, cost)
 	v.Metadata = make(map[string]any, len(headers))
 	for k, val := range headers {

@@ -133,7 +133,7 @@ var (
 
 // sealReservation seals r's encoding for tenant, expiring at the end of
 // its last window plus the longest stream.
-func (c *Controller) sealReservation(tenant string, r ratelimit.Reservation) string {
+func (c *Controller) sealReservation(ctx context.Context, tenant string, r ratelimit.Reservation) string {
 	end := c.now()
 	for _, e := range r.Entries {
 		if x := time.UnixMilli(e.ExpiresAt); x.After(end) {
@@ -145,7 +145,7 @@ func (c *Controller) sealReservation(tenant string, r ratelimit.Reservation) str
 		longest = DefaultLongestStream
 	}
 	sealed, id, exp := c.keyring().SealID(seal.Reservation, b64.EncodeToString([]byte(tenant))+"."+encodeReservation(r), end.Add(longest))
-	if err := c.settled().Issue(seal.Reservation, id, exp); err != nil {
+	if err := c.settled().Issue(ctx, seal.Reservation, id, exp); err != nil {
 		c.Log.Error("could not record a reservation as outstanding; it stays charged until its window ends", "err", err)
 	}
 	return sealed

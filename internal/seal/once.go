@@ -11,11 +11,12 @@ import (
 // seal's id is claimed before it expires, false after (a replay). It fails
 // closed: a claim it cannot record (a store unreachable, full) is refused
 // with an error, and what the seal was for is not done (a reservation
-// stays charged: over-, never under-charged). Issue tells it of a seal
-// just made, for a Once that keeps the seals outstanding rather than
-// those used.
+// stays charged: over-, never under-charged). Issue records a seal just
+// made as outstanding: both stores keep the seals issued and not yet
+// claimed, so what they hold is bounded by the requests in flight, not by
+// the request rate. A seal whose Issue failed is never claimed.
 type Once interface {
-	Issue(p Purpose, id string, expires time.Time) error
+	Issue(ctx context.Context, p Purpose, id string, expires time.Time) error
 	Claim(ctx context.Context, p Purpose, id string, expires time.Time) (bool, error)
 }
 
@@ -41,7 +42,7 @@ type MemoryOnce struct {
 func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
 
 // Issue implements Once.
-func (m *MemoryOnce) Issue(p Purpose, id string, expires time.Time) error {
+func (m *MemoryOnce) Issue(_ context.Context, p Purpose, id string, expires time.Time) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.purge(m.Now())

@@ -36,22 +36,32 @@ func (s RedisStore) Key(ctx context.Context, epoch int64, fresh Key, ttl time.Du
 	return Key{ID: id, Secret: b}, nil
 }
 
-// RedisOnce is a Once the replicas share: SET NX with the seal's
-// remaining life as its TTL (a key per seal used, until it expires).
+// RedisOnce is a Once the replicas share: a key per seal outstanding
+// (issued, not yet claimed), expiring with the seal; the claim deletes it.
+// Redis then holds the seals in flight, not every seal of the last hour
+// (a key per seal used grew by thousands a minute under a soak's load).
 type RedisOnce struct {
 	Client redis.UniversalClient
 	Now    func() time.Time
 }
 
-// Issue implements Once: RedisOnce records the seals used, not those
-// issued (no write on the request's path).
-func (RedisOnce) Issue(Purpose, string, time.Time) error { return nil }
+func onceKey(p Purpose, id string) string { return "ig:sealed:" + string(p) + ":" + id }
 
-// Claim implements Once.
-func (o RedisOnce) Claim(ctx context.Context, p Purpose, id string, expires time.Time) (bool, error) {
+// Issue implements Once.
+func (o RedisOnce) Issue(ctx context.Context, p Purpose, id string, expires time.Time) error {
 	ttl := expires.Sub(o.Now())
 	if ttl <= 0 {
+		return ErrExpired
+	}
+	return o.Client.Set(ctx, onceKey(p, id), 1, max(ttl, time.Millisecond)).Err()
+}
+
+// Claim implements Once: the first claim deletes the outstanding key; a
+// replay, or a seal never recorded, finds none.
+func (o RedisOnce) Claim(ctx context.Context, p Purpose, id string, expires time.Time) (bool, error) {
+	if !o.Now().Before(expires) {
 		return false, ErrExpired
 	}
-	return o.Client.SetNX(ctx, "ig:sealed:"+string(p)+":"+id, 1, max(ttl, time.Millisecond)).Result()
+	n, err := o.Client.Del(ctx, onceKey(p, id)).Result()
+	return n == 1, err
 }

@@ -160,11 +160,11 @@ type Fields struct {
 	Longest time.Duration
 }
 
-// Seal seals field. Should Once refuse to record it (full), the field is
-// written all the same and read as unverified.
-func (f Fields) Seal(field string) string {
+// Seal seals field. Should Once fail to record it (full, unreachable),
+// the field is written all the same and read as unverified.
+func (f Fields) Seal(ctx context.Context, field string) string {
 	s, id, exp := f.Ring.SealID(Field, field, f.Ring.Now().Add(f.Longest))
-	_ = f.Once.Issue(Field, id, exp)
+	_ = f.Once.Issue(ctx, Field, id, exp)
 	return s
 }
 

@@ -77,7 +77,7 @@ func TestMemoryOnce(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	o := &MemoryOnce{Max: 2, Now: func() time.Time { return now }}
 	ctx := context.Background()
-	issue := func(id string, exp time.Duration) error { return o.Issue(Reservation, id, now.Add(exp)) }
+	issue := func(id string, exp time.Duration) error { return o.Issue(ctx, Reservation, id, now.Add(exp)) }
 	claim := func(id string, exp time.Duration) (bool, error) { return o.Claim(ctx, Reservation, id, now.Add(exp)) }
 	if err := issue("a", time.Minute); err != nil {
 		t.Fatal(err)
@@ -244,7 +244,9 @@ func TestKeyringSharedThroughRedis(t *testing.T) {
 	}
 }
 
-// Settle once through Redis: SET NX with the time left as TTL.
+// Settle once through Redis: a key per seal outstanding, with the seal's
+// time left as its TTL, deleted by the one claim that counts; Redis holds
+// the seals in flight only.
 func TestRedisOnce(t *testing.T) {
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -252,14 +254,29 @@ func TestRedisOnce(t *testing.T) {
 	ctx := context.Background()
 	o := RedisOnce{Client: rdb, Now: time.Now}
 	exp := time.Now().Add(time.Minute)
+	if ok, err := o.Claim(ctx, Reservation, "never-issued", exp); ok || err != nil {
+		t.Errorf("a seal never issued: %v %v", ok, err)
+	}
+	if err := o.Issue(ctx, Reservation, "id", exp); err != nil {
+		t.Fatal(err)
+	}
+	if ttl := rdb.PTTL(ctx, "ig:sealed:reservation:id").Val(); ttl <= 0 || ttl > time.Minute {
+		t.Errorf("TTL %v", ttl)
+	}
+	if ok, err := o.Claim(ctx, Field, "id", exp); ok || err != nil {
+		t.Errorf("the same id for another purpose: %v %v", ok, err)
+	}
 	if ok, err := o.Claim(ctx, Reservation, "id", exp); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
 	if ok, err := o.Claim(ctx, Reservation, "id", exp); ok || err != nil {
 		t.Errorf("a replay: %v %v", ok, err)
 	}
-	if ttl := rdb.PTTL(ctx, "ig:sealed:reservation:id").Val(); ttl <= 0 || ttl > time.Minute {
-		t.Errorf("TTL %v", ttl)
+	if n := rdb.DBSize(ctx).Val(); n != 0 {
+		t.Errorf("%d keys left once every seal was claimed, want 0", n)
+	}
+	if err := o.Issue(ctx, Reservation, "late", time.Now().Add(-time.Second)); !errors.Is(err, ErrExpired) {
+		t.Errorf("issuing an expired seal: %v", err)
 	}
 }
 
