@@ -117,21 +117,21 @@ type clockStamp struct {
 	ChecksMs  float64 `json:"checks_ms"`
 }
 
-// stampOf polls the request log for the request's line.
+// stampOf polls the request log for the request's line (waitFor).
 func stampOf(t *testing.T, log *testutil.Buffer, id string) clockStamp {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	var found clockStamp
+	waitFor(t, 10*time.Second, func() bool {
 		for line := range strings.Lines(log.String()) {
 			var s clockStamp
 			if json.Unmarshal([]byte(line), &s) == nil && s.RequestID == id && id != "" {
-				return s
+				found = s
+				return true
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no stamp for request %q", id)
-	return clockStamp{}
+		return false
+	}, "the stamp of request "+id)
+	return found
 }
 
 func msDuration(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }
