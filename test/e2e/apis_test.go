@@ -163,6 +163,7 @@ var namedAPIs = []apiStream{
 func TestStampsMatchCadencePerAPI(t *testing.T) {
 	s := startStack(t)
 	const tokens = 16
+	var sts []Stamp
 	for _, a := range namedAPIs {
 		for _, ttft := range []int{50, 300} {
 			for _, itl := range []int{5, 20} {
@@ -172,6 +173,7 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 					st := s.Gateway.stamp(t, got.RequestID)
 					t.Logf("stamp ttft=%.3fms itl p50=%.3fms p95=%.3fms max=%.3fms", st.TTFTms, st.ITLP50ms, st.ITLP95ms, st.ITLMaxms)
 					a.checkStamp(t, s.Gateway, st, got, tokens, before, ledger, false)
+					sts = append(sts, st)
 				})
 			}
 		}
@@ -179,9 +181,12 @@ func TestStampsMatchCadencePerAPI(t *testing.T) {
 	// Both are chat operations to OpenTelemetry (the GenAI conventions'
 	// name for them): their first tokens are in the chat histograms.
 	metrics := get(t, s.Gateway.AdminURL+"/metrics")
-	want := `gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="pool-b",infergate_pool="pool-b"} 8`
-	if !strings.Contains(metrics, want) {
-		t.Errorf("/metrics lacks %s; have:\n%s", want, grep(metrics, "time_to_first_token_seconds_count"))
+	if len(sts) != 8 {
+		t.Fatalf("%d stamps of 8 requests", len(sts))
+	}
+	want := `gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="chat",gen_ai_request_model="pool-b",infergate_pool="pool-b"}`
+	if !hasCount(metrics, want, vouched(sts...)) {
+		t.Errorf("/metrics lacks %s %d; have:\n%s", want, vouched(sts...), grep(metrics, "time_to_first_token_seconds_count"))
 	}
 }
 
@@ -195,6 +200,7 @@ func TestStampsEmbeddings(t *testing.T) {
 	const ttft = 100
 	hdr := map[string]string{"x-mock-ttft-ms": fmt.Sprint(ttft)}
 	total := 0
+	var sts []Stamp
 	for i, format := range []string{"float", "base64"} {
 		body := fmt.Sprintf(`{"model":"pool-b","input":["the first input %d","and a second, longer one"],"encoding_format":%q}`, i, format)
 		want := stream(t, "http://"+s.PoolB.Addr+"/v1/embeddings", body, hdr)
@@ -225,14 +231,15 @@ func TestStampsEmbeddings(t *testing.T) {
 				answer.Usage.PromptTokens, ledger.PromptTokens-before.PromptTokens)
 		}
 		total += st.PromptTokens
+		sts = append(sts, st)
 	}
 	metrics := get(t, s.Gateway.AdminURL+"/metrics")
-	for _, want := range []string{
-		`gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="embeddings",gen_ai_request_model="pool-b",infergate_pool="pool-b"} 2`,
-		fmt.Sprintf(`gen_ai_client_token_usage_sum{gen_ai_operation_name="embeddings",gen_ai_request_model="pool-b",gen_ai_token_type="input",infergate_pool="pool-b"} %d`, total),
+	for series, want := range map[string]int{
+		`gen_ai_server_request_duration_seconds_count{gen_ai_operation_name="embeddings",gen_ai_request_model="pool-b",infergate_pool="pool-b"}`:            vouched(sts...),
+		`gen_ai_client_token_usage_sum{gen_ai_operation_name="embeddings",gen_ai_request_model="pool-b",gen_ai_token_type="input",infergate_pool="pool-b"}`: total,
 	} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %s; have:\n%s", want, grep(metrics, "embeddings"))
+		if !hasCount(metrics, series, want) {
+			t.Errorf("/metrics lacks %s %d; have:\n%s", series, want, grep(metrics, "embeddings"))
 		}
 	}
 	if strings.Contains(metrics, `gen_ai_server_time_to_first_token_seconds_count{gen_ai_operation_name="embeddings"`) {

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -171,6 +172,21 @@ type Stamp struct {
 	Decision         string   `json:"decision"`
 	Reason           string   `json:"reason"`
 	Complete         bool     `json:"complete"`
+	Timing           string   `json:"timing"`
+}
+
+// vouched counts the stamps whose timing the meter vouched for: those in
+// the latency histograms. A busy machine can hold up infergate's reads; the
+// meter marks those stamps late_read and leaves them out
+// (infergate_meter_errors_total{reason="late_read"} counts them instead).
+func vouched(sts ...Stamp) int {
+	n := 0
+	for _, st := range sts {
+		if st.Timing != "late_read" {
+			n++
+		}
+	}
+	return n
 }
 
 // stamps returns every request-log line so far.
@@ -474,3 +490,12 @@ func (c *connTracker) CloseAll() {
 func jsonDecode(resp *http.Response, v any) error { return json.NewDecoder(resp.Body).Decode(v) }
 
 func drain(resp *http.Response) { _, _ = io.Copy(io.Discard, resp.Body) }
+
+// hasCount says whether the Prometheus text metrics holds series (name and
+// labels) at n; at 0 the series may also be absent (never recorded).
+func hasCount(metrics, series string, n int) bool {
+	if n == 0 && !strings.Contains(metrics, series+" ") {
+		return true
+	}
+	return strings.Contains(metrics, fmt.Sprintf("%s %d\n", series, n))
+}

@@ -134,34 +134,46 @@ tracing: {endpoint: %q, insecure: true}
 	if in, _ := chat.Attrs["gen_ai.usage.input_tokens"].(int64); in <= 0 {
 		t.Errorf("gen_ai.usage.input_tokens %v", chat.Attrs["gen_ai.usage.input_tokens"])
 	}
-	if d := absDur(first.Duration() - 60*time.Millisecond); d > 15*time.Millisecond {
-		t.Errorf("first-token span %v, mock TTFT 60ms", first.Duration())
+	// The spans are the stamp's times, not a second measurement: the first
+	// token's wait is the stamp's TTFT (published floored to the µs).
+	if d := first.Duration() - msDur(base.st.TTFTms); d < 0 || d >= time.Microsecond {
+		t.Errorf("first-token span %v, the stamp's TTFT %.3f ms", first.Duration(), base.st.TTFTms)
 	}
-	// gateway + moderation + model = total (the stamp), and the total is
-	// what Envoy's own request span measured, within 5 ms.
+	// Envoy had the request before infergate's gate saw it.
+	if gate.Start.Before(ingress.Start) {
+		t.Errorf("the gate span starts at %s, before Envoy's request span (%s)", gate.Start, ingress.Start)
+	}
+	// gateway + moderation + model = total (the stamp), for every request:
+	// a delay counted twice, or in no part, breaks the sum.
+	for _, st := range []Stamp{base.st, mod, pool, slow.st} {
+		if sum := st.Gatewayms + st.Checksms + st.E2Ems; math.Abs(sum-st.Totalms) > 0.01 {
+			t.Errorf("gateway %.3f + moderation %.3f + model %.3f = %.3f != total %.3f", st.Gatewayms, st.Checksms, st.E2Ems, sum, st.Totalms)
+		}
+	}
 	st := base.st
-	if sum := st.Gatewayms + st.Checksms + st.E2Ems; math.Abs(sum-st.Totalms) > 1 {
-		t.Errorf("gateway %.2f + moderation %.2f + model %.2f = %.2f != total %.2f", st.Gatewayms, st.Checksms, st.E2Ems, sum, st.Totalms)
-	}
-	if d := math.Abs(st.Totalms - stats.Ms(ingress.Duration())); d > 5 {
-		t.Errorf("stamp total %.2f ms vs Envoy's request span %.2f ms", st.Totalms, stats.Ms(ingress.Duration()))
-	}
 	t.Logf("breakdown: total %.1f = gateway %.2f + moderation %.2f + model %.1f ms; Envoy's span %.1f ms",
 		st.Totalms, st.Gatewayms, st.Checksms, st.E2Ems, stats.Ms(ingress.Duration()))
 
-	// 2. Slow moderation: its 150 ms are moderation, not gateway or model.
-	if mod.Checksms < 150 || mod.Gatewayms > 20 || mod.E2Ems > base.st.E2Ems+30 {
-		t.Errorf("slow moderation: moderation %.1f, gateway %.1f, model %.1f ms", mod.Checksms, mod.Gatewayms, mod.E2Ems)
+	// Each delay lands in its part, by causality: a part that contains a
+	// delay is at least that long, and the sum above holds it nowhere else.
+	// No upper bound on the others: a busy machine may slow them at will.
+	// 2. Slow moderation (the classifier answers after 150 ms): moderation.
+	if mod.Checksms < 150 {
+		t.Errorf("slow moderation: moderation %.1f ms, the classifier took 150", mod.Checksms)
 	}
-	// 3. Slow pool: the model's.
-	if pool.E2Ems < 300 || pool.TTFTms < 295 || pool.Gatewayms > 20 || pool.Checksms > 1 {
-		t.Errorf("slow pool: model %.1f (TTFT %.1f), gateway %.1f, moderation %.1f ms", pool.E2Ems, pool.TTFTms, pool.Gatewayms, pool.Checksms)
+	// 3. Slow pool (first token 300 ms after the mock got the request): the
+	// model's. The meter dates the request's departure at most maxHandoff
+	// (10 ms) after the gate answered, and the gate answered before the
+	// mock got the request, so TTFT ≥ 300 − 10 ms, whatever the machine.
+	if pool.TTFTms < 290 || pool.E2Ems < pool.TTFTms || base.st.Checksms != 0 || pool.Checksms != 0 || slow.st.Checksms != 0 {
+		t.Errorf("slow pool: model %.1f (TTFT %.1f), moderation %.3f; without moderation %.3f and %.3f ms",
+			pool.E2Ems, pool.TTFTms, pool.Checksms, base.st.Checksms, slow.st.Checksms)
 	}
-	// 4. Slow policy: the gateway's.
-	if slow.st.Policyms < 20 || slow.st.Gatewayms < slow.st.Policyms || slow.st.E2Ems > base.st.E2Ems+30 || slow.st.Checksms > 1 {
-		t.Errorf("slow policy: policy %.1f, gateway %.1f, model %.1f, moderation %.3f ms", slow.st.Policyms, slow.st.Gatewayms, slow.st.E2Ems, slow.st.Checksms)
+	// 4. Slow policy (its http.send answers after 60 ms): the gateway's.
+	if slow.st.Policyms < 60 || slow.st.Gatewayms < slow.st.Policyms {
+		t.Errorf("slow policy: policy %.1f, gateway %.1f ms", slow.st.Policyms, slow.st.Gatewayms)
 	}
-	if p := findSpan(t, slow.spans, "infergate", "infergate.policy"); stats.Ms(p.Duration()) < 20 {
+	if p := findSpan(t, slow.spans, "infergate", "infergate.policy"); p.Duration() < 60*time.Millisecond {
 		t.Errorf("policy span %v", p.Duration())
 	}
 	t.Logf("slow moderation: moderation %.1f ms; slow pool: model %.1f ms; slow policy: gateway %.1f ms (policy %.1f)",

@@ -113,7 +113,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 		t.Errorf("stamp tokens = %d (%s), prompt %d, %d events; want %d from usage", st.CompletionTokens, st.TokenSource,
 			st.PromptTokens, st.ContentEvents, tokens)
 	}
-	if st.Gatewayms <= 0 || st.Gatewayms > 100 || st.E2Ems < st.TTFTms {
+	if st.Gatewayms <= 0 || st.E2Ems < st.TTFTms {
 		t.Errorf("stamp gateway %.3fms, e2e %.3fms, ttft %.3fms", st.Gatewayms, st.E2Ems, st.TTFTms)
 	}
 	metrics := get(t, s.Gateway.AdminURL+"/metrics")
