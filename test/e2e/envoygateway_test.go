@@ -226,7 +226,8 @@ func TestEnvoyGatewayStandalone(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(time.Second)
+	loaded := s.PoolA.Served()
+	waitFor(t, 20*time.Second, func() bool { return s.PoolA.Served()-loaded >= 20 }, "20 requests served under load")
 	setTTFT(t, s.PoolA, "400")
 	slowed := time.Now()
 	waitFor(t, 20*time.Second, func() bool {

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -137,8 +136,10 @@ func TestGateFailsClosed(t *testing.T) {
 	if e.Error.Type != "gateway_error" || e.Error.Code != "gate_unavailable" || e.Error.Message == "" {
 		t.Errorf("error = %+v", e.Error)
 	}
-	if elapsed > 1500*time.Millisecond { // message_timeout is 1s
-		t.Errorf("took %v to fail; must not hang past the message timeout", elapsed)
+	// A hang detector, not a latency bound: the gate's address refuses
+	// connections, so Envoy answers at once; 10 s is a wait for nothing.
+	if elapsed > 10*time.Second {
+		t.Errorf("took %v to fail: it hung", elapsed)
 	}
 	if n := s.served(); n != 0 {
 		t.Fatalf("upstreams served %d requests with the gate down", n)
@@ -151,21 +152,17 @@ func TestMeterFailureNeverBreaksStream(t *testing.T) {
 	s := startStack(t)
 	body := chatBody("pool-a", 20, true, "")
 	hdr := map[string]string{"x-mock-ttft-ms": "100", "x-mock-itl-ms": "25"}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	done := make(chan streamResult, 1)
-	go func() { done <- stream(t, s.Envoy.URL+"/v1/chat/completions", body, hdr) }()
-	// Kill infergate (every connection cut, as a crash would) once tokens flow.
-	for s.PoolA.Served() == 0 && ctx.Err() == nil {
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(200 * time.Millisecond)
-	s.Gateway.Stop(t)
-	var got streamResult
-	select {
-	case got = <-done:
-	case <-ctx.Done():
-		t.Fatal("stream hung after the meter died")
+	// Kill infergate (every connection cut, as a crash would) once the
+	// fifth event has arrived: in lock step, before the mock writes the
+	// sixth.
+	got, err := streamLockstepThen(http.DefaultClient, []lockstepPool{s.PoolA}, s.Envoy.URL+"/v1/chat/completions", body, hdr,
+		func(k int) {
+			if k == 4 {
+				s.Gateway.Stop(t)
+			}
+		})
+	if err != nil {
+		t.Fatalf("after the meter died: %v", err)
 	}
 	want := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", 20, true, `,"stream_options":{"include_usage":true}`), hdr)

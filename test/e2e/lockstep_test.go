@@ -59,6 +59,13 @@ func streamLockstep(p lockstepPool, url, body string, hdr map[string]string) (lo
 // pools may serve (a retry moves it to the next): each gets the client's
 // acknowledgements, and Emitted is the one that wrote the most events.
 func streamLockstepWith(client *http.Client, pools []lockstepPool, url, body string, hdr map[string]string) (lockstepResult, error) {
+	return streamLockstepThen(client, pools, url, body, hdr, nil)
+}
+
+// streamLockstepThen is streamLockstepWith calling arrived(k) once event k
+// has arrived, before acknowledging it: what arrived does happens before
+// the mock writes event k+1.
+func streamLockstepThen(client *http.Client, pools []lockstepPool, url, body string, hdr map[string]string, arrived func(k int)) (lockstepResult, error) {
 	id := fmt.Sprintf("e2e-%d", lockstepN.Add(1))
 	var gates []*mock.Lockstep
 	for _, p := range pools {
@@ -110,6 +117,9 @@ func streamLockstepWith(client *http.Client, pools []lockstepPool, url, body str
 				r.Received = append(r.Received, at)
 				pending = pending[i+2:]
 				watchdog.Reset(lockstepTimeout)
+				if arrived != nil {
+					arrived(len(r.Events) - 1)
+				}
 				for _, g := range gates {
 					g.Ack(len(r.Events) - 1)
 				}

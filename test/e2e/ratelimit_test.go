@@ -226,9 +226,12 @@ func TestRedisOutage(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	answered := func(status int) func() bool {
+		return func() bool { mu.Lock(); defer mu.Unlock(); return counts[status] >= 8 }
+	}
+	waitFor(t, 30*time.Second, answered(200), "8 streams admitted with Redis up")
 	srv.Stop()
-	time.Sleep(700 * time.Millisecond)
+	waitFor(t, 30*time.Second, answered(503), "8 refusals with Redis down")
 	close(stop)
 	wg.Wait()
 	t.Logf("statuses under load with Redis killed: %v", counts)

@@ -254,7 +254,9 @@ func TestSLANoFalseSwitchOnLongPrompts(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(5 * time.Second) // 20 controller intervals
+	// 200 requests, 10 of them long: the controller sees them all (and
+	// on a busy machine over more of its intervals, not fewer).
+	waitFor(t, 60*time.Second, func() bool { return n.v.Load() >= 200 }, "200 requests with 5% long prompts")
 	if a, _ := weights(t, s.Gateway.AdminURL); a != 100 {
 		t.Errorf("primary weight %v: long prompts caused a switch", a)
 	}
@@ -320,7 +322,8 @@ func TestSLASplitMode(t *testing.T) {
 	// load loop above fails the test on any non-200).
 	ctrl.stop()
 	servedA, servedB := s.PoolA.Served(), s.PoolB.Served()
-	time.Sleep(time.Second)
+	waitFor(t, 20*time.Second, func() bool { return s.PoolA.Served()+s.PoolB.Served()-servedA-servedB >= 40 },
+		"40 requests served without a controller")
 	if dA, dB := s.PoolA.Served()-servedA, s.PoolB.Served()-servedB; dB < 10*dA {
 		t.Errorf("without a controller pool-a got %d and pool-b %d requests: the last weights were lost", dA, dB)
 	}
@@ -333,7 +336,9 @@ func TestSLASplitMode(t *testing.T) {
 	waitFor(t, 5*time.Second, func() bool {
 		return strings.Contains(get(t, s.Envoy.AdminURL+"/stats?filter=rds.infergate.control_plane.connected_state"), "connected_state: 1")
 	}, "Envoy to reconnect to the restarted controller")
-	time.Sleep(500 * time.Millisecond)
+	reconnected := s.PoolA.Served() + s.PoolB.Served()
+	waitFor(t, 20*time.Second, func() bool { return s.PoolA.Served()+s.PoolB.Served()-reconnected >= 20 },
+		"20 requests served after the reconnect")
 	cancel()
 	wg.Wait()
 	if a, b := s.PoolA.Served(), s.PoolB.Served(); b == 0 || a == 0 {
