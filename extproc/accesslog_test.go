@@ -57,6 +57,31 @@ func meterErrors(t *testing.T, r *sdkmetric.ManualReader, reason string) int64 {
 	return 0
 }
 
+// histogramCount is how many values the histogram name holds, all series.
+func histogramCount(t *testing.T, r *sdkmetric.ManualReader, name string) uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	n := uint64(0)
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if h, ok := m.Data.(metricdata.Histogram[float64]); ok && m.Name == name {
+				for _, dp := range h.DataPoints {
+					n += dp.Count
+				}
+			}
+			if h, ok := m.Data.(metricdata.Histogram[int64]); ok && m.Name == name {
+				for _, dp := range h.DataPoints {
+					n += dp.Count
+				}
+			}
+		}
+	}
+	return n
+}
+
 // entry is an access-log entry as envoy/wasm-meter.yaml has Envoy send it.
 func entry(t testing.TB, summary string, start time.Time) *accesslogdatav3.HTTPAccessLogEntry {
 	t.Helper()

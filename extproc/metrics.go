@@ -32,8 +32,11 @@ type meters struct {
 
 // Record implements request.Sink: the GenAI histograms of admitted requests.
 func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
-	if s.Decision == "deny" {
-		return // denials are counted by infergate.gate.decisions
+	if s.Decision == "deny" || s.Unverified {
+		// Denials are counted by infergate.gate.decisions; a stamp whose
+		// gate field did not verify by infergate.meter.errors: whoever
+		// sent it may not write the pools' latencies and usage.
+		return
 	}
 	errType := ""
 	if s.Status >= 400 || !s.Complete {

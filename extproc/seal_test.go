@@ -25,7 +25,7 @@ func (o *observations) Record(_ context.Context, st *request.Stamp) {
 // Only a sealed gate field that verifies, once, says who called: a field
 // with its tenant changed, an unsealed one naming a tenant, or a replay of
 // a genuine one is recorded under no tenant, settles nothing, feeds no
-// controller observation, and is counted. Both ways a stamp arrives: the
+// controller observation nor the GenAI metrics, and is counted. Both ways a stamp arrives: the
 // in-Envoy meter's access-log summary and the ext_proc meter's stream.
 // Before, the field was free text and every one of them was believed.
 func TestForgedGateFieldIsNotTrusted(t *testing.T) {
@@ -68,6 +68,10 @@ func TestForgedGateFieldIsNotTrusted(t *testing.T) {
 				t.Fatalf("genuine field: tenant %q principal %q unverified %v, %d settlements, %d observations", st.Tenant, st.Principal,
 					st.Unverified, len(policy.settled), obs.n)
 			}
+			usage := histogramCount(t, reader, "gen_ai.server.request.duration")
+			if usage == 0 {
+				t.Fatal("the genuine stamp is not in gen_ai.server.request.duration")
+			}
 			for i, field := range []string{forged, unsealed, genuine /* a replay */, ""} {
 				st := stamp(field)
 				if st.Tenant != "" || st.Principal != "" || !st.Unverified || st.Decision != "unverified" {
@@ -75,6 +79,9 @@ func TestForgedGateFieldIsNotTrusted(t *testing.T) {
 				}
 				if len(policy.settled) != 1 || obs.n != 1 {
 					t.Errorf("field %d: %d settlements, %d observations; want the genuine one's alone", i, len(policy.settled), obs.n)
+				}
+				if got := histogramCount(t, reader, "gen_ai.server.request.duration"); got != usage {
+					t.Errorf("field %d: gen_ai.server.request.duration holds %d values, the genuine stamp's %d", i, got, usage)
 				}
 				if got := meterErrors(t, reader, "unverified"); got != int64(i+1) {
 					t.Errorf("field %d: %d counted unverified", i, got)
