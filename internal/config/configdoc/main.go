@@ -331,12 +331,13 @@ func (g *generator) structRows(p *pkg, st *ast.StructType, prefix string, rows *
 	return nil
 }
 
-// add appends a row; a key without a comment of its own takes its type's
-// doc comment, else default.yaml's comment on the key.
+// add appends a row: the key's own comment, then its type's doc comment
+// (what every key of that type shares); with neither, default.yaml's
+// comment on the key.
 func (g *generator) add(rows *[]row, key, typ, doc string, decl *typeDecl) {
 	def, yamlDoc := g.lookupDefault(key)
-	if doc == "" && decl != nil {
-		doc = decl.doc
+	if decl != nil && decl.doc != "" && decl.doc != doc {
+		doc = strings.TrimSpace(doc + " " + decl.doc)
 	}
 	if doc == "" {
 		doc = yamlDoc
