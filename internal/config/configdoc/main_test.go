@@ -171,5 +171,3 @@ func firstDiff(a, b []byte) string {
 	}
 	return ""
 }
-
-
