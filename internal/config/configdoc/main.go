@@ -346,8 +346,29 @@ func (g *generator) add(rows *[]row, key, typ, doc string, decl *typeDecl) {
 }
 
 // resolve finds the declaration of a named type of the module (nil for a
-// builtin or a type from outside the module).
+// builtin or a type from outside the module), through aliases and types
+// defined as another named type (type SLA = controller.SLA).
 func (g *generator) resolve(p *pkg, t ast.Expr) (*typeDecl, *pkg, error) {
+	d, dp, err := g.resolveOne(p, t)
+	for range 8 { // a chain of names is short; a cycle does not compile
+		if err != nil || d == nil {
+			break
+		}
+		switch d.spec.Type.(type) {
+		case *ast.Ident, *ast.SelectorExpr:
+		default:
+			return d, dp, nil
+		}
+		next, np, nerr := g.resolveOne(dp, d.spec.Type)
+		if nerr != nil || next == nil {
+			return d, dp, nerr
+		}
+		d, dp, err = next, np, nerr
+	}
+	return d, dp, err
+}
+
+func (g *generator) resolveOne(p *pkg, t ast.Expr) (*typeDecl, *pkg, error) {
 	switch t := t.(type) {
 	case *ast.Ident:
 		if d, ok := p.types[t.Name]; ok {

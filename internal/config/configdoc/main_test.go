@@ -128,7 +128,10 @@ type Base struct {
 
 type Item struct {
 	O other.Thing `+"`yaml:\"o\"`"+`
+	P Alias       `+"`yaml:\"p\"`"+`
 }
+
+type Alias = other.Thing
 
 type Obj struct{ Flag *bool }
 `)
@@ -144,6 +147,7 @@ type Obj struct{ Flag *bool }
 		"| `list` | list of objects | `[]` |",
 		"| `list[].o` | object | — | Thing is from another package. |",
 		"| `list[].o.x` | number | — | an x |",
+		"| `list[].p.x` | number | — | an x |",
 		"| `m.NAME.flag` | bool | — | — |",
 	} {
 		if !strings.Contains(string(got), want) {
