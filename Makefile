@@ -24,7 +24,7 @@ WASM := bin/infergate-meter.wasm
 wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an option to the ext_proc meter)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -trimpath -buildmode=c-shared -o $(WASM) ./cmd/infergate-meter-wasm
 
-# Release artefacts (make image, make release; README "Install"). The release
+# Release artefacts (make image, make release; docs/deploy/install.md). The release
 # version lives in one place, charts/infergate/Chart.yaml's appVersion: the
 # image's tag (the chart's default image is values.yaml image.repository +
 # appVersion) and v<appVersion> stamped into the release binaries (make build
@@ -187,6 +187,12 @@ bench-overhead: build ## Gateway overhead the public board's way: direct vs plai
 	flock /tmp/infergate-measure.lock bin/overhead --infergate $(BIN) \
 	  $(if $(OVERHEAD_ARGS),--json bin/overhead.json,--json docs/performance.json --doc docs/performance.md) \
 	  --command "make bench-overhead$(if $(OVERHEAD_ARGS), OVERHEAD_ARGS='$(OVERHEAD_ARGS)')" $(OVERHEAD_ARGS)
+
+# Two docs are generated; make unit fails while either is stale.
+.PHONY: docs
+docs: ## Regenerate docs/reference/configuration.md (from internal/config) and the chart README's values table (from values.yaml)
+	$(GO) run ./internal/config/configdoc
+	$(GO) run ./charts/valuesdoc
 
 .PHONY: lint
 lint: ## gofmt, go vet and staticcheck (pinned as a go.mod tool)
