@@ -393,8 +393,11 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 			firstRead: t.First, endRead: end, stalls: s.stalls.recent(s.now())})
 		m.sentAt, st.Timing = v.sent, v.timing
 	}
-	if st.Timing == request.TimingLateRead {
+	switch st.Timing {
+	case request.TimingLateRead:
 		s.metrics.MeterErrors.Add(ctx, 1, lateReadAttr)
+	case request.TimingLateStream:
+		s.metrics.MeterErrors.Add(ctx, 1, lateStreamAttr)
 	}
 	st.E2E = end.Sub(m.sentAt)
 	if !t.First.IsZero() {
@@ -431,7 +434,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		slices.Sort(sorted)
 		st.ITLP50 = stats.Percentile(sorted, 0.50)
 		st.ITLP95 = stats.Percentile(sorted, 0.95)
-		if st.Timing != request.TimingLateRead { // gaps read from a backlog are not the stream's
+		if st.Timing.StreamTimed() { // gaps read from a backlog are not the stream's
 			set := s.meters.poolAttrs(st)
 			for _, g := range t.Gaps {
 				s.metrics.InterToken.Record(ctx, g.Seconds(), set)
@@ -523,6 +526,7 @@ func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 var (
 	unverifiedAttr = metric.WithAttributes(attribute.String("reason", "unverified"))
 	lateReadAttr   = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
+	lateStreamAttr = metric.WithAttributes(attribute.String("reason", string(request.TimingLateStream)))
 )
 
 func atoi(s string) int {

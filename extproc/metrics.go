@@ -61,9 +61,8 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 		}
 	})
 	// A late read's model times are bounds, not measurements (counted as
-	// infergate.meter.errors{reason="late_read"} instead).
-	measured := s.Timing != request.TimingLateRead
-	if measured {
+	// infergate.meter.errors{reason="late_read" or "late_stream"} instead).
+	if s.Timing.StreamTimed() {
 		ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), sets.all)
 	}
 	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), sets.all)
@@ -84,10 +83,10 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 	if s.ContentEvents == 0 {
 		return
 	}
-	if measured {
+	if s.Timing.FirstTokenTimed() {
 		ms.m.TTFT.Record(ctx, s.TTFT.Seconds(), sets.all)
 	}
-	if measured && s.CompletionTokens > 1 {
+	if s.Timing.StreamTimed() && s.CompletionTokens > 1 {
 		ms.m.TimePerToken.Record(ctx, (s.E2E-s.TTFT).Seconds()/float64(s.CompletionTokens-1), sets.all)
 	}
 	ms.m.TokenUsage.Record(ctx, int64(s.PromptTokens), sets.input)

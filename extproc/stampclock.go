@@ -50,9 +50,11 @@ type clockVerdict struct {
 //
 // The response's reads have no Envoy time to be checked against (Envoy
 // stamps none on a message): a stall of infergate's that ended less than
-// maxHandoff before the first token's read (the end's, without one), or
-// any later before the end, may have held them up. Either way the stamp is
-// late_read: its TTFT and E2E are upper bounds, its gaps not the stream's.
+// maxHandoff before the first token's read (the end's, without one) may
+// have held it up, and the stamp is late_read: its TTFT and E2E are upper
+// bounds, its gaps not the stream's. A stall after that read, before the
+// end, held up only what followed: late_stream, its TTFT measured, its
+// gaps and E2E not.
 func stampClock(f clockFacts) clockVerdict {
 	v := clockVerdict{sent: f.departed, timing: request.TimingOK}
 	next := f.firstRead
@@ -73,8 +75,12 @@ func stampClock(f clockFacts) clockVerdict {
 		from = b
 	}
 	for _, s := range f.stalls {
-		if s.to.After(from) && s.from.Before(f.endRead) {
+		switch {
+		case !s.to.After(from) || !s.from.Before(f.endRead):
+		case s.from.Before(next):
 			v.timing = request.TimingLateRead
+		case v.timing == request.TimingOK:
+			v.timing = request.TimingLateStream
 		}
 	}
 	return v

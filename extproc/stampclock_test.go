@@ -21,7 +21,7 @@ import (
 func TestStampClock(t *testing.T) {
 	t0 := time.Unix(1_796_000_000, 0)
 	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
-	ok, late := request.TimingOK, request.TimingLateRead
+	ok, late, lateStream := request.TimingOK, request.TimingLateRead, request.TimingLateStream
 	for _, tc := range []struct {
 		name string
 		f    clockFacts
@@ -72,6 +72,14 @@ func TestStampClock(t *testing.T) {
 		{"a stall between tokens",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
 				stalls: []stall{{at(50), at(120)}}},
+			clockVerdict{at(2.6), lateStream}},
+		{"a stall between tokens, and one as the first token passed",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
+				stalls: []stall{{at(50), at(120)}, {at(20), at(35)}}},
+			clockVerdict{at(2.6), late}},
+		{"a stall ending just after the first token's read",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
+				stalls: []stall{{at(40), at(60)}}},
 			clockVerdict{at(2.6), late}},
 		{"a stall before the request or after its end",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
@@ -133,6 +141,7 @@ func TestMeterStalledReader(t *testing.T) {
 		{"stalled over the whole request", [5]float64{176, 176.02, 176.07, 176.1, 176.12}, [2]float64{2, 176}, request.TimingLateRead},
 		{"stalled until after the response headers", [5]float64{30, 30.01, 40.1, 45.1, 50.1}, [2]float64{2, 30}, request.TimingOK},
 		{"stalled while the first token passed", [5]float64{2.6, 5.1, 160, 160.01, 160.02}, [2]float64{10, 160}, request.TimingLateRead},
+		{"stalled after the first token", [5]float64{2.6, 5.1, 40.1, 120, 120.01}, [2]float64{41, 120}, request.TimingLateStream},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, sink := newTestServer(t, "")
@@ -170,10 +179,13 @@ func TestMeterStalledReader(t *testing.T) {
 			if st.Timing != tc.want {
 				t.Errorf("timing %q, want %q (TTFT %v, gateway %v)", st.Timing, tc.want, st.TTFT, st.Gateway.Total)
 			}
-			observed := 0
-			routing.Observations(st, func(controller.Observation) { observed++ })
-			if want := map[bool]int{true: 0, false: 1}[st.Timing == request.TimingLateRead]; observed != want {
-				t.Errorf("%d controller observations from a %q stamp, want %d", observed, st.Timing, want)
+			// The controller counts the status; it weighs only the
+			// times the meter vouched for.
+			var obs []controller.Observation
+			routing.Observations(st, func(o controller.Observation) { obs = append(obs, o) })
+			if len(obs) != 1 || obs[0].Untimed != (st.Timing == request.TimingLateRead) ||
+				obs[0].Untimed && obs[0].TTFT != 0 || !st.Timing.StreamTimed() && obs[0].ITLP95 != 0 {
+				t.Errorf("controller observations %+v from a %q stamp", obs, st.Timing)
 			}
 			// Right: the departure within the handoff after the gate's
 			// answer, the first token no later than the handoff after it
@@ -181,7 +193,7 @@ func TestMeterStalledReader(t *testing.T) {
 			sentOK := !st.Sent.Before(at(2)) && !st.Sent.After(at(departure).Add(maxHandoff))
 			firstOK := !st.Sent.Add(st.TTFT).Before(at(firstToken)) && !st.Sent.Add(st.TTFT).After(at(firstToken).Add(maxHandoff))
 			gatewayOK := st.Gateway.Total >= 2*time.Millisecond && st.Gateway.Total <= 2*time.Millisecond+maxHandoff
-			if st.Timing != request.TimingLateRead && !(sentOK && firstOK && gatewayOK) {
+			if st.Timing.FirstTokenTimed() && !(sentOK && firstOK && gatewayOK) {
 				t.Errorf("silently wrong: sent at %v, TTFT %v, gateway %v; the request left at %vms, its first token passed at %vms",
 					st.Sent.Sub(t0), st.TTFT, st.Gateway.Total, departure, firstToken)
 			}

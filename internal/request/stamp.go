@@ -84,9 +84,20 @@ const (
 	// TimingLateRead: the meter read a message later than those clocks
 	// allow (infergate was starved or stopped while the request passed):
 	// Sent is the gate's answer and TTFT and E2E are upper bounds, not
-	// measurements. Such a stamp feeds no latency observation.
+	// measurements. Such a stamp feeds no latency observation (its status
+	// still counts).
 	TimingLateRead Timing = "late_read"
+	// TimingLateStream: the departure and the first token were read in
+	// time, a later read was not (infergate stalled mid-stream): TTFT is a
+	// measurement, the gaps and E2E are not.
+	TimingLateStream Timing = "late_stream"
 )
+
+// FirstTokenTimed says whether the stamp's TTFT is a measurement.
+func (t Timing) FirstTokenTimed() bool { return t != TimingLateRead }
+
+// StreamTimed says whether the stamp's gaps and E2E are measurements.
+func (t Timing) StreamTimed() bool { return t == TimingOK || t == "" }
 
 // GatewayTime is the time spent in the gateway before the upstream got the
 // request, split by stage.

@@ -143,7 +143,7 @@ type Record struct {
 	Reason           string    `json:"reason,omitempty"`
 	Stream           bool      `json:"stream"`
 	Complete         bool      `json:"complete"`
-	Timing           string    `json:"timing,omitempty"` // request.Timing: "late_read" times are bounds
+	Timing           string    `json:"timing,omitempty"` // request.Timing: "late_read" times are bounds; "late_stream" gaps and E2E are
 	PromptTokens     int       `json:"prompt_tokens"`
 	CompletionTokens int       `json:"completion_tokens"`
 	TotalMs          float64   `json:"total_ms"`

@@ -175,14 +175,26 @@ type Stamp struct {
 	Timing           string   `json:"timing"`
 }
 
-// vouched counts the stamps whose timing the meter vouched for: those in
-// the latency histograms. A busy machine can hold up infergate's reads; the
-// meter marks those stamps late_read and leaves them out
-// (infergate_meter_errors_total{reason="late_read"} counts them instead).
-func vouched(sts ...Stamp) int {
+// timedFirst and timedStream count the stamps whose TTFT, and whose gaps
+// and E2E, the meter vouched for: those in the latency histograms. A busy
+// machine can hold up infergate's reads; the meter marks those stamps
+// late_read (TTFT and all after it) or late_stream (after the first token)
+// and leaves those times out (infergate_meter_errors_total{reason} counts
+// them instead).
+func timedFirst(sts ...Stamp) int {
 	n := 0
 	for _, st := range sts {
 		if st.Timing != "late_read" {
+			n++
+		}
+	}
+	return n
+}
+
+func timedStream(sts ...Stamp) int {
+	n := 0
+	for _, st := range sts {
+		if st.Timing == "ok" {
 			n++
 		}
 	}

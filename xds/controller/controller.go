@@ -118,8 +118,11 @@ type Observation struct {
 	Pool         string
 	PromptTokens int
 	TTFT         time.Duration
-	ITLP95       time.Duration // per-request ITL p95 (0 if not streamed / < 2 tokens)
+	ITLP95       time.Duration // per-request ITL p95 (0 if not streamed / < 2 tokens, or not measured)
 	Status       int           // HTTP status, or FailedAttempt
+	// Untimed: the meter could not vouch for TTFT (its read was held up):
+	// the status counts, the latency does not.
+	Untimed bool
 }
 
 // FailedAttempt is the Status of an attempt that failed on a pool and was
@@ -168,6 +171,8 @@ type sample struct {
 	ttft   int64
 	itl    int64
 	failed bool
+	// untimed: counted for the error rate, no latency.
+	untimed bool
 }
 
 type poolState struct {
@@ -286,11 +291,12 @@ func (c *Controller) Observe(o Observation) {
 		at = c.now()
 	}
 	s := sample{
-		at:     at.UnixNano(),
-		tokens: int64(max(o.PromptTokens, 0)),
-		ttft:   int64(o.TTFT),
-		itl:    int64(o.ITLP95),
-		failed: o.Status >= 500 || o.Status == 429 || o.Status == FailedAttempt,
+		at:      at.UnixNano(),
+		tokens:  int64(max(o.PromptTokens, 0)),
+		ttft:    int64(o.TTFT),
+		itl:     int64(o.ITLP95),
+		failed:  o.Status >= 500 || o.Status == 429 || o.Status == FailedAttempt,
+		untimed: o.Untimed,
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

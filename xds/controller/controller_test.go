@@ -96,6 +96,7 @@ type sim struct {
 	interval time.Duration
 	prompts  func(*rand.Rand) int
 	pools    map[string]behaviour
+	untimed  map[string]bool // pools whose observations the meter could not time
 	ticks    int
 	all      []Decision
 }
@@ -135,7 +136,8 @@ func (s *sim) step() []Decision {
 			at := s.now.Add(time.Duration(k) * s.interval / time.Duration(n))
 			tokens := s.prompts(s.rng)
 			ttft, itl, status := s.pools[name](s.rng, tokens)
-			s.c.Observe(Observation{At: at, VirtualModel: s.vm.Name, Pool: name, PromptTokens: tokens, TTFT: ttft, ITLP95: itl, Status: status})
+			s.c.Observe(Observation{At: at, VirtualModel: s.vm.Name, Pool: name, PromptTokens: tokens, TTFT: ttft, ITLP95: itl, Status: status,
+				Untimed: s.untimed[name]})
 		}
 	}
 	s.now = s.now.Add(s.interval)
@@ -424,6 +426,26 @@ func TestBreaches(t *testing.T) {
 				t.Errorf("stats %+v", d.Stats["primary"])
 			}
 		})
+	}
+}
+
+// What the meter could not time (its read held up) counts toward a pool's
+// error rate and never toward its latency: a starved meter neither hides a
+// failing pool nor makes a fast one look slow.
+func TestUntimedObservations(t *testing.T) {
+	s := newSim(t, twoPools(Tuning{}))
+	s.untimed = map[string]bool{"primary": true}
+	s.pools["primary"] = slower(2 * time.Second)
+	if ds := s.run(10); len(ds) != 0 {
+		t.Fatalf("untimed latencies moved weight: %s", ds[0].Reason)
+	}
+	if st := s.stats("primary"); st.Samples == 0 || st.TTFTP95 != 0 || st.Breached {
+		t.Errorf("primary's stats with untimed observations: %+v", st)
+	}
+	s.pools["primary"] = failing(0.5, 503)
+	ds := s.run(1)
+	if len(ds) != 1 || !strings.Contains(ds[0].Reason, "error rate") || ds[0].To["primary"] != 90 {
+		t.Fatalf("untimed failures: %+v", ds)
 	}
 }
 

@@ -33,7 +33,7 @@ func fitSlope(buf []sample, since int64, t Tuning) float64 {
 	var n int
 	var sx, sy float64
 	for _, s := range buf {
-		if s.at >= since && !s.failed {
+		if s.at >= since && !s.failed && !s.untimed {
 			n++
 			sx += float64(s.tokens)
 			sy += float64(s.ttft)
@@ -46,7 +46,7 @@ func fitSlope(buf []sample, since int64, t Tuning) float64 {
 	mx, my := sx/float64(n), sy/float64(n)
 	var sxx, sxy float64
 	for _, s := range buf {
-		if s.at >= since && !s.failed {
+		if s.at >= since && !s.failed && !s.untimed {
 			dx := float64(s.tokens) - mx
 			sxx += dx * dx
 			sxy += dx * (float64(s.ttft) - my)
@@ -77,6 +77,9 @@ func (c *Controller) windowStats(p *poolState, since int64, slope float64) (st P
 			// error rate only.
 			failed++
 			continue
+		}
+		if s.untimed {
+			continue // a success whose latency the meter could not vouch for
 		}
 		ttft = append(ttft, s.ttft)
 		excess = append(excess, max(0, s.ttft-int64(slope*float64(s.tokens))))

@@ -226,16 +226,24 @@ func (r *Service) PoolName(p string) string {
 // serving pool's latency and status, and a failure for each pool an
 // earlier attempt failed on.
 func Observations(st *request.Stamp, observe func(controller.Observation)) {
-	if st.Decision == "deny" || st.Unverified || st.Pool == "" || st.Timing == request.TimingLateRead {
-		return // a forged or replayed stamp moves no weight, nor do times the meter could not vouch for
+	if st.Decision == "deny" || st.Unverified || st.Pool == "" {
+		return // a forged or replayed stamp moves no weight
 	}
 	now := time.Now()
 	for _, p := range st.PoolsTried[:max(len(st.PoolsTried)-1, 0)] {
 		observe(controller.Observation{At: now, VirtualModel: st.Model, Pool: p,
 			PromptTokens: st.PromptTokens, Status: controller.FailedAttempt})
 	}
-	observe(controller.Observation{At: now, VirtualModel: st.Model, Pool: st.Pool,
-		PromptTokens: st.PromptTokens, TTFT: st.TTFT, ITLP95: st.ITLP95, Status: st.Status})
+	// Times the meter could not vouch for move no weight; the status does.
+	o := controller.Observation{At: now, VirtualModel: st.Model, Pool: st.Pool,
+		PromptTokens: st.PromptTokens, TTFT: st.TTFT, Status: st.Status, Untimed: !st.Timing.FirstTokenTimed()}
+	if st.Timing.StreamTimed() {
+		o.ITLP95 = st.ITLP95
+	}
+	if o.Untimed {
+		o.TTFT = 0
+	}
+	observe(o)
 }
 
 // PublishSink sends every stamp's observations to the shared Redis feed,
