@@ -112,3 +112,20 @@ func TestModelsFromPools(t *testing.T) {
 		return slices.Equal(ids, want)
 	}, fmt.Sprintf("the premium tier to list %q", want))
 }
+
+// The newcomer's setup: no policy, no keys, no models; only the pools'
+// addresses. models.list() lists every model the pools serve.
+func TestModelsFromPoolsWithoutPolicy(t *testing.T) {
+	t.Parallel()
+	s := startStackFor(t, "envoy/demo.yaml", func(s *stack) string { return testConfig + poolModelsConfig(s) }, 1, func(s *stack) {
+		s.PoolA.SetModels("llama-3.1-8b-instruct")
+		s.PoolB.SetModels("qwen3-8b", "llama-3.1-8b-instruct")
+	})
+	ids, one, status := sdkModels(t, s.Envoy.URL, "any-key", "qwen3-8b")
+	if want := []string{"llama-3.1-8b-instruct", "qwen3-8b"}; !slices.Equal(ids, want) || status != 200 || one != "qwen3-8b" {
+		t.Errorf("SDK listed %q, retrieved %q %d; want %q and the model", ids, one, status, want)
+	}
+	if n := s.served(); n != 0 {
+		t.Errorf("pools served %d requests: the gate answers /v1/models itself", n)
+	}
+}
