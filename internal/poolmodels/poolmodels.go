@@ -57,12 +57,17 @@ type List struct {
 func (l *List) Pools(id string) []string { return l.pools[id] }
 
 // merge builds the listing of each pool's ids (nil: the pool has none
-// to offer), in the order of pools.
+// to offer), in the order of pools, of at most MaxModels ids: a listing
+// asks the policy about each, so the pools together get no more than one
+// pool may.
 func merge(pools []Pool, ids [][]string) *List {
 	l := &List{IDs: []string{}, pools: map[string][]string{}}
 	for i, p := range pools {
 		for _, id := range ids[i] {
 			if _, seen := l.pools[id]; !seen {
+				if len(l.IDs) == MaxModels {
+					continue
+				}
 				l.IDs = append(l.IDs, id)
 			}
 			l.pools[id] = append(l.pools[id], p.Name)
@@ -191,7 +196,8 @@ const (
 	// MaxBodyBytes bounds a model list's body: a thousand models take
 	// about 100 KiB in vLLM's format.
 	MaxBodyBytes = 1 << 20
-	// MaxModels bounds the ids kept of one pool; the rest are dropped.
+	// MaxModels bounds the ids kept of one pool, and of all together; the
+	// rest are dropped.
 	MaxModels = 1024
 	// MaxIDBytes bounds an id, as the gate bounds a body's model
 	// (extproc.MaxModelBytes); longer ids are dropped.

@@ -85,6 +85,24 @@ func TestMerge(t *testing.T) {
 	}
 }
 
+// The pools together list at most MaxModels ids, the first pools' first.
+func TestMergeBounded(t *testing.T) {
+	lists := make([][]string, 3)
+	for i := range lists {
+		for j := range MaxModels {
+			lists[i] = append(lists[i], fmt.Sprintf("p%d-%d", i, j))
+		}
+	}
+	lists[2][0] = "p0-0" // already listed: its pool is still recorded
+	l := merge([]Pool{{Name: "a"}, {Name: "b"}, {Name: "c"}}, lists)
+	if len(l.IDs) != MaxModels || l.IDs[0] != "p0-0" || l.IDs[MaxModels-1] != lists[0][MaxModels-1] {
+		t.Errorf("%d ids, from %q to %q; want pool a's %d", len(l.IDs), l.IDs[0], l.IDs[len(l.IDs)-1], MaxModels)
+	}
+	if got := l.Pools("p0-0"); !slices.Equal(got, []string{"a", "c"}) {
+		t.Errorf("p0-0 served by %q", got)
+	}
+}
+
 // fakePools answers each pool's fetch from what the test set; a pool set
 // to hang blocks until the fetch's deadline.
 type fakePools struct {
