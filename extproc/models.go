@@ -20,8 +20,8 @@ import (
 )
 
 // ModelsPath is OpenAI's model listing; ModelsPath/{id} retrieves one.
-// With Options.Catalog set the gate answers both itself (GET only): no
-// pool sees them.
+// With Options.Catalog or Options.PoolModels set the gate answers both
+// itself (GET only): no pool sees them.
 const ModelsPath = "/v1/models"
 
 // modelsCreated is every listed model's "created": the gateway does not
@@ -42,7 +42,7 @@ type ModelPolicy interface {
 // GET of the listing, or of one model (id, path-unescaped: ids may hold
 // slashes, e.g. meta-llama/Llama-3.1-8B).
 func (s *Server) modelsRequest(method, path string) (id string, one, ok bool) {
-	if method != http.MethodGet || len(s.opts.Catalog) == 0 {
+	if method != http.MethodGet || len(s.opts.Catalog) == 0 && s.opts.PoolModels == nil {
 		return "", false, false
 	}
 	if path == ModelsPath {
@@ -56,6 +56,15 @@ func (s *Server) modelsRequest(method, path string) (id string, one, ok bool) {
 		rest = id
 	}
 	return rest, true, true
+}
+
+// catalog is what the gate lists: the configured models or, without them,
+// what the pools serve now.
+func (s *Server) catalog() []string {
+	if len(s.opts.Catalog) > 0 || s.opts.PoolModels == nil {
+		return s.opts.Catalog
+	}
+	return s.opts.PoolModels()
 }
 
 // models answers GET /v1/models (and /v1/models/{id}): the catalog models
@@ -85,8 +94,9 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 	}
 
 	var body []byte
+	catalog := s.catalog()
 	if one {
-		if !s.mayCall(ctx, adm, id) {
+		if !slices.Contains(catalog, id) || !s.mayCall(ctx, adm, id) {
 			e := openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
 				"The model '"+truncate(id, MaxModelBytes)+"' does not exist or you do not have access to it.")
 			return s.deny(ctx, g, id, request.Verdict{Deny: e, Reason: e.Code, Principal: v.Principal, Tenant: v.Tenant, Timings: v.Timings})
@@ -94,7 +104,7 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 		body, _ = json.Marshal(modelObject(id))
 	} else {
 		list := modelList{Object: "list", Data: []model{}}
-		for _, m := range s.opts.Catalog {
+		for _, m := range catalog {
 			if s.mayCall(ctx, adm, m) {
 				list.Data = append(list.Data, modelObject(m))
 			}
@@ -141,11 +151,8 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 // mayCall reports whether the caller of adm may call model on any of the
 // gate's inference APIs (a tier may allow embeddings only): each is asked
 // of the policy as a request to that model, which its memo makes cheap
-// after the first listing. Not in the catalog: no.
+// after the first listing. The caller checks the model is in the catalog.
 func (s *Server) mayCall(ctx context.Context, adm *request.Admission, model string) bool {
-	if !slices.Contains(s.opts.Catalog, model) {
-		return false
-	}
 	mp, ok := s.policy.(ModelPolicy)
 	if !ok {
 		return true

@@ -213,3 +213,43 @@ func TestModelsLeftToThePolicy(t *testing.T) {
 		t.Errorf("HEAD: want it left to the policy, got %v", out)
 	}
 }
+
+// Without a catalog, the gate lists what the pools serve now, filtered by
+// the caller's policy as configured models are; before the pools have
+// answered, an empty list. A configured catalog wins.
+func TestModelsFromPools(t *testing.T) {
+	s, _, _ := modelsServer(t)
+	s.opts.Catalog = nil
+	served := []string{}
+	s.opts.PoolModels = func() []string { return served }
+	if got := listed(t, get(s, "/v1/models", "sk-premium")); len(got) != 0 {
+		t.Errorf("before the pools answered: %q, want an empty list", got)
+	}
+	served = []string{"large", "embed", "small", "unknown"}
+	for key, want := range map[string][]string{
+		"sk-free":    {"small"},
+		"sk-premium": {"large", "small"},
+		"sk-search":  {"embed"},
+	} {
+		if got := listed(t, get(s, "/v1/models", key)); !slices.Equal(got, want) {
+			t.Errorf("%s lists %q, want %q", key, got, want)
+		}
+	}
+	for _, c := range []struct {
+		path, key string
+		status    int
+	}{
+		{"/v1/models/large", "sk-premium", 200},
+		{"/v1/models/large", "sk-free", 404}, // served, not on the tier
+		{"/v1/models/vm", "sk-premium", 404}, // on the tier, served by no pool
+		{"/v1/models/small", "", 401},
+	} {
+		if ir := get(s, c.path, c.key); int(ir.GetStatus().GetCode()) != c.status {
+			t.Errorf("%s as %q: %d %s, want %d", c.path, c.key, ir.GetStatus().GetCode(), ir.GetBody(), c.status)
+		}
+	}
+	s.opts.Catalog = []string{"vm"}
+	if got := listed(t, get(s, "/v1/models", "sk-premium")); !slices.Equal(got, []string{"vm"}) {
+		t.Errorf("with a catalog: %q, want the catalog's", got)
+	}
+}

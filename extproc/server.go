@@ -113,6 +113,10 @@ type Options struct {
 	// ModelPolicy). Empty: the gate does not answer /v1/models; the path
 	// is the policy's, like any other.
 	Catalog []string
+	// PoolModels, with Catalog empty, returns what the pools serve now
+	// (internal/poolmodels): the gate lists those on GET /v1/models
+	// instead, alike. Called per listing; the slice is not modified.
+	PoolModels func() []string
 
 	Logger *slog.Logger
 	Meter  metric.Meter   // where the gate's and meter's instruments go; default: none

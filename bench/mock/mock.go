@@ -239,6 +239,8 @@ type Server struct {
 
 	lockstep lockstepGates // x-mock-lockstep's gates, by id
 
+	models atomic.Pointer[[]string] // GET /v1/models; nil: mock-model
+
 	mu         sync.Mutex
 	lastHeader http.Header
 	lastBody   []byte
@@ -344,7 +346,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("/v1/messages", s.completionHandler(kindMessages))
 	mux.Handle("/v1/messages/count_tokens", s.completionHandler(kindCountTokens))
 	mux.Handle("/v1/embeddings", s.completionHandler(kindEmbeddings))
-	mux.Handle("/v1/models", onlyGet(http.HandlerFunc(handleModels)))
+	mux.Handle("/v1/models", onlyGet(http.HandlerFunc(s.handleModels)))
 	mux.Handle("/healthz", onlyGet(http.HandlerFunc(handleHealth)))
 	mux.Handle("/metrics", onlyGet(promhttp.HandlerFor(s.metrics.registry, promhttp.HandlerOpts{})))
 	mux.HandleFunc("/mock/control", s.handleControl)
@@ -373,11 +375,19 @@ func handleHealth(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte("ok"))
 }
 
-func handleModels(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, modelList{
-		Object: "list",
-		Data:   []model{{ID: "mock-model", Object: "model", Created: 0, OwnedBy: "infergate-mock"}},
-	})
+// SetModels sets the ids GET /v1/models lists (mock-model until set).
+func (s *Server) SetModels(ids ...string) { s.models.Store(&ids) }
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	ids := []string{"mock-model"}
+	if set := s.models.Load(); set != nil {
+		ids = *set
+	}
+	list := modelList{Object: "list", Data: []model{}}
+	for _, id := range ids {
+		list.Data = append(list.Data, model{ID: id, Object: "model", Created: 0, OwnedBy: "infergate-mock"})
+	}
+	writeJSON(w, http.StatusOK, list)
 }
 
 func (s *Server) completionHandler(k kind) http.Handler {

@@ -574,6 +574,18 @@ func TestAuxiliaryRoutes(t *testing.T) {
 	}
 }
 
+// A mock pool lists the models it is set to.
+func TestModelsSet(t *testing.T) {
+	s, ts := newTestServer(t, noDelay())
+	s.SetModels("a", "org/b")
+	resp, body := do(t, ts, http.MethodGet, "/v1/models", "", nil)
+	want := `{"object":"list","data":[{"id":"a","object":"model","created":0,"owned_by":"infergate-mock"},` +
+		`{"id":"org/b","object":"model","created":0,"owned_by":"infergate-mock"}]}`
+	if resp.StatusCode != 200 || string(body) != want {
+		t.Fatalf("models: %d %s", resp.StatusCode, body)
+	}
+}
+
 func TestMetrics(t *testing.T) {
 	_, ts := newTestServer(t, noDelay())
 	do(t, ts, http.MethodPost, "/v1/chat/completions", chatBody, nil)

@@ -104,8 +104,12 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	// What the policy says.
 	var d policy.Decision
 	if c.Policy == nil {
-		d = policy.Decision{Allow: a.Completion, Reason: "no_policy"}
-		if !a.Completion {
+		// Inference, and the model listing: the gate answers it when it
+		// knows the models (configured, or the pools'), each listed as
+		// Permits says; else it goes on to the route like a completion.
+		listing := a.Method == http.MethodGet && a.Path == "/v1/models"
+		d = policy.Decision{Allow: a.Completion || listing, Reason: "no_policy"}
+		if !d.Allow {
 			d.Status, d.Reason = http.StatusNotFound, "unknown_url"
 		}
 	} else {

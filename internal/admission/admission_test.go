@@ -326,3 +326,31 @@ func TestPolicyInputNamesTheAPI(t *testing.T) {
 		t.Errorf("the model listing has API %q", in.API)
 	}
 }
+
+// Without a policy, an authenticated caller may list models (GET
+// /v1/models: the gate answers it when it knows them) as it may call them;
+// other paths and methods stay unknown, and the key is still required.
+func TestNoPolicyAdmitsTheListing(t *testing.T) {
+	c := newController(t)
+	key := map[string]string{"authorization": "Bearer " + secretKey}
+	for _, tc := range []struct {
+		method, path string
+		hdr          map[string]string
+		status       int // 0: admitted
+	}{
+		{"GET", "/v1/models", key, 0},
+		{"GET", "/v1/models", nil, http.StatusUnauthorized},
+		{"HEAD", "/v1/models", key, http.StatusNotFound},
+		{"POST", "/v1/models", key, http.StatusNotFound},
+		{"GET", "/v1/files", key, http.StatusNotFound},
+	} {
+		v := c.Decide(context.Background(), &request.Admission{RequestID: "r", Method: tc.method, Path: tc.path, Headers: tc.hdr})
+		got := 0
+		if v.Deny != nil {
+			got = v.Deny.Status
+		}
+		if got != tc.status {
+			t.Errorf("%s %s: %d (0: admitted), want %d", tc.method, tc.path, got, tc.status)
+		}
+	}
+}

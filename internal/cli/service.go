@@ -27,6 +27,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/poolmodels"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
@@ -68,6 +69,8 @@ type Service struct {
 	// listen opens the configured listeners (net.Listen; tests bind the
 	// configured host on a free port).
 	listen func(network, addr string) (net.Listener, error)
+	// models are what the pools serve; nil without poolModels.pools.
+	models *poolmodels.Lister
 }
 
 // Option changes how NewService composes the service; the command line
@@ -139,6 +142,11 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 	case rt != nil:
 		sinks = append(sinks, rt)
 	}
+	var poolModels func() []string
+	if pm := cfg.PoolModels; len(pm.Pools) > 0 {
+		s.models = newPoolModels(pm, logger)
+		poolModels = s.models.Models
+	}
 	srv, err := extproc.New(extproc.Options{
 		CompletionPaths:   cfg.Gate.Paths,
 		MaxBodyBytes:      cfg.Gate.MaxBodyBytes,
@@ -152,6 +160,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		Sinks:             sinks,
 		Policy:            adm.controller,
 		Catalog:           cfg.Catalog(),
+		PoolModels:        poolModels,
 		Tracer:            tracing.Tracer(),
 		PoolName:          rt.PoolName,
 		Sealer:            adm.fields,
@@ -301,13 +310,39 @@ func (s *Service) AdminHandler() http.Handler {
 		}
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.ready.Load() {
+		if !s.ready.Load() || !s.modelsPrimed() {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ready\n")
 	})
 	return mux
+}
+
+// newPoolModels lists what the pools of pm serve.
+func newPoolModels(pm config.PoolModels, logger *slog.Logger) *poolmodels.Lister {
+	pools := make([]poolmodels.Pool, len(pm.Pools))
+	for i, p := range pm.Pools {
+		pools[i] = poolmodels.Pool{Name: p.Name, URL: p.URL, APIKeyFile: p.APIKeyFile}
+	}
+	return poolmodels.New(poolmodels.Options{Pools: pools, Interval: pm.Interval, KeepFor: pm.KeepFor,
+		Timeout: pm.Timeout, Logger: logger})
+}
+
+// modelsPrimed reports whether the pools' model lists have had their
+// first round (every pool answered or timed out), or there are none. The
+// gate never waits for them (Envoy gives it a second); readiness does, so
+// a load balancer sends no listing before there is one to give.
+func (s *Service) modelsPrimed() bool {
+	if s.models == nil {
+		return true
+	}
+	select {
+	case <-s.models.Primed():
+		return true
+	default:
+		return false
+	}
 }
 
 // Serve runs until ctx is done or a part fails, then stops in order:
@@ -360,6 +395,9 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	})
 	g.Go(func() error { s.adm.run(watchCtx); return nil })
 	g.Go(func() error { s.extproc.WatchStalls(watchCtx); return nil })
+	if s.models != nil {
+		g.Go(func() error { s.models.Run(watchCtx); return nil })
+	}
 	if s.publisher != nil {
 		g.Go(func() error { s.publisher.Run(feedCtx); return nil })
 	}

@@ -52,6 +52,10 @@ type Config struct {
 	WeightSink    WeightSink     `yaml:"weightSink"`
 	Tracing       Tracing        `yaml:"tracing"`
 	Log           Log            `yaml:"log"`
+
+	// PoolModels, with neither Models nor VirtualModels, are listed on
+	// GET /v1/models instead: what the pools serve, read from each one.
+	PoolModels PoolModels `yaml:"poolModels"`
 }
 
 // Catalog is every model name a client may call: Models, then the
@@ -64,6 +68,33 @@ func (c *Config) Catalog() []string {
 	}
 	return out
 }
+
+// PoolModels are the pools whose own GET /v1/models the gate lists, merged
+// and refreshed, when no models are configured.
+type PoolModels struct {
+	Pools []ModelsPool `yaml:"pools"`
+	// Interval is how often every pool's list is read again.
+	Interval time.Duration `yaml:"interval"`
+	// KeepFor is how long a pool that stopped answering keeps its last
+	// list; then its models drop out until it answers again.
+	KeepFor time.Duration `yaml:"keepFor"`
+	// Timeout bounds one read of a pool's list.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// ModelsPool is one pool whose models are listed.
+type ModelsPool struct {
+	// Name names the pool in logs (its Envoy cluster, as pools[].cluster).
+	Name string `yaml:"name"`
+	// URL is the pool's own model list, e.g. http://vllm:8000/v1/models.
+	URL string `yaml:"url"`
+	// APIKeyFile holds the bearer token the pool requires, if any (a
+	// mounted Secret); read on every refresh.
+	APIKeyFile string `yaml:"apiKeyFile"`
+}
+
+// maxModelsPools bounds poolModels.pools (each read every interval).
+const maxModelsPools = 64
 
 // VirtualModel is one routed name and its pools.
 type VirtualModel struct {
@@ -596,6 +627,18 @@ func (c *Config) fillDefaults() {
 	if c.VirtualModels == nil {
 		c.VirtualModels = []VirtualModel{}
 	}
+	if c.PoolModels.Pools == nil {
+		c.PoolModels.Pools = []ModelsPool{}
+	}
+	if c.PoolModels.Interval == 0 {
+		c.PoolModels.Interval = 30 * time.Second
+	}
+	if c.PoolModels.KeepFor == 0 {
+		c.PoolModels.KeepFor = 5 * time.Minute
+	}
+	if c.PoolModels.Timeout == 0 {
+		c.PoolModels.Timeout = 5 * time.Second
+	}
 	setDefault(&c.XDS.Listen, "127.0.0.1:18000")
 	setDefault(&c.XDS.RouteConfigName, "infergate")
 	setDefault(&c.Log.Level, "info")
@@ -731,6 +774,27 @@ func (c *Config) validate() error {
 			}
 		}
 	}
+	pm := c.PoolModels
+	check(len(pm.Pools) == 0 || len(c.Catalog()) == 0, "poolModels.pools",
+		"not with models or virtualModels: the gate lists those; drop one or the other")
+	check(len(pm.Pools) <= maxModelsPools, "poolModels.pools", "at most %d pools, got %d", maxModelsPools, len(pm.Pools))
+	poolNames := map[string]bool{}
+	for i, p := range pm.Pools {
+		at := fmt.Sprintf("poolModels.pools.%d", i)
+		check(strings.TrimSpace(p.Name) != "" && len(p.Name) <= maxModelName, at+".name", "must be 1 to %d bytes, got %q", maxModelName, p.Name)
+		check(!poolNames[p.Name], at+".name", "%q is listed twice", p.Name)
+		poolNames[p.Name] = true
+		u, err := url.Parse(p.URL)
+		shown := p.URL
+		if err == nil {
+			shown = u.Redacted()
+		}
+		check(err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "" && u.User == nil, at+".url",
+			"%q must be an http(s) URL without credentials (the pool's GET /v1/models; a key goes in apiKeyFile)", shown)
+	}
+	check(pm.Interval >= time.Second && pm.Interval <= time.Hour, "poolModels.interval", "must be 1s to 1h, got %s", pm.Interval)
+	check(pm.Timeout > 0 && pm.Timeout <= pm.Interval, "poolModels.timeout", "must be more than 0 and at most the interval (%s), got %s", pm.Interval, pm.Timeout)
+	check(pm.KeepFor >= pm.Interval, "poolModels.keepFor", "must be at least the interval (%s), got %s", pm.Interval, pm.KeepFor)
 	check(oneOf(c.Log.Level, "debug", "info", "warn", "error"), "log.level",
 		"must be one of debug, info, warn, error; got %q", c.Log.Level)
 	check(oneOf(c.Log.Format, "json", "text"), "log.format", "must be json or text; got %q", c.Log.Format)

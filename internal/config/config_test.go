@@ -44,8 +44,11 @@ func defaults() *Config {
 		WeightSink:    WeightSink{Type: "xds"},
 		Tracing:       Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
 		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
+		PoolModels:    defaultPoolModels,
 	}
 }
+
+var defaultPoolModels = PoolModels{Pools: []ModelsPool{}, Interval: 30 * time.Second, KeepFor: 5 * time.Minute, Timeout: 5 * time.Second}
 
 var defaultReservations = Reservations{LongestStream: time.Hour, MaxAge: 25 * time.Hour, KeyRotation: 24 * time.Hour, KeyRefresh: time.Minute, MaxSettled: 1 << 20}
 
@@ -76,8 +79,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s}",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests))
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s} poolModels=%+v",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests), c.PoolModels)
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -146,7 +149,8 @@ func TestValidFile(t *testing.T) {
 		WeightSink: WeightSink{Type: "httpRouteFile", HTTPRoute: HTTPRouteFile{File: "/etc/eg/routes.yaml", Namespace: "llm", Name: "chat"}},
 		Tracing: Tracing{Endpoint: "otel-collector:4318", Protocol: "http", Insecure: true, SampleRatio: 0.25,
 			QueueSize: 100, TraceURL: "http://jaeger:16686/trace/{trace_id}"},
-		Log: Log{Level: "debug", Format: "text", Requests: ptr(false)},
+		Log:        Log{Level: "debug", Format: "text", Requests: ptr(false)},
+		PoolModels: defaultPoolModels,
 	}
 	c, err := Load(filepath.Join("testdata", "valid.yaml"))
 	if err != nil {
@@ -180,6 +184,14 @@ func TestParsePartial(t *testing.T) {
 			name:   "null paths are defaulted",
 			doc:    "gate:\n  paths: ~\n",
 			modify: func(c *Config) {},
+		},
+		{
+			name: "pool models",
+			doc:  "poolModels:\n  pools: [{name: pool-a, url: \"https://vllm:8000/v1/models\", apiKeyFile: /run/key}]\n  interval: 1s\n  keepFor: 1s\n  timeout: 1s\n",
+			modify: func(c *Config) {
+				c.PoolModels = PoolModels{Pools: []ModelsPool{{Name: "pool-a", URL: "https://vllm:8000/v1/models", APIKeyFile: "/run/key"}},
+					Interval: time.Second, KeepFor: time.Second, Timeout: time.Second}
+			},
 		},
 		{
 			name:   "empty section",
