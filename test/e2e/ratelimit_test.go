@@ -235,8 +235,10 @@ func TestRedisOutage(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("statuses under load with Redis killed: %v", counts)
-	if counts[200] == 0 || counts[503] == 0 || len(counts) != 2 {
-		t.Errorf("want admitted streams before and 503s after the kill, nothing else: %v", counts)
+	// A 504 is the gate's message timeout (a starved machine waiting on
+	// the dead Redis past it): refused all the same, by Envoy.
+	if counts[200] == 0 || counts[503] == 0 || len(counts) != 2+min(counts[504], 1) {
+		t.Errorf("want admitted streams before and 503s (or the gate's 504) after the kill, nothing else: %v", counts)
 	}
 	for range 3 {
 		start := time.Now()
