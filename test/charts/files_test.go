@@ -495,9 +495,9 @@ func TestValuesRejected(t *testing.T) {
 			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
 				"sidecar": map[string]any{"gatewayIdentities": []any{}}}}
 		}, "istio.sidecar.gatewayIdentities"},
-		{"generated certificates and a Secret", func() map[string]any {
-			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true, "secretName": "s"}}}
-		}, "extproc.tls.generate makes the certificates itself"},
+		{"TLS neither on, off nor auto", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": "yes"}}}
+		}, "enabled"},
 		{"debug pages without a token", func() map[string]any {
 			return map[string]any{"debug": map[string]any{"pprof": true}}
 		}, "debug.tokenSecret.name"},
@@ -541,9 +541,12 @@ func TestValuesRejected(t *testing.T) {
 		{"istio sidecar without selector", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"enabled": true, "sidecar": map[string]any{"enabled": true}}}
 		}, "istio.sidecar.workloadSelector"},
-		{"TLS without a Secret or an issuer", func() map[string]any {
-			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true}}}
+		{"TLS without a Secret, an issuer or generated certificates", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": false}}}
 		}, "extproc.tls.secretName"},
+		{"default TLS without a Secret, an issuer or generated certificates", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"generate": false}}}
+		}, "extproc.tls.generate: true"},
 		{"TLS under Istio", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"enabled": true}, "extproc": map[string]any{"tls": map[string]any{"enabled": true, "secretName": "s"}}}
 		}, "istio.peerAuthentication"},

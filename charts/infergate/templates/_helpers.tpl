@@ -108,14 +108,35 @@ weightSink is one (config.weightSink.type httpRoute or virtualService):
 {{- end }}
 
 {{/*
+Whether the ext_proc port serves mutual TLS: extproc.tls.enabled true, or
+"auto" (the default) where the chart can hand Envoy its client certificate,
+i.e. a plain Envoy. Envoy Gateway takes Envoy's client certificate from the
+Gateway, Istio's proxies bring the mesh's own: there "auto" keeps the port
+plaintext, as before.
+*/}}
+{{- define "infergate.extprocTLSEnabled" -}}
+{{- $enabled := toString .Values.extproc.tls.enabled }}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (not .Values.envoyGateway.enabled) (not .Values.istio.enabled)) }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether the chart generates the certificates: mutual TLS with neither a
+Secret named nor cert-manager.
+*/}}
+{{- define "infergate.extprocTLSGenerated" -}}
+{{- with .Values.extproc.tls }}
+{{- if and (include "infergate.extprocTLSEnabled" $) .generate (not .secretName) (not .certManager.issuerRef) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The Secret with the ext_proc port's certificate, key and client CA, when
-extproc.tls is enabled: the one named, or the one cert-manager issues.
+the port serves mutual TLS: the one named, or the one cert-manager issues
+or the chart generates.
 */}}
 {{- define "infergate.extprocTLSSecret" -}}
-{{- with .Values.extproc.tls }}
-{{- if .enabled }}
-{{- default (printf "%s-extproc-tls" (include "infergate.fullname" $)) .secretName }}
-{{- end }}
+{{- if include "infergate.extprocTLSEnabled" . }}
+{{- default (printf "%s-extproc-tls" (include "infergate.fullname" .)) .Values.extproc.tls.secretName }}
 {{- end }}
 {{- end }}
 
@@ -264,17 +285,15 @@ message that says what to change.
 {{- end }}
 {{- end }}
 {{- with .Values.extproc.tls }}
-{{- if and .enabled (not .secretName) (not .certManager.issuerRef) (not .generate) }}
-{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt), extproc.tls.certManager.issuerRef or extproc.tls.generate" }}
+{{- if and (include "infergate.extprocTLSEnabled" $) (not .secretName) (not .certManager.issuerRef) (not .generate) }}
+{{- fail "extproc.tls (mutual TLS on the ext_proc port) needs its certificates: extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt), extproc.tls.certManager.issuerRef or extproc.tls.generate: true" }}
 {{- end }}
-{{- if and .generate (or .secretName .certManager.issuerRef) }}
-{{- fail "extproc.tls.generate makes the certificates itself: drop extproc.tls.secretName and extproc.tls.certManager.issuerRef, or generate" }}
-{{- end }}
-{{- if and .enabled $.Values.istio.enabled }}
-{{- fail "extproc.tls with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
+{{- if and (eq (toString .enabled) "true") $.Values.istio.enabled }}
+{{- fail "extproc.tls.enabled: true with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
 {{- end }}
 {{- end }}
-{{- if and .Values.envoyGateway.clientCertificateNamespace (not (and .Values.extproc.tls.enabled .Values.extproc.tls.certManager.issuerRef)) }}
+{{- include "infergate.validateTLSUpgrade" . }}
+{{- if and .Values.envoyGateway.clientCertificateNamespace (not (and (include "infergate.extprocTLSEnabled" .) .Values.extproc.tls.certManager.issuerRef)) }}
 {{- fail "envoyGateway.clientCertificateNamespace issues Envoy's client certificate with cert-manager: it needs extproc.tls.enabled and extproc.tls.certManager.issuerRef" }}
 {{- end }}
 {{- if and .Values.networkPolicy.enabled (not (include "infergate.extprocPeers" .)) }}
@@ -295,6 +314,25 @@ message that says what to change.
 {{- end }}
 {{- if and .Values.istio.enabled .Values.istio.sidecar.enabled (not .Values.istio.sidecar.workloadSelector) }}
 {{- fail "istio.sidecar.workloadSelector must select the model-server pods (an empty selector would put the filters on every sidecar of the namespace)" }}
+{{- end }}
+{{- end }}
+
+{{/*
+An upgrade of a release whose ext_proc port was plaintext (a chart from
+before mutual TLS was the default, or extproc.tls.enabled: false) to the
+default "auto", which would turn mutual TLS on: refused with what to do,
+since every Envoy without the client certificate would lose the gate (every
+request 503). An explicit extproc.tls.enabled, true or false, proceeds.
+lookup reads nothing without a cluster (helm template), so renders pass.
+*/}}
+{{- define "infergate.validateTLSUpgrade" -}}
+{{- if and .Release.IsUpgrade (eq (toString .Values.extproc.tls.enabled) "auto") (include "infergate.extprocTLSEnabled" .) }}
+{{- $fullname := include "infergate.fullname" . }}
+{{- $cm := lookup "v1" "ConfigMap" .Release.Namespace (printf "%s-config" $fullname) }}
+{{- $previous := fromYaml (dig "data" "config.yaml" "" $cm) }}
+{{- if dig "extproc" "insecureOpenToNetwork" false $previous }}
+{{- fail (printf "this upgrade would turn on mutual TLS on the ext_proc port, which is now the default for a plain Envoy: an Envoy without the client certificate would lose the gate (every request 503). Either keep plaintext with --set extproc.tls.enabled=false (then guard the port with networkPolicy.enabled), or set extproc.tls.enabled=true and give your Envoy the client certificate: mount Secret %s-envoy-client (tls.crt, tls.key, ca.crt) and use envoy/snippet-mtls.yaml's infergate cluster (SNI and SAN %s.%s.svc.%s); the NOTES after the upgrade repeat this" $fullname $fullname .Release.Namespace .Values.clusterDomain) }}
+{{- end }}
 {{- end }}
 {{- end }}
 
