@@ -117,3 +117,72 @@ func TestAutoTLSOffWhereEnvoyBringsItsOwn(t *testing.T) {
 		})
 	}
 }
+
+// xdsConfig is the xDS part of the config the chart writes.
+type xdsConfig struct {
+	XDS struct {
+		TLS *struct {
+			CertFile     string `json:"certFile"`
+			ClientCAFile string `json:"clientCAFile"`
+		} `json:"tls"`
+		InsecureOpenToNetwork *bool `json:"insecureOpenToNetwork"`
+	} `json:"xds"`
+}
+
+// The xDS port follows the ext_proc port for a plain Envoy (its one
+// client), with the same Secret, mounted also by the controller that
+// serves it in scaled mode; elsewhere, or when asked, it stays plaintext.
+func TestXDSTLSFollowsTheExtProcPort(t *testing.T) {
+	models := map[string]any{"virtualModels": []any{map[string]any{"name": "m", "pools": []any{map[string]any{"cluster": "a"}}}}}
+	eg := readValues(t, filepath.Join(chartDir, "ci", "envoygateway-values.yaml"))
+	eg["config"].(map[string]any)["virtualModels"] = models["virtualModels"]
+	for _, c := range []struct {
+		name string
+		vals map[string]any
+		tls  bool
+	}{
+		{"serve, the defaults", map[string]any{"config": models}, true},
+		{"scaled, the defaults", map[string]any{"mode": "scaled", "redis": map[string]any{"address": "redis:6379"}, "config": models}, true},
+		{"xds.tls.enabled false", map[string]any{"config": models, "xds": map[string]any{"tls": map[string]any{"enabled": false}}}, false},
+		{"extproc.tls.enabled false", map[string]any{"config": models, "extproc": map[string]any{"tls": map[string]any{"enabled": false}}}, false},
+		{"Envoy Gateway", eg, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := render(t, c.vals)
+			if err != nil {
+				t.Fatal(err)
+			}
+			objs := decodeAll(t, r)
+			var cfg xdsConfig
+			if err := yaml.Unmarshal([]byte(findConfigMap(objs, releaseName+"-config").Data["config.yaml"]), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			gotTLS := cfg.XDS.TLS != nil && cfg.XDS.TLS.ClientCAFile == "/etc/infergate/tls/ca.crt" && cfg.XDS.TLS.CertFile == "/etc/infergate/tls/tls.crt"
+			plain := cfg.XDS.InsecureOpenToNetwork != nil && *cfg.XDS.InsecureOpenToNetwork
+			if gotTLS != c.tls || plain == c.tls {
+				t.Errorf("xds %+v: want mutual TLS %v, else plaintext by explicit opt-in", cfg.XDS, c.tls)
+			}
+			// Every pod serving xDS over TLS mounts the certificate.
+			for _, o := range objs["apps/v1/Deployment"] {
+				d := o.(*appsv1.Deployment)
+				if !c.tls || (c.vals["mode"] == "scaled" && !strings.HasSuffix(d.Name, "-controller")) {
+					continue
+				}
+				mounted := false
+				for _, v := range d.Spec.Template.Spec.Volumes {
+					mounted = mounted || (v.Secret != nil && v.Secret.SecretName == releaseName+"-extproc-tls")
+				}
+				if !mounted {
+					t.Errorf("%s serves xDS over TLS without the certificate mounted", d.Name)
+				}
+			}
+			if c.tls && !strings.Contains(r.notes, "infergate-xds cluster the transport_socket") {
+				t.Errorf("NOTES do not say Envoy's xDS cluster needs TLS:\n%s", r.notes)
+			}
+		})
+	}
+	if _, err := render(t, map[string]any{"xds": map[string]any{"tls": map[string]any{"enabled": true}},
+		"extproc": map[string]any{"tls": map[string]any{"enabled": false}}}); err == nil || !strings.Contains(err.Error(), "turn extproc.tls on") {
+		t.Errorf("xds.tls without extproc.tls: %v, want a refusal", err)
+	}
+}
