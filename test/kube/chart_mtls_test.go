@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,15 +30,17 @@ import (
 func TestChartDefaultMutualTLS(t *testing.T) {
 	c := startCluster(t)
 	c.createNamespace(t, llmNS)
-	// The defaults, with an API key so that the gate admits a request.
-	vals := map[string]any{"apiKeys": ciValues(t, "envoygateway")["apiKeys"]}
+	// The defaults, with an API key so that the gate admits a request and
+	// a virtual model so that infergate serves routes over xDS.
+	vals := map[string]any{"apiKeys": ciValues(t, "envoygateway")["apiKeys"], "config": map[string]any{"virtualModels": []any{
+		map[string]any{"name": "llama-3-70b", "pools": []any{map[string]any{"cluster": "pool-a"}, map[string]any{"cluster": "pool-b", "priority": 1}}}}}}
 	rel, err := c.helmInstall(t, llmNS, relName, vals)
 	if err != nil {
 		t.Fatalf("helm install: %v", err)
 	}
 	server, client := relName+"-extproc-tls", relName+"-envoy-client"
 	before := map[string]map[string][]byte{server: c.secretData(t, llmNS, server), client: c.secretData(t, llmNS, client)}
-	if _, err := c.helmUpgrade(t, llmNS, relName, mergeValues(vals, map[string]any{"config": map[string]any{"log": map[string]any{"level": "debug"}}})); err != nil {
+	if _, err := c.helmUpgrade(t, llmNS, relName, mergeValues(vals, map[string]any{"podAnnotations": map[string]any{"upgraded": "yes"}})); err != nil {
 		t.Fatalf("helm upgrade: %v", err)
 	}
 	for name, data := range before {
@@ -51,8 +56,8 @@ func TestChartDefaultMutualTLS(t *testing.T) {
 	envoyDir := t.TempDir()
 	writeSecret(t, c, llmNS, client, envoyDir)
 	fqdn := relName + "." + llmNS + ".svc.cluster.local" // the NOTES' SNI and SAN
-	withCert := envoytest.Start(t, plainEnvoy(t, ig.extproc, fqdn, envoyDir, true))
-	withoutCert := envoytest.Start(t, plainEnvoy(t, ig.extproc, fqdn, envoyDir, false))
+	withCert := envoytest.Start(t, plainEnvoy(t, ig, fqdn, envoyDir, true))
+	withoutCert := envoytest.Start(t, plainEnvoy(t, ig, fqdn, envoyDir, false))
 
 	if code, body := post(t, withCert.URL, map[string]string{"authorization": "Bearer " + apiKey, "x-request-id": "kube-mtls-1"}); code != http.StatusOK {
 		t.Errorf("with the client certificate and a key: %d %s, want the route's 200", code, body)
@@ -69,6 +74,24 @@ func TestChartDefaultMutualTLS(t *testing.T) {
 	}
 	if code, body := post(t, withoutCert.URL, withKey); code != http.StatusServiceUnavailable || !strings.Contains(body, `"gate_unavailable"`) {
 		t.Errorf("without the client certificate: %d %s, want Envoy's 503 gate_unavailable", code, body)
+	}
+	// xDS: the virtual-model routes reach the Envoy with the client
+	// certificate over mutual TLS; the one without fails to fetch them.
+	const rdsStats = "^(http\\.sla\\.rds\\.infergate\\.update_(success|failure)|cluster\\.infergate-xds\\.ssl\\.handshake)$"
+	waitFor(t, 30*time.Second, "Envoy to get the virtual-model routes over xDS", func() bool {
+		return stat(t, withCert.AdminURL, rdsStats, "http.sla.rds.infergate.update_success") > 0
+	})
+	if n := stat(t, withCert.AdminURL, rdsStats, "cluster.infergate-xds.ssl.handshake"); n == 0 {
+		t.Errorf("Envoy got the routes without a TLS handshake with the xDS port")
+	}
+	if routes := get(t, withCert.AdminURL+"/config_dump?resource=dynamic_route_configs"); !strings.Contains(routes, "llama-3-70b") {
+		t.Errorf("the routes Envoy got over xDS do not name llama-3-70b:\n%s", routes)
+	}
+	waitFor(t, 30*time.Second, "the Envoy without a client certificate to fail an xDS fetch", func() bool {
+		return stat(t, withoutCert.AdminURL, rdsStats, "http.sla.rds.infergate.update_failure") > 0
+	})
+	if n := stat(t, withoutCert.AdminURL, rdsStats, "http.sla.rds.infergate.update_success"); n != 0 {
+		t.Errorf("the Envoy without a client certificate got the routes over xDS (%d updates)", n)
 	}
 
 	// A release from before mutual TLS was the default (its port
@@ -137,8 +160,10 @@ func mergeValues(a, b map[string]any) map[string]any {
 // replies in front of a route that answers 200 (a direct response), and
 // envoy/snippet-mtls.yaml's infergate cluster pointed at infergate's port
 // with fqdn as SNI and SAN, its files in dir (without its client
-// certificate unless withCert).
-func plainEnvoy(t *testing.T, extprocPort int, fqdn, dir string, withCert bool) string {
+// certificate unless withCert); and a listener "sla" taking its routes over
+// RDS from envoy/sla.yaml's infergate-xds cluster, with the same
+// transport_socket, as the NOTES ask.
+func plainEnvoy(t *testing.T, ig *infergateProc, fqdn, dir string, withCert bool) string {
 	t.Helper()
 	var snippet struct {
 		HTTPFilters      []any            `json:"http_filters"`
@@ -154,12 +179,29 @@ func plainEnvoy(t *testing.T, extprocPort int, fqdn, dir string, withCert bool) 
 		t.Fatalf("envoy/snippet-mtls.yaml: clusters %v, want the infergate cluster", mtls.Clusters)
 	}
 	cluster := mtls.Clusters[0]
-	cluster["type"] = "STATIC"
-	cluster["load_assignment"] = map[string]any{"cluster_name": "infergate", "endpoints": []any{map[string]any{"lb_endpoints": []any{
-		map[string]any{"endpoint": map[string]any{"address": map[string]any{"socket_address": map[string]any{"address": hostIP(t), "port_value": extprocPort}}}}}}}}
 	if !withCert {
 		ctx := nested[map[string]any](cluster, "transport_socket", "typed_config", "common_tls_context")
 		delete(ctx, "tls_certificates")
+	}
+	at := func(name string, port int) map[string]any {
+		c := map[string]any{}
+		b, _ := json.Marshal(cluster)
+		if err := json.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		c["name"], c["type"] = name, "STATIC"
+		c["load_assignment"] = map[string]any{"cluster_name": name, "endpoints": []any{map[string]any{"lb_endpoints": []any{
+			map[string]any{"endpoint": map[string]any{"address": map[string]any{"socket_address": map[string]any{"address": hostIP(t), "port_value": port}}}}}}}}
+		return c
+	}
+	rds := map[string]any{
+		"@type":        "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+		"stat_prefix":  "sla",
+		"http_filters": []any{map[string]any{"name": "envoy.filters.http.router", "typed_config": map[string]any{"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}},
+		"rds": map[string]any{"route_config_name": "infergate", "config_source": map[string]any{
+			"resource_api_version": "V3", "initial_fetch_timeout": "1s",
+			"api_config_source": map[string]any{"api_type": "GRPC", "transport_api_version": "V3",
+				"grpc_services": []any{map[string]any{"envoy_grpc": map[string]any{"cluster_name": "infergate-xds"}}}}}},
 	}
 	hcm := map[string]any{
 		"@type":              "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
@@ -172,12 +214,16 @@ func plainEnvoy(t *testing.T, extprocPort int, fqdn, dir string, withCert bool) 
 	loopback := func() map[string]any {
 		return map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 0}}
 	}
+	listener := func(name string, hcm map[string]any) map[string]any {
+		return map[string]any{"name": name, "address": loopback(), "filter_chains": []any{map[string]any{"filters": []any{
+			map[string]any{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}}}}}
+	}
 	boot := map[string]any{
+		"node":  map[string]any{"id": "kube-mtls", "cluster": "kube-mtls"}, // RDS needs one
 		"admin": map[string]any{"address": loopback()},
 		"static_resources": map[string]any{
-			"listeners": []any{map[string]any{"name": "llm", "address": loopback(), "filter_chains": []any{map[string]any{"filters": []any{
-				map[string]any{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}}}}}},
-			"clusters": []any{cluster},
+			"listeners": []any{listener("llm", hcm), listener("sla", rds)},
+			"clusters":  []any{at("infergate", ig.extproc), at("infergate-xds", ig.xds)},
 		},
 	}
 	b, err := json.Marshal(boot)
@@ -215,6 +261,22 @@ func post(t *testing.T, base string, hdr map[string]string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// stat is the value of one of the counters filter selects, read from
+// Envoy's admin.
+func stat(t *testing.T, admin, filter, name string) int {
+	t.Helper()
+	for _, line := range strings.Split(get(t, admin+"/stats?filter="+url.QueryEscape(filter)), "\n") {
+		if v, ok := strings.CutPrefix(line, name+": "); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("stat %s: %q", name, line)
+			}
+			return n
+		}
+	}
+	return 0
 }
 
 func get(t *testing.T, url string) string {
