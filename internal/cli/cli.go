@@ -156,6 +156,10 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stdout, "%s: policies compile and pass their tests\n", cfg.Policy.Dir)
 	}
+	// serve would refuse to start on it: say so before a rollout does.
+	if err := checkDebugToken(cfg.Admin); err != nil {
+		return err
+	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)
 	return nil
 }

@@ -79,6 +79,32 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// validate reads admin.debug.tokenFile as serve does at start: a missing
+// or empty token file fails the check, not the rollout.
+func TestValidateDebugToken(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	cfg := filepath.Join(dir, "debug.yaml")
+	if err := os.WriteFile(cfg, []byte("admin:\n  debug: {enabled: true, tokenFile: "+token+"}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(t, "validate", "--config", cfg); err == nil || !strings.Contains(err.Error(), "admin.debug.tokenFile") {
+		t.Errorf("missing token file: err %v, want admin.debug.tokenFile named", err)
+	}
+	if err := os.WriteFile(token, []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := run(t, "validate", "--config", cfg); err == nil || !strings.Contains(err.Error(), "admin.debug.tokenFile") {
+		t.Errorf("empty token file: err %v, want admin.debug.tokenFile named", err)
+	}
+	if err := os.WriteFile(token, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if stdout, _, err := run(t, "validate", "--config", cfg); err != nil || !strings.Contains(stdout, "ok") {
+		t.Errorf("readable token file: err %v, stdout %q", err, stdout)
+	}
+}
+
 // serve stops cleanly when its context ends.
 func TestServeStopsOnCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())

@@ -633,9 +633,7 @@ func TestStrictDecodeCombinations(t *testing.T) {
 				t.Errorf("ext_proc peer %+v, want Envoy Gateway's proxies of eg in any namespace", peer)
 			}
 		}},
-		{"generated mTLS certificates", map[string]any{
-			"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true}},
-		}, func(t *testing.T, objs map[string][]any) {
+		{"generated mTLS certificates (the default install)", map[string]any{}, func(t *testing.T, objs map[string][]any) {
 			secrets := map[string]*corev1.Secret{}
 			for _, o := range objs["v1/Secret"] {
 				secrets[o.(*corev1.Secret).Name] = o.(*corev1.Secret)

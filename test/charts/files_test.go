@@ -290,12 +290,15 @@ func TestRenderedConfigIsValid(t *testing.T) {
 				writeFiles(t, filepath.Join(etc, "keys"), o.(*corev1.Secret).StringData)
 			}
 			// What comes from outside the chart: an existing keys Secret,
-			// the Redis password.
+			// the Redis password, the /debug token.
 			if strings.Contains(config, "/etc/infergate/keys") && !exists(filepath.Join(etc, "keys")) {
 				writeFiles(t, filepath.Join(etc, "keys"), map[string]string{"keys.yaml": "keys:\n- {id: k1, sha256: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08, tenant: acme}\n"})
 			}
 			if strings.Contains(config, "/etc/infergate/redis/password") {
 				writeFiles(t, filepath.Join(etc, "redis"), map[string]string{"password": "secret"})
+			}
+			if strings.Contains(config, "/etc/infergate/debug/token") {
+				writeFiles(t, filepath.Join(etc, "debug"), map[string]string{"token": "s3cret"})
 			}
 			if config == "" {
 				t.Fatal("no config ConfigMap rendered")
@@ -495,9 +498,9 @@ func TestValuesRejected(t *testing.T) {
 			return map[string]any{"istio": map[string]any{"enabled": true, "peerAuthentication": map[string]any{"enabled": true},
 				"sidecar": map[string]any{"gatewayIdentities": []any{}}}}
 		}, "istio.sidecar.gatewayIdentities"},
-		{"generated certificates and a Secret", func() map[string]any {
-			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": true, "secretName": "s"}}}
-		}, "extproc.tls.generate makes the certificates itself"},
+		{"TLS neither on, off nor auto", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": "yes"}}}
+		}, "enabled"},
 		{"debug pages without a token", func() map[string]any {
 			return map[string]any{"debug": map[string]any{"pprof": true}}
 		}, "debug.tokenSecret.name"},
@@ -541,15 +544,21 @@ func TestValuesRejected(t *testing.T) {
 		{"istio sidecar without selector", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"enabled": true, "sidecar": map[string]any{"enabled": true}}}
 		}, "istio.sidecar.workloadSelector"},
-		{"TLS without a Secret or an issuer", func() map[string]any {
-			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true}}}
+		{"TLS without a Secret, an issuer or generated certificates", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"enabled": true, "generate": false}}}
 		}, "extproc.tls.secretName"},
+		{"default TLS without a Secret, an issuer or generated certificates", func() map[string]any {
+			return map[string]any{"extproc": map[string]any{"tls": map[string]any{"generate": false}}}
+		}, "extproc.tls.generate: true"},
 		{"TLS under Istio", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"enabled": true}, "extproc": map[string]any{"tls": map[string]any{"enabled": true, "secretName": "s"}}}
 		}, "istio.peerAuthentication"},
 		{"TLS files in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"tls": map[string]any{"certFile": "/c"}}}}
 		}, "config.extproc.tls is set by the chart; use the chart value extproc.tls"},
+		{"xDS TLS files in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"xds": map[string]any{"tls": map[string]any{"certFile": "/c"}}}}
+		}, "config.xds.tls is set by the chart; use the chart value xds.tls"},
 		{"Envoy's client certificate without cert-manager", func() map[string]any {
 			v := eg()
 			v["envoyGateway"].(map[string]any)["clientCertificateNamespace"] = "envoy-gateway-system"

@@ -574,8 +574,8 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 		}
 	}
 	sa := nested[string](dep.Object, "spec", "template", "spec", "serviceAccountName")
-	// The pod must get the token the controller's writes need.
-	if !nested[bool](dep.Object, "spec", "template", "spec", "automountServiceAccountToken") {
+	// With a weight sink, the pod must get the token the controller's writes need.
+	if _, sink := cfg["weightSink"]; sink && !nested[bool](dep.Object, "spec", "template", "spec", "automountServiceAccountToken") {
 		t.Errorf("Deployment %s runs the weight sink but does not mount its service account's token", dep.GetName())
 	}
 	kc := writeKubeconfig(t, c.tokenConfig(t, llmNS, sa))

@@ -108,14 +108,47 @@ weightSink is one (config.weightSink.type httpRoute or virtualService):
 {{- end }}
 
 {{/*
+Whether the ext_proc port serves mutual TLS: extproc.tls.enabled true, or
+"auto" (the default) where the chart can hand Envoy its client certificate,
+i.e. a plain Envoy. Envoy Gateway takes Envoy's client certificate from the
+Gateway, Istio's proxies bring the mesh's own: there "auto" keeps the port
+plaintext, as before.
+*/}}
+{{- define "infergate.extprocTLSEnabled" -}}
+{{- $enabled := toString .Values.extproc.tls.enabled }}
+{{- if or (eq $enabled "true") (and (eq $enabled "auto") (not .Values.envoyGateway.enabled) (not .Values.istio.enabled)) }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether the xDS port serves mutual TLS, with the ext_proc port's Secret
+(the same CA and certificate: Envoy presents the same client certificate
+and checks the same name): xds.tls.enabled true, or "auto" (the default)
+where the ext_proc port does for a plain Envoy, the one client of xDS
+(Envoy Gateway and Istio take the weights from Kubernetes objects).
+*/}}
+{{- define "infergate.xdsTLSEnabled" -}}
+{{- $enabled := toString .Values.xds.tls.enabled }}
+{{- if and (include "infergate.extprocTLSEnabled" .) (or (eq $enabled "true") (and (eq $enabled "auto") (not .Values.envoyGateway.enabled) (not .Values.istio.enabled))) }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether the chart generates the certificates: mutual TLS with neither a
+Secret named nor cert-manager.
+*/}}
+{{- define "infergate.extprocTLSGenerated" -}}
+{{- with .Values.extproc.tls }}
+{{- if and (include "infergate.extprocTLSEnabled" $) .generate (not .secretName) (not .certManager.issuerRef) }}true{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The Secret with the ext_proc port's certificate, key and client CA, when
-extproc.tls is enabled: the one named, or the one cert-manager issues.
+the port serves mutual TLS: the one named, or the one cert-manager issues
+or the chart generates.
 */}}
 {{- define "infergate.extprocTLSSecret" -}}
-{{- with .Values.extproc.tls }}
-{{- if .enabled }}
-{{- default (printf "%s-extproc-tls" (include "infergate.fullname" $)) .secretName }}
-{{- end }}
+{{- if include "infergate.extprocTLSEnabled" . }}
+{{- default (printf "%s-extproc-tls" (include "infergate.fullname" .)) .Values.extproc.tls.secretName }}
 {{- end }}
 {{- end }}
 
@@ -204,7 +237,8 @@ message that says what to change.
   "admin.openToNetwork" "ports.admin"
   "admin.debug" "debug"
   "admin.pprof" "debug.pprof"
-  "xds.insecureOpenToNetwork" "ports.xds"
+  "xds.insecureOpenToNetwork" "xds.tls"
+  "xds.tls" "xds.tls"
   "auth.keys" "apiKeys"
   "policy.dir" "policies"
   "ratelimit.backend" "redis.address"
@@ -264,17 +298,18 @@ message that says what to change.
 {{- end }}
 {{- end }}
 {{- with .Values.extproc.tls }}
-{{- if and .enabled (not .secretName) (not .certManager.issuerRef) (not .generate) }}
-{{- fail "extproc.tls.enabled needs extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt), extproc.tls.certManager.issuerRef or extproc.tls.generate" }}
+{{- if and (include "infergate.extprocTLSEnabled" $) (not .secretName) (not .certManager.issuerRef) (not .generate) }}
+{{- fail "extproc.tls (mutual TLS on the ext_proc port) needs its certificates: extproc.tls.secretName (a Secret with tls.crt, tls.key and ca.crt), extproc.tls.certManager.issuerRef or extproc.tls.generate: true" }}
 {{- end }}
-{{- if and .generate (or .secretName .certManager.issuerRef) }}
-{{- fail "extproc.tls.generate makes the certificates itself: drop extproc.tls.secretName and extproc.tls.certManager.issuerRef, or generate" }}
-{{- end }}
-{{- if and .enabled $.Values.istio.enabled }}
-{{- fail "extproc.tls with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
+{{- if and (eq (toString .enabled) "true") $.Values.istio.enabled }}
+{{- fail "extproc.tls.enabled: true with istio.enabled: Istio's proxies reach infergate through their own mTLS and would not present this client certificate; use istio.peerAuthentication instead" }}
 {{- end }}
 {{- end }}
-{{- if and .Values.envoyGateway.clientCertificateNamespace (not (and .Values.extproc.tls.enabled .Values.extproc.tls.certManager.issuerRef)) }}
+{{- if and (eq (toString .Values.xds.tls.enabled) "true") (not (include "infergate.extprocTLSEnabled" .)) }}
+{{- fail "xds.tls.enabled: true serves xDS with the ext_proc port's certificates: turn extproc.tls on too" }}
+{{- end }}
+{{- include "infergate.validateTLSUpgrade" . }}
+{{- if and .Values.envoyGateway.clientCertificateNamespace (not (and (include "infergate.extprocTLSEnabled" .) .Values.extproc.tls.certManager.issuerRef)) }}
 {{- fail "envoyGateway.clientCertificateNamespace issues Envoy's client certificate with cert-manager: it needs extproc.tls.enabled and extproc.tls.certManager.issuerRef" }}
 {{- end }}
 {{- if and .Values.networkPolicy.enabled (not (include "infergate.extprocPeers" .)) }}
@@ -299,6 +334,32 @@ message that says what to change.
 {{- end }}
 
 {{/*
+An upgrade of a release whose ext_proc port was plaintext (a chart from
+before mutual TLS was the default, or extproc.tls.enabled: false) to the
+default "auto", which would turn mutual TLS on: refused with what to do,
+since every Envoy without the client certificate would lose the gate (every
+request 503). An explicit extproc.tls.enabled, true or false, proceeds.
+The same for a plaintext xDS port that served virtual models and
+xds.tls.enabled "auto" (an Envoy would keep stale routes).
+lookup reads nothing without a cluster (helm template), so renders pass.
+*/}}
+{{- define "infergate.validateTLSUpgrade" -}}
+{{- $fullname := include "infergate.fullname" . }}
+{{- $svc := printf "%s.%s.svc.%s" $fullname .Release.Namespace .Values.clusterDomain }}
+{{- $previous := dict }}
+{{- if .Release.IsUpgrade }}
+{{- $cm := lookup "v1" "ConfigMap" .Release.Namespace (printf "%s-config" $fullname) }}
+{{- $previous = fromYaml (dig "data" "config.yaml" "" $cm) }}
+{{- end }}
+{{- if and (eq (toString .Values.extproc.tls.enabled) "auto") (include "infergate.extprocTLSEnabled" .) (dig "extproc" "insecureOpenToNetwork" false $previous) }}
+{{- fail (printf "this upgrade would turn on mutual TLS on the ext_proc port, which is now the default for a plain Envoy: an Envoy without the client certificate would lose the gate (every request 503). Either keep plaintext with --set extproc.tls.enabled=false (then guard the port with networkPolicy.enabled), or set extproc.tls.enabled=true and give your Envoy the client certificate: mount Secret %s-envoy-client (tls.crt, tls.key, ca.crt) and use envoy/snippet-mtls.yaml's infergate cluster (SNI and SAN %s); the NOTES after the upgrade repeat this" $fullname $svc) }}
+{{- end }}
+{{- if and (eq (toString .Values.xds.tls.enabled) "auto") (include "infergate.xdsTLSEnabled" .) (dig "xds" "insecureOpenToNetwork" false $previous) (dig "virtualModels" list $previous) }}
+{{- fail (printf "this upgrade would turn on mutual TLS on the xDS port (it follows the ext_proc port's for a plain Envoy): an Envoy fetching the virtual-model routes in plaintext would keep its last routes and never get new weights. Either keep plaintext xDS with --set xds.tls.enabled=false, or set xds.tls.enabled=true and give the xDS cluster of your Envoy (envoy/sla.yaml's infergate-xds) the transport_socket of envoy/snippet-mtls.yaml, with Secret %s-envoy-client's files (SNI and SAN %s)" $fullname $svc) }}
+{{- end }}
+{{- end }}
+
+{{/*
 The configuration file: values.config with the keys the chart owns.
 */}}
 {{- define "infergate.config" -}}
@@ -313,6 +374,12 @@ The configuration file: values.config with the keys the chart owns.
 {{- else }}
 {{- $_ := set $extproc "insecureOpenToNetwork" true }}
 {{- end }}
+{{- $xds := dict "listen" (printf ":%d" (int .Values.ports.xds)) }}
+{{- if include "infergate.xdsTLSEnabled" . }}
+{{- $_ := set $xds "tls" (dict "certFile" "/etc/infergate/tls/tls.crt" "keyFile" "/etc/infergate/tls/tls.key" "clientCAFile" "/etc/infergate/tls/ca.crt") }}
+{{- else }}
+{{- $_ := set $xds "insecureOpenToNetwork" true }}
+{{- end }}
 {{- $admin := dict "listen" (printf ":%d" (int .Values.ports.admin)) "openToNetwork" true }}
 {{- if or .Values.debug.enabled .Values.debug.pprof }}
 {{- $_ := set $admin "debug" (dict "enabled" .Values.debug.enabled "tokenFile" "/etc/infergate/debug/token") }}
@@ -321,7 +388,7 @@ The configuration file: values.config with the keys the chart owns.
 {{- $owned := dict
   "extproc" $extproc
   "admin" $admin
-  "xds" (dict "listen" (printf ":%d" (int .Values.ports.xds)) "insecureOpenToNetwork" true) }}
+  "xds" $xds }}
 {{- if include "infergate.apiKeysSecret" . }}
 {{- $_ := set $owned "auth" (dict "keys" "/etc/infergate/keys") }}
 {{- end }}
@@ -438,7 +505,7 @@ spec:
     # A directory, not a subPath: a rotated token reaches the running process.
     - {name: debug-token, mountPath: /etc/infergate/debug, readOnly: true}
     {{- end }}
-    {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
+    {{- if or (and .extproc (include "infergate.extprocTLSSecret" $root)) (and .xds (include "infergate.xdsTLSEnabled" $root)) }}
     # A directory, not subPaths: a renewed certificate reaches the running
     # process, which reloads it for new handshakes.
     - {name: extproc-tls, mountPath: /etc/infergate/tls, readOnly: true}
@@ -471,7 +538,7 @@ spec:
       defaultMode: 0440
       items: [{key: {{ $v.debug.tokenSecret.key }}, path: token}]
   {{- end }}
-  {{- if and .extproc (include "infergate.extprocTLSSecret" $root) }}
+  {{- if or (and .extproc (include "infergate.extprocTLSSecret" $root)) (and .xds (include "infergate.xdsTLSEnabled" $root)) }}
   - name: extproc-tls
     secret:
       secretName: {{ include "infergate.extprocTLSSecret" $root }}
