@@ -1,6 +1,7 @@
 package testutil
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/http"
@@ -78,13 +79,11 @@ func StartProc(t testing.TB, cmd *exec.Cmd, o ProcOptions) *Proc {
 func (p *Proc) run() error {
 	cmd := exec.Command(p.spec.Path, p.spec.Args[1:]...)
 	cmd.Env, cmd.Dir, cmd.SysProcAttr = p.spec.Env, p.spec.Dir, p.spec.SysProcAttr
-	cmd.Stdout, cmd.Stderr = p.spec.Stdout, p.spec.Stderr
-	if cmd.Stdout == nil {
-		cmd.Stdout = p.Log
+	var log io.Writer = p.Log
+	if f, ok := p.Log.(*FileLog); ok {
+		log = f.File // the process writes it itself: no copying in this one
 	}
-	if cmd.Stderr == nil {
-		cmd.Stderr = p.Log
-	}
+	cmd.Stdout, cmd.Stderr = cmp.Or[io.Writer](p.spec.Stdout, log), cmp.Or[io.Writer](p.spec.Stderr, log)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("%s: %w", p.Name, err)
 	}
