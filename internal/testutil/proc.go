@@ -46,7 +46,8 @@ type Proc struct {
 	state  *os.ProcessState // of the last run that ended
 }
 
-// Start runs cmd. It is not waited for: see WaitReady.
+// Start runs cmd (its Path, Args, Env, Dir, SysProcAttr, Stdout and
+// Stderr: what Restart runs again). It is not waited for: see WaitReady.
 func Start(cmd *exec.Cmd, o ProcOptions) (*Proc, error) {
 	if o.Name == "" {
 		o.Name = cmd.Path
@@ -132,7 +133,7 @@ func (p *Proc) WaitReady(timeout time.Duration, ready func() error) error {
 	}
 }
 
-// Pid is the running process's id; 0 when stopped.
+// Pid is the current run's process id; 0 once Kill or Stop ended it.
 func (p *Proc) Pid() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -142,7 +143,7 @@ func (p *Proc) Pid() int {
 	return p.cmd.Process.Pid
 }
 
-// Exited reports whether the process has ended (or was never restarted).
+// Exited reports whether the current run has ended.
 func (p *Proc) Exited() bool {
 	p.mu.Lock()
 	exited := p.exited
