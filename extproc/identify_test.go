@@ -21,7 +21,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/admission"
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
@@ -178,7 +177,7 @@ func TestGateIdentifiesBeforeTheBody(t *testing.T) {
 func TestGateIdentifiesFromJWTMetadata(t *testing.T) {
 	s, _ := keyedServer(t)
 	c := s.policy.(*admission.Controller)
-	c.JWT = config.JWT{Enabled: true, Namespace: "envoy.filters.http.jwt_authn", PayloadKey: "jwt_payload", TenantClaim: "tenant"}
+	c.JWT = admission.JWT{Enabled: true, Namespace: "envoy.filters.http.jwt_authn", PayloadKey: "jwt_payload", TenantClaim: "tenant"}
 	h := headersMsg(false, completionHeaders...)
 	claims, _ := structpb.NewStruct(map[string]any{"jwt_payload": map[string]any{"sub": "u1", "tenant": "acme"}})
 	h.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"envoy.filters.http.jwt_authn": claims}}

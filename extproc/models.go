@@ -103,7 +103,7 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 		}
 		body, _ = json.Marshal(modelObject(id))
 	} else {
-		list := modelList{Object: "list", Data: []model{}}
+		list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 		for _, m := range catalog {
 			if s.mayCall(ctx, adm, m) {
 				list.Data = append(list.Data, modelObject(m))
@@ -181,18 +181,6 @@ func rateLimitHeaders(md map[string]any) []*corev3.HeaderValueOption {
 	return out
 }
 
-type modelList struct {
-	Object string  `json:"object"`
-	Data   []model `json:"data"`
-}
-
-type model struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
-func modelObject(id string) model {
-	return model{ID: id, Object: "model", Created: modelsCreated, OwnedBy: "infergate"}
+func modelObject(id string) openai.Model {
+	return openai.Model{ID: id, Object: "model", Created: modelsCreated, OwnedBy: "infergate"}
 }

@@ -83,7 +83,7 @@ func listed(t *testing.T, ir *extprocv3.ImmediateResponse) []string {
 	}
 	var list struct {
 		Object string
-		Data   []model
+		Data   []openai.Model
 	}
 	if err := json.Unmarshal(ir.GetBody(), &list); err != nil || list.Object != "list" || list.Data == nil {
 		t.Fatalf("not an OpenAI list: %s (%v)", ir.GetBody(), err)
@@ -165,7 +165,7 @@ func TestModelsRetrieve(t *testing.T) {
 			continue
 		}
 		if c.status == 200 {
-			var m model
+			var m openai.Model
 			if err := json.Unmarshal(ir.GetBody(), &m); err != nil || m.Object != "model" || m.OwnedBy != "infergate" {
 				t.Errorf("%s: %s", c.path, ir.GetBody())
 			}

@@ -134,6 +134,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/infergate/infergate/bench/internal/pacer"
+	"github.com/infergate/infergate/internal/openai"
 )
 
 // Defaults applied by Config.WithDefaults.
@@ -383,9 +384,9 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	if set := s.models.Load(); set != nil {
 		ids = *set
 	}
-	list := modelList{Object: "list", Data: []model{}}
+	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 	for _, id := range ids {
-		list.Data = append(list.Data, model{ID: id, Object: "model", Created: 0, OwnedBy: "infergate-mock"})
+		list.Data = append(list.Data, openai.Model{ID: id, Object: "model", Created: 0, OwnedBy: "infergate-mock"})
 	}
 	writeJSON(w, http.StatusOK, list)
 }

@@ -69,18 +69,6 @@ type textChoice struct {
 	FinishReason *string   `json:"finish_reason"`
 }
 
-type modelList struct {
-	Object string  `json:"object"`
-	Data   []model `json:"data"`
-}
-
-type model struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
-}
-
 type apiError struct {
 	Error apiErrorBody `json:"error"`
 }

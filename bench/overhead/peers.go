@@ -245,7 +245,7 @@ func (h *harness) livePeers(paths []path, infos []*PeerInfo) []path {
 		for _, info := range infos {
 			if info.Key == pa.name && info.Error == "" {
 				info.Error = fmt.Sprintf("%s exited during the run (%v); the phases after it are without it; log:\n%s",
-					pa.name, pa.procs[0].cmd.ProcessState, pa.procs[0].tail())
+					pa.name, pa.procs[0].State(), pa.procs[0].tail())
 				h.logf("peer %s: exited", pa.name)
 			}
 		}

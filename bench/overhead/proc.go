@@ -3,9 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,98 +12,61 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // proc is a process the harness started, pinned to cpus when set.
 type proc struct {
+	*testutil.Proc
 	name string
-	cmd  *exec.Cmd
-	log  string // its stdout and stderr
 	cpus string
-	done chan struct{}
 }
 
 // startProc runs bin with args under `taskset -c cpus` (unpinned when cpus
 // is empty), output to dir/name.log.
 func startProc(dir, name, cpus string, env []string, bin string, args ...string) (*proc, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
+	log, err := testutil.CreateLog(filepath.Join(dir, name+".log"))
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
 	argv := append([]string{bin}, args...)
 	if cpus != "" {
 		// taskset execs the program: the pid is the program's own.
 		argv = append([]string{"taskset", "-c", cpus}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), env...)
 	// Its own process group: a Ctrl-C to the harness does not kill it
 	// before the harness has read its CPU time; stop does.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	p, err := testutil.Start(cmd, testutil.ProcOptions{Name: name, Log: log, StopSignal: syscall.SIGTERM, StopGrace: 5 * time.Second})
+	if err != nil {
+		return nil, err
 	}
-	p := &proc{name: name, cmd: cmd, log: logPath, cpus: cpus, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	return p, nil
+	return &proc{Proc: p, name: name, cpus: cpus}, nil
 }
 
-func (p *proc) pid() int { return p.cmd.Process.Pid }
+func (p *proc) pid() int { return p.Pid() }
 
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
+func (p *proc) exited() bool { return p.Exited() }
 
 // stop ends the process: SIGTERM, then SIGKILL after 5 s.
 func (p *proc) stop() {
-	if p == nil || p.exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(5 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
+	if p != nil {
+		p.Stop()
 	}
 }
 
 // tail is the end of the process's log, for error messages.
-func (p *proc) tail() string {
-	b, _ := os.ReadFile(p.log)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
-}
+func (p *proc) tail() string { return p.Log.Tail(2000) }
 
 // waitReady polls url until it answers 200, the process exits, or 30 s pass.
 func (p *proc) waitReady(url string) error { return p.waitReadyFor(url, 30*time.Second) }
 
 // waitReadyFor polls url until it answers 200, the process exits, or d passes.
 func (p *proc) waitReadyFor(url string, d time.Duration) error {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if p.exited() {
-			return fmt.Errorf("%s exited before it was ready; log:\n%s", p.name, p.tail())
-		}
-		if resp, err := http.Get(url); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("%s not ready at %s after %s; log:\n%s", p.name, url, d, p.tail())
+	return p.WaitReady(d, testutil.HTTPReady(url))
 }
 
 // clockTick is the kernel's USER_HZ, the unit of /proc/<pid>/stat times.

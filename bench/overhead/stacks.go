@@ -457,15 +457,15 @@ func (h *harness) startRedis() (*proc, string, error) {
 		return nil, "", err
 	}
 	addr := "127.0.0.1:" + strconv.Itoa(port)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
+	if err := p.WaitReady(10*time.Second, func() error {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
 			c.Close()
-			return p, addr, nil
 		}
-		if p.exited() {
-			break
-		}
+		return err
+	}); err != nil {
+		p.stop()
+		return nil, "", fmt.Errorf("redis-server did not start: %w", err)
 	}
-	p.stop()
-	return nil, "", fmt.Errorf("redis-server did not start; log:\n%s", p.tail())
+	return p, addr, nil
 }

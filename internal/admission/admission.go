@@ -17,7 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/policy"
@@ -37,10 +36,20 @@ type Decider interface {
 // real count when the stream ends.
 const DefaultOutputReservation = 1024
 
+// JWT says where the claims Envoy's jwt_authn filter verified are found
+// (payload_in_metadata) and which of them name the tenant and labels.
+type JWT struct {
+	Enabled     bool
+	Namespace   string
+	PayloadKey  string
+	TenantClaim string
+	LabelClaims []string
+}
+
 // Controller implements request.Policy.
 type Controller struct {
 	Keys    *identity.KeySet // nil: no API keys
-	JWT     config.JWT
+	JWT     JWT
 	Policy  Decider // nil: admit every authenticated completion request
 	Limiter ratelimit.Limiter
 	Checks  map[string]*Check

@@ -17,7 +17,6 @@ import (
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/policy"
@@ -57,7 +56,7 @@ func newController(t *testing.T) *Controller {
 		t.Fatal(err)
 	}
 	return &Controller{Keys: set, Log: slog.New(slog.DiscardHandler), Metrics: m,
-		JWT:     config.JWT{Enabled: true, Namespace: "envoy.filters.http.jwt_authn", PayloadKey: "jwt_payload", TenantClaim: "tenant", LabelClaims: []string{"tier"}},
+		JWT:     JWT{Enabled: true, Namespace: "envoy.filters.http.jwt_authn", PayloadKey: "jwt_payload", TenantClaim: "tenant", LabelClaims: []string{"tier"}},
 		Headers: []string{"user-agent"}}
 }
 
@@ -200,7 +199,7 @@ func TestChecks(t *testing.T) {
 	c := newController(t)
 	c.Keys, c.JWT.Enabled = nil, false
 	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Checks: []string{"moderation"}}}
-	check := NewCheck("moderation", config.Check{URL: srv.URL, Timeout: 50 * time.Millisecond, OnError: "deny"}, c.Log)
+	check := NewCheck(Check{Name: "moderation", URL: srv.URL, Timeout: 50 * time.Millisecond, Log: c.Log})
 	c.Checks = map[string]*Check{"moderation": check}
 	ctx := context.Background()
 	for _, tc := range []struct {

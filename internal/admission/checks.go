@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/openai"
 )
 
@@ -27,10 +26,12 @@ type Check struct {
 	Log     *slog.Logger
 }
 
-// NewCheck builds a check from config.
-func NewCheck(name string, c config.Check, log *slog.Logger) *Check {
-	return &Check{Name: name, URL: c.URL, Timeout: c.Timeout, Allow: c.OnError == "allow",
-		Client: &http.Client{Transport: http.DefaultTransport}, Log: log}
+// NewCheck returns c with an HTTP client of its own when it has none.
+func NewCheck(c Check) *Check {
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: http.DefaultTransport}
+	}
+	return &c
 }
 
 // Run performs the check; nil admits.

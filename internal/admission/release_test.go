@@ -14,7 +14,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
@@ -86,7 +85,7 @@ func TestDenialAfterReservationReleasesIt(t *testing.T) {
 			c := newController(t)
 			c.Keys, c.JWT.Enabled = nil, false
 			c.Limiter = lim
-			check := NewCheck("moderation", config.Check{URL: srv.URL, Timeout: 50 * time.Millisecond, OnError: "deny"}, c.Log)
+			check := NewCheck(Check{Name: "moderation", URL: srv.URL, Timeout: 50 * time.Millisecond, Log: c.Log})
 			c.Checks = map[string]*Check{"moderation": check}
 			ctx := context.Background()
 
@@ -172,7 +171,7 @@ func TestShadowDenialKeepsReservation(t *testing.T) {
 	mem := ratelimit.NewMemory(func() time.Time { return now })
 	c.Limiter = mem
 	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: releaseLimits, Checks: []string{"moderation"}}}
-	c.Checks = map[string]*Check{"moderation": NewCheck("moderation", config.Check{URL: srv.URL, Timeout: time.Second, OnError: "deny"}, c.Log)}
+	c.Checks = map[string]*Check{"moderation": NewCheck(Check{Name: "moderation", URL: srv.URL, Timeout: time.Second, Log: c.Log})}
 	ctx := context.Background()
 	v := c.Decide(ctx, chat(nil))
 	if v.Decision != "shadow_deny" || v.Reservation == "" {
@@ -204,7 +203,7 @@ func TestReleaseCountedAsSettled(t *testing.T) {
 	c.Keys, c.JWT.Enabled, c.Metrics = nil, false, m
 	c.Limiter = ratelimit.NewMemory(func() time.Time { return now })
 	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: releaseLimits, Checks: []string{"moderation"}}}
-	c.Checks = map[string]*Check{"moderation": NewCheck("moderation", config.Check{URL: srv.URL, Timeout: time.Second, OnError: "deny"}, c.Log)}
+	c.Checks = map[string]*Check{"moderation": NewCheck(Check{Name: "moderation", URL: srv.URL, Timeout: time.Second, Log: c.Log})}
 	if v := c.Decide(context.Background(), chat(nil)); v.Deny == nil {
 		t.Fatal("not denied")
 	}

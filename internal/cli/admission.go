@@ -53,7 +53,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		return nil, err
 	}
 	p := &admissionParts{controller: &admission.Controller{
-		JWT:     cfg.Auth.JWT,
+		JWT:     admission.JWT(cfg.Auth.JWT), // the same fields: a conversion that stops compiling when they part
 		Shadow:  cfg.Policy.Shadow,
 		Headers: cfg.Auth.PolicyHeaders,
 		Log:     log,
@@ -112,7 +112,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		}
 	}
 	for name, ch := range cfg.Checks {
-		c.Checks[name] = admission.NewCheck(name, ch, log)
+		c.Checks[name] = admission.NewCheck(admission.Check{Name: name, URL: ch.URL, Timeout: ch.Timeout, Allow: ch.OnError == "allow", Log: log})
 	}
 	if clock == nil {
 		clock = time.Now

@@ -61,7 +61,7 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	if err != nil {
 		return nil, err
 	}
-	rt, err := routing.New(context.Background(), cfg, logger, metrics.Meter(), rdb)
+	rt, err := newRouting(context.Background(), cfg, logger, metrics.Meter(), rdb)
 	if err != nil {
 		rdb.Close()
 		return nil, err

@@ -111,7 +111,8 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		recent = requestlog.NewRing(*cfg.Admin.RecentRequests)
 		sinks = append(sinks, recent)
 	}
-	tracing, err := telemetry.NewTracing(ctx, cfg.Tracing, Version, metrics)
+	tracing, err := telemetry.NewTracing(ctx, telemetry.TracingOptions{Endpoint: cfg.Tracing.Endpoint, Protocol: cfg.Tracing.Protocol,
+		Insecure: cfg.Tracing.Insecure, SampleRatio: cfg.Tracing.SampleRatio, QueueSize: cfg.Tracing.QueueSize}, Version, metrics)
 	if err != nil {
 		return nil, err
 	}
@@ -123,7 +124,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 	if adm.redis != nil {
 		store = adm.redis
 	}
-	rt, err := routing.New(ctx, cfg, logger, metrics.Meter(), store)
+	rt, err := newRouting(ctx, cfg, logger, metrics.Meter(), store)
 	if err != nil {
 		adm.close()
 		return nil, err

@@ -15,8 +15,6 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.37.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
-
-	"github.com/infergate/infergate/internal/config"
 )
 
 // Propagator reads and writes W3C traceparent/tracestate: what Envoy's
@@ -43,11 +41,20 @@ func (t *Tracing) Shutdown(ctx context.Context) error {
 	return t.shutdown(ctx)
 }
 
+// TracingOptions say where and how spans are exported.
+type TracingOptions struct {
+	Endpoint    string  // the OTLP collector, host:port; "" turns tracing off
+	Protocol    string  // grpc (the default) or http (http/protobuf)
+	Insecure    bool    // send without TLS
+	SampleRatio float64 // of the traces that have no sampling decision yet
+	QueueSize   int     // spans waiting for export; beyond it they are dropped
+}
+
 // NewTracing builds the provider for cfg. With no endpoint it is a no-op
 // whose spans cost nothing. Spans wait for export in a bounded queue; when
 // it is full they are dropped and counted (infergate.trace.spans.dropped):
 // the data path never waits on a collector.
-func NewTracing(ctx context.Context, cfg config.Tracing, version string, m *Metrics) (*Tracing, error) {
+func NewTracing(ctx context.Context, cfg TracingOptions, version string, m *Metrics) (*Tracing, error) {
 	if cfg.Endpoint == "" {
 		return &Tracing{Provider: noop.NewTracerProvider()}, nil
 	}

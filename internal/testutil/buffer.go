@@ -31,3 +31,17 @@ func (b *Buffer) Len() int {
 	defer b.mu.Unlock()
 	return b.b.Len()
 }
+
+// Tail is the last n bytes written.
+func (b *Buffer) Tail(n int) string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return tail(b.b.Bytes(), n)
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		return "…" + string(b[len(b)-n:])
+	}
+	return string(b)
+}

@@ -26,7 +26,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -198,101 +197,41 @@ func listenRetry(addr string) (net.Listener, error) {
 // proc is an infergate process that can be killed, frozen and restarted
 // with the same arguments (so on the same ports).
 type proc struct {
+	*testutil.Proc
 	t     *testing.T
-	name  string
-	args  []string
 	ready string // URL that answers 200 once it serves
 	log   *testutil.Buffer
-
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
 }
 
 func startProc(t *testing.T, name, ready string, args ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, name: name, args: args, ready: ready, log: &testutil.Buffer{}}
-	p.Start()
-	t.Cleanup(func() {
-		p.Signal(syscall.SIGCONT)
-		p.Kill()
+	log := &testutil.Buffer{}
+	t.Cleanup(func() { // runs once the process has been stopped
 		if dir := os.Getenv("CHAOS_LOGS"); dir != "" {
-			_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".log"), []byte(p.log.String()), 0o644)
-		}
-		if t.Failed() {
-			t.Logf("%s log (tail):\n%s", name, tail(p.log.String(), 6000))
+			_ = os.WriteFile(filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".log"), []byte(log.String()), 0o644)
 		}
 	})
+	fmt.Fprintf(log, "--- start %s\n", time.Now().Format(time.TimeOnly))
+	p := &proc{t: t, ready: ready, log: log,
+		Proc: testutil.StartProc(t, exec.Command(infergateBin, args...), testutil.ProcOptions{Name: name, Log: log})}
+	p.waitReady()
 	return p
 }
 
-// Start runs the process and waits until it is ready.
+// Start runs the process again and waits until it is ready.
 func (p *proc) Start() {
 	p.t.Helper()
-	fmt.Fprintf(p.log, "--- start %s\n", time.Now().Format(time.TimeOnly))
-	cmd := exec.Command(infergateBin, p.args...)
-	cmd.Stdout, cmd.Stderr = p.log, p.log
-	if err := cmd.Start(); err != nil {
+	if err := p.Restart(); err != nil {
 		p.t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	p.mu.Lock()
-	p.cmd, p.exited = cmd, exited
-	p.mu.Unlock()
-	deadline := time.Now().Add(15 * time.Second)
-	for !httpOK(p.ready) {
-		select {
-		case <-exited:
-			p.t.Fatalf("%s exited at start:\n%s", p.name, tail(p.log.String(), 4000))
-		default:
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("%s not ready within 15s:\n%s", p.name, tail(p.log.String(), 4000))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	p.waitReady()
 }
 
-// Kill sends SIGKILL, as the OOM killer would, and waits for the exit.
-func (p *proc) Kill() {
-	p.mu.Lock()
-	cmd, exited := p.cmd, p.exited
-	p.cmd = nil
-	p.mu.Unlock()
-	if cmd != nil {
-		_ = cmd.Process.Kill()
-		<-exited
+func (p *proc) waitReady() {
+	p.t.Helper()
+	if err := p.WaitReady(15*time.Second, testutil.HTTPReady(p.ready)); err != nil {
+		p.t.Fatal(err)
 	}
-}
-
-// Signal sends sig (SIGSTOP freezes the process, SIGCONT resumes it).
-func (p *proc) Signal(sig syscall.Signal) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		_ = p.cmd.Process.Signal(sig)
-	}
-}
-
-// Pid is the running process's id (0 when stopped).
-func (p *proc) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
-
-func httpOK(url string) bool {
-	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get(url)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 func freeAddr(t *testing.T) string {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // vllmHeader asks the stand-in pool (vllmPool) for vLLM's answer to a
@@ -87,7 +89,7 @@ func TestAccountingChargesOnlyOnProof(t *testing.T) {
 	waitSettled := func(what string) {
 		t.Helper()
 		settled++
-		waitFor(t, 10*time.Second, func() bool {
+		testutil.Eventually(t, 10*time.Second, func() bool {
 			return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == settled
 		}, what+" to be settled")
 	}
@@ -149,7 +151,7 @@ func TestAccountingChargesOnlyOnProof(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitFor(t, 10*time.Second, func() bool { return s.PoolA.Served() > served }, "the request to reach the pool")
+	testutil.Eventually(t, 10*time.Second, func() bool { return s.PoolA.Served() > served }, "the request to reach the pool")
 	hangUp()
 	if err := <-done; err == nil {
 		t.Fatal("the request was answered before the hang-up")

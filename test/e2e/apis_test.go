@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // namedEvent is one SSE event of an API that names its events.
@@ -269,7 +270,7 @@ func TestBudgetChargesEmbeddings(t *testing.T) {
 		}
 		billed := int(s.PoolA.Usage().PromptTokens - before.PromptTokens)
 		st := s.Gateway.stamp(t, r.RequestID)
-		waitFor(t, 5*time.Second, func() bool { return settledCount() == n+1 }, "the settlement")
+		testutil.Eventually(t, 5*time.Second, func() bool { return settledCount() == n+1 }, "the settlement")
 		if got := settledTokens() - charged; int(got) != billed || st.PromptTokens != billed || st.Tenant != "loadtest" {
 			t.Errorf("request %d: charged %v tokens, the stamp %d (tenant %q); the mock billed %d", i, got, st.PromptTokens, st.Tenant, billed)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // A client that omits max_tokens on a capped tier (the load tier: 64)
@@ -66,7 +67,7 @@ func TestTierCapIsTheEffectiveMaxTokens(t *testing.T) {
 	}
 
 	// Within the cap: the client's own value, reserved and sent unchanged.
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
 	}, "the first request to be settled")
 	charged := int64(st.PromptTokens + st.CompletionTokens)
@@ -79,7 +80,7 @@ func TestTierCapIsTheEffectiveMaxTokens(t *testing.T) {
 	}
 
 	// n=2 without max_tokens: each completion may write the cap.
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 2
 	}, "the second request to be settled")
 	charged += int64(s.Gateway.stamp(t, r.RequestID).PromptTokens + s.Gateway.stamp(t, r.RequestID).CompletionTokens)

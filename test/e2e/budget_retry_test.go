@@ -12,6 +12,7 @@ import (
 
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
@@ -91,7 +92,7 @@ func TestRetryAcrossPoolsChargesTheAnsweringAttempt(t *testing.T) {
 	if n := len(s.Gateway.stamps()); n != len(ids) {
 		t.Errorf("%d stamps for %d requests: the meter saw attempts, not requests", n, len(ids))
 	}
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == float64(len(ids))
 	}, "every reservation to be settled")
 	if got := metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`); got != float64(len(ids)) {

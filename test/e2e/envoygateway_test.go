@@ -141,7 +141,7 @@ admin: {debug: {enabled: true}} # the stamp's detail, for its timing brackets
 		}
 	})
 	// Ready when the Gateway's Envoy routes a request through the gate.
-	waitFor(t, 60*time.Second, func() bool {
+	testutil.Eventually(t, 60*time.Second, func() bool {
 		resp, err := http.Post(s.URL+"/v1/chat/completions", "application/json", strings.NewReader(chatBody("llama", 1, false, "")))
 		if err != nil {
 			return false
@@ -227,16 +227,16 @@ func TestEnvoyGatewayStandalone(t *testing.T) {
 		})
 	}
 	loaded := s.PoolA.Served()
-	waitFor(t, 20*time.Second, func() bool { return s.PoolA.Served()-loaded >= 20 }, "20 requests served under load")
+	testutil.Eventually(t, 20*time.Second, func() bool { return s.PoolA.Served()-loaded >= 20 }, "20 requests served under load")
 	setTTFT(t, s.PoolA, "400")
 	slowed := time.Now()
-	waitFor(t, 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		b, _ := os.ReadFile(s.routesFile)
 		return strings.Contains(string(b), "name: pool-b, weight: 100}") || strings.Contains(string(b), "name: pool-b, weight: 98}")
 	}, "the controller to rewrite the HTTPRoute's weights")
 	rewritten := time.Now()
 	before := s.PoolB.Served()
-	waitFor(t, 20*time.Second, func() bool { return s.PoolB.Served() > before+20 }, "traffic to reach pool-b")
+	testutil.Eventually(t, 20*time.Second, func() bool { return s.PoolB.Served() > before+20 }, "traffic to reach pool-b")
 	cancel()
 	wg.Wait()
 	t.Logf("HTTPRoute rewritten %v after pool-a slowed down; pool-b serving %v later",

@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // The gate's message timeout in every wiring checked here (standalone.yaml's
@@ -416,7 +417,7 @@ spec:
 		t.Fatal(err)
 	}
 	key := map[string]string{"authorization": "Bearer sk-acme-0001"}
-	waitFor(t, 30*time.Second, func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		st, _, _, err := gwDo(s.URL, gwProbe{method: "POST", path: "/v1/chat/completions", body: chatBody("llama", 1, false, ""), hdr: key})
 		return err == nil && st == 200 && poolA.Served() > 0 && gate.accepted.Load() > 0 && meter.accepted.Load() > 0
 	}, "Envoy Gateway to re-translate onto the switchable endpoints and counting pools")

@@ -14,6 +14,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
@@ -764,7 +765,7 @@ func istioFailClosed(t *testing.T, proxy istioProxy) {
 	// gate's 400 and reaches no pool.
 	gwExpectStream(t, proxy.name+", infergate up", exact.url, poolA, "pool-a", nil)
 	var st Stamp
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		for _, s := range g.stamps() {
 			if s.Complete && s.CompletionTokens == 10 {
 				st = s

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 const fallbackConfig = `
@@ -99,7 +100,7 @@ func TestSLAFallbackAcrossPools(t *testing.T) {
 	}
 
 	// The controller saw pool-a's failures (failed attempts) and none on pool-b.
-	waitFor(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 3*time.Second, func() bool {
 		resp, err := http.Get(s.Gateway.AdminURL + "/debug/controller?format=json")
 		if err != nil {
 			return false

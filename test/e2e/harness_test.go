@@ -312,18 +312,8 @@ func port(t *testing.T, addr string) string {
 // waitHTTP polls until url answers 200.
 func waitHTTP(t *testing.T, url string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("%s never became ready", url)
+	ready := testutil.HTTPReady(url)
+	testutil.Eventually(t, 15*time.Second, func() bool { return ready() == nil }, url+" to answer 200")
 }
 
 // stack is Envoy + infergate + two mock pools, the demo topology.

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
@@ -305,7 +306,7 @@ func TestForgedReservationMovesNoCounter(t *testing.T) {
 	}
 	// The metric counts a settlement after its Redis write: the snapshot
 	// is taken once it shows, or it could catch the reservation unsettled.
-	waitFor(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 3*time.Second, func() bool {
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
 	}, "the real request's settlement")
 	before := snapshot()
@@ -345,7 +346,7 @@ func TestForgedReservationMovesNoCounter(t *testing.T) {
 		stream.CloseSend()
 		stream.Recv()
 	}
-	waitFor(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 3*time.Second, func() bool {
 		// Unsealed, the older namespace is trusted for no reservation.
 		return metricSum(t, s.Gateway.AdminURL, "infergate_meter_errors_total", `reason="unverified"`) >= 2
 	}, "both forged settlements to be refused and counted")

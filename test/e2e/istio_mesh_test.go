@@ -12,6 +12,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/testpki"
 )
 
@@ -92,7 +93,7 @@ common_tls_context:
 	waitStamps := func(how string, want map[string]int) {
 		t.Helper()
 		got := map[string]int{}
-		waitFor(t, 5*time.Second, func() bool {
+		testutil.Eventually(t, 5*time.Second, func() bool {
 			for pool := range want {
 				got[pool] = stampsAt(pool)
 			}

@@ -38,6 +38,7 @@ import (
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 	"github.com/infergate/infergate/internal/wasmmeter"
 )
@@ -142,7 +143,7 @@ func TestAdversarialLedger(t *testing.T) {
 	// Everything the pools started has ended, every stream between Envoy
 	// and infergate has closed, and with it every settlement has run (the
 	// meter settles before its stream ends).
-	waitFor(t, 2*time.Minute, func() bool {
+	testutil.Eventually(t, 2*time.Minute, func() bool {
 		for _, p := range []*pool{s.PoolA, s.PoolB} {
 			for _, a := range p.Ledger() {
 				if a.Open > 0 {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // Streams proven by causality: the mock's lock-step mode (x-mock-lockstep)
@@ -181,7 +182,7 @@ type stampRecord struct {
 func (g *gateway) record(t *testing.T, requestID string) stampRecord {
 	t.Helper()
 	var rec stampRecord
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		resp, err := http.Get(g.AdminURL + "/debug/requests/" + requestID + "?format=json")
 		if err != nil {
 			return false

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // poolModelsConfig lists no models: the gate lists what the two mock
@@ -107,7 +109,7 @@ func TestModelsFromPools(t *testing.T) {
 	// lists it so.
 	s.PoolB.SetModels("llama-3.1-70b-instruct", "qwen3-8b")
 	want := []string{"llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "qwen3-8b"}
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		_, ids, _ := getModels(t, s.Envoy.URL, "/v1/models", "sk-acme-0001")
 		return slices.Equal(ids, want)
 	}, fmt.Sprintf("the premium tier to list %q", want))

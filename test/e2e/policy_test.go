@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // Test API keys for the tenants of policies/data.yaml.
@@ -238,7 +240,7 @@ func TestKeysReload(t *testing.T) {
 	fmt.Fprintf(f, "- id: globex-new\n  sha256: %s\n  tenant: globex\n", hex.EncodeToString(sum[:]))
 	f.Close()
 	start := time.Now()
-	waitFor(t, 2*time.Second, func() bool {
+	testutil.Eventually(t, 2*time.Second, func() bool {
 		resp, _ := c.do(t, s.Envoy.URL)
 		return resp.StatusCode == 200
 	}, "the new key to be accepted")

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // A pool's own upstream credential (envoy/pool-credential.yaml): the gate
@@ -153,7 +155,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	// Rotation: a Secret update (..data swap) reaches Envoy without a restart.
 	vol.write(t, key2)
 	rotatedAt := time.Now()
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		_, auth, _ := authAt(t, s, "sk-client", "pool-b", false)
 		return reflect.DeepEqual(auth, []string{"Bearer " + key2})
 	}, "pool-b to receive the rotated key")

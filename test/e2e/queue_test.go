@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // A pool whose model servers report a queue longer than the SLA allows
@@ -48,7 +50,7 @@ virtualModels:
 	}
 	start := time.Now()
 	// As traffic leaves, pool-a's queue shortens; it need not drain fully.
-	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, s.Gateway.AdminURL); return b >= 40 }, "traffic to leave the queueing pool")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, b := weights(t, s.Gateway.AdminURL); return b >= 40 }, "traffic to leave the queueing pool")
 	t.Logf("backup at 40%% or more %v after pool-a started queueing", time.Since(start).Round(time.Millisecond))
 	cancel()
 	wg.Wait()

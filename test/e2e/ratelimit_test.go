@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
@@ -229,9 +230,9 @@ func TestRedisOutage(t *testing.T) {
 	answered := func(status int) func() bool {
 		return func() bool { mu.Lock(); defer mu.Unlock(); return counts[status] >= 8 }
 	}
-	waitFor(t, 30*time.Second, answered(200), "8 streams admitted with Redis up")
+	testutil.Eventually(t, 30*time.Second, answered(200), "8 streams admitted with Redis up")
 	srv.Stop()
-	waitFor(t, 30*time.Second, answered(503), "8 refusals with Redis down")
+	testutil.Eventually(t, 30*time.Second, answered(503), "8 refusals with Redis down")
 	close(stop)
 	wg.Wait()
 	t.Logf("statuses under load with Redis killed: %v", counts)
@@ -251,7 +252,7 @@ func TestRedisOutage(t *testing.T) {
 		}
 	}
 	srv.Restart()
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		resp, _ := c.do(t, s.Envoy.URL)
 		return resp.StatusCode == 200
 	}, "recovery after Redis came back")
@@ -275,7 +276,7 @@ func TestPolicyReload(t *testing.T) {
 	orig := mustRead(t, authz)
 	os.WriteFile(authz, append(slices.Clone(orig), []byte("\nthis is not rego {\n")...), 0o644)
 	for i, g := range s.Replicas {
-		waitFor(t, 3*time.Second, func() bool {
+		testutil.Eventually(t, 3*time.Second, func() bool {
 			return metricSum(t, g.AdminURL, "infergate_reload_errors_total", `source="policy"`) >= 1
 		}, fmt.Sprintf("replica %d to count the refused reload", i))
 		if resp, err := http.Get(g.AdminURL + "/readyz"); err != nil || resp.StatusCode != 200 {
@@ -298,24 +299,13 @@ func TestPolicyReload(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "loadtest.yaml"), []byte(narrowed), 0o644)
 	os.WriteFile(authz, orig, 0o644)
 	for i, g := range s.Replicas { // each replica polls on its own
-		waitFor(t, 30*time.Second, func() bool { return get(t, g.AdminURL+"/healthz") == "ok\n" },
+		testutil.Eventually(t, 30*time.Second, func() bool { return get(t, g.AdminURL+"/healthz") == "ok\n" },
 			fmt.Sprintf("replica %d /healthz to clear after the fix", i))
 	}
 	for range 10 { // spread over both replicas by Envoy's round robin
 		if resp, _ := c.do(t, s.Envoy.URL); resp.StatusCode != http.StatusForbidden {
 			t.Fatalf("after both replicas loaded the fix: %d, want 403 (the narrowed tier)", resp.StatusCode)
 		}
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(25 * time.Millisecond)
 	}
 }
 

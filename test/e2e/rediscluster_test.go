@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
@@ -155,7 +156,7 @@ func testRedisCluster(t *testing.T, onError string) {
 			}
 		})
 	}
-	waitFor(t, 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= 20 }, "20 answers before the kill")
+	testutil.Eventually(t, 30*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(results) >= 20 }, "20 answers before the kill")
 	killedAt := time.Now()
 	promoted, promotion := cluster.KillPrimary(victim)
 	t.Logf("killed the counters' primary %s; its replica %s promoted after %v", victim.Addr(), promoted.Addr(), promotion)

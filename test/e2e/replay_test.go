@@ -27,6 +27,7 @@ import (
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 	"github.com/infergate/infergate/internal/wasmmeter"
 )
@@ -147,7 +148,7 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 		return v
 	}
 	var used int
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		used = counter()
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 10
 	}, "the real requests' settlements")
@@ -270,7 +271,7 @@ func TestForgedSummariesMoveNoWeight(t *testing.T) {
 	}
 	// The controller judges pool-a on the real request alone.
 	var samples int
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		var states []struct {
 			Pools map[string]struct {
 				Samples int `json:"samples"`

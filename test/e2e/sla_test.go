@@ -147,14 +147,14 @@ func TestSLADegradeAndRecover(t *testing.T) {
 		history = append(history, [2]float64{a, b})
 		return a, b
 	}
-	waitFor(t, 5*time.Second, func() bool { a, _ := sample(); return a == 100 }, "all traffic on the primary")
+	testutil.Eventually(t, 5*time.Second, func() bool { a, _ := sample(); return a == 100 }, "all traffic on the primary")
 
 	setTTFT(t, s.PoolA, "400")
 	degraded := time.Now()
 	// The first shift, as infergate decided it and as Envoy applied it
 	// (its own config dump: the route's weighted clusters).
 	var decided, applied time.Duration
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		if a, _ := sample(); a < 100 && decided == 0 {
 			decided = time.Since(degraded)
 		}
@@ -165,9 +165,9 @@ func TestSLADegradeAndRecover(t *testing.T) {
 	}, "the first weight shift")
 	t.Logf("first shift: decided %v, applied by Envoy %v after the primary slowed down (25 ms polling)",
 		decided.Round(time.Millisecond), applied.Round(time.Millisecond))
-	waitFor(t, 10*time.Second, func() bool { _, b := sample(); return b >= 98 }, "traffic to move to the backup")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, b := sample(); return b >= 98 }, "traffic to move to the backup")
 	// Envoy routes by what it applied, a push later than the decision.
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		w := envoyWeight(t, s.Envoy.AdminURL, "pool-a")
 		return w >= 0 && w <= 2
 	}, "Envoy to apply the shift")
@@ -188,7 +188,7 @@ func TestSLADegradeAndRecover(t *testing.T) {
 		}
 		return ids
 	}
-	waitFor(t, 20*time.Second, func() bool { return len(sentSince()) >= 40 }, "40 requests sent after the shift")
+	testutil.Eventually(t, 20*time.Second, func() bool { return len(sentSince()) >= 40 }, "40 requests sent after the shift")
 	onPrimary := 0
 	for _, id := range sentSince()[:40] {
 		if s.Gateway.stamp(t, id).Pool == "pool-a" {
@@ -201,7 +201,7 @@ func TestSLADegradeAndRecover(t *testing.T) {
 
 	setTTFT(t, s.PoolA, "50")
 	recovered := time.Now()
-	waitFor(t, 20*time.Second, func() bool { a, _ := sample(); return a == 100 }, "traffic to return to the primary")
+	testutil.Eventually(t, 20*time.Second, func() bool { a, _ := sample(); return a == 100 }, "traffic to return to the primary")
 	t.Logf("back on the primary %v after it recovered", time.Since(recovered).Round(time.Millisecond))
 	cancel()
 	wg.Wait()
@@ -265,7 +265,7 @@ func TestSLANoFalseSwitchOnLongPrompts(t *testing.T) {
 	}
 	// 200 requests, 10 of them long: the controller sees them all (and
 	// on a busy machine over more of its intervals, not fewer).
-	waitFor(t, 60*time.Second, func() bool { return n.v.Load() >= 200 }, "200 requests with 5% long prompts")
+	testutil.Eventually(t, 60*time.Second, func() bool { return n.v.Load() >= 200 }, "200 requests with 5% long prompts")
 	if a, _ := weights(t, s.Gateway.AdminURL); a != 100 {
 		t.Errorf("primary weight %v: long prompts caused a switch", a)
 	}
@@ -277,7 +277,7 @@ func TestSLANoFalseSwitchOnLongPrompts(t *testing.T) {
 	// Now the short prompts slow down (queueing): that must move traffic.
 	cfg.TTFT = time.Second
 	s.PoolA.SetConfig(cfg)
-	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, s.Gateway.AdminURL); return b >= 50 }, "a queueing primary to lose traffic")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, b := weights(t, s.Gateway.AdminURL); return b >= 50 }, "a queueing primary to lose traffic")
 	cancel()
 	wg.Wait()
 }
@@ -321,17 +321,17 @@ func TestSLASplitMode(t *testing.T) {
 			}
 		}()
 	}
-	waitFor(t, 5*time.Second, func() bool { a, _ := weights(t, ctrl.AdminURL); return a == 100 }, "the controller to publish its routes")
+	testutil.Eventually(t, 5*time.Second, func() bool { a, _ := weights(t, ctrl.AdminURL); return a == 100 }, "the controller to publish its routes")
 	setTTFT(t, s.PoolA, "400")
 	start := time.Now()
-	waitFor(t, 10*time.Second, func() bool { _, b := weights(t, ctrl.AdminURL); return b >= 98 }, "traffic to move to the backup")
+	testutil.Eventually(t, 10*time.Second, func() bool { _, b := weights(t, ctrl.AdminURL); return b >= 98 }, "traffic to move to the backup")
 	t.Logf("split mode: moved to the backup %v after the primary slowed down", time.Since(start).Round(time.Millisecond))
 
 	// The controller dies under load: Envoy keeps the last weights (the
 	// load loop above fails the test on any non-200).
 	ctrl.stop()
 	servedA, servedB := s.PoolA.Served(), s.PoolB.Served()
-	waitFor(t, 20*time.Second, func() bool { return s.PoolA.Served()+s.PoolB.Served()-servedA-servedB >= 40 },
+	testutil.Eventually(t, 20*time.Second, func() bool { return s.PoolA.Served()+s.PoolB.Served()-servedA-servedB >= 40 },
 		"40 requests served without a controller")
 	if dA, dB := s.PoolA.Served()-servedA, s.PoolB.Served()-servedB; dB < 10*dA {
 		t.Errorf("without a controller pool-a got %d and pool-b %d requests: the last weights were lost", dA, dB)
@@ -342,11 +342,11 @@ func TestSLASplitMode(t *testing.T) {
 	if a, b := weights(t, ctrl.AdminURL); b < 98 {
 		t.Errorf("restarted controller at pool-a %v / pool-b %v: it must resume the saved weights", a, b)
 	}
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return strings.Contains(get(t, s.Envoy.AdminURL+"/stats?filter=rds.infergate.control_plane.connected_state"), "connected_state: 1")
 	}, "Envoy to reconnect to the restarted controller")
 	reconnected := s.PoolA.Served() + s.PoolB.Served()
-	waitFor(t, 20*time.Second, func() bool { return s.PoolA.Served()+s.PoolB.Served()-reconnected >= 20 },
+	testutil.Eventually(t, 20*time.Second, func() bool { return s.PoolA.Served()+s.PoolB.Served()-reconnected >= 20 },
 		"20 requests served after the reconnect")
 	cancel()
 	wg.Wait()

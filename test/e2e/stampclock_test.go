@@ -121,7 +121,7 @@ type clockStamp struct {
 func stampOf(t *testing.T, log *testutil.Buffer, id string) clockStamp {
 	t.Helper()
 	var found clockStamp
-	waitFor(t, 10*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		for line := range strings.Lines(log.String()) {
 			var s clockStamp
 			if json.Unmarshal([]byte(line), &s) == nil && s.RequestID == id && id != "" {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/internal/stats"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // A policy that admits everything, asks for moderation when the request
@@ -93,7 +94,7 @@ tracing: {endpoint: %q, insecure: true}
 		spans []span
 	}
 	var base, slow result
-	waitFor(t, 20*time.Second, func() bool {
+	testutil.Eventually(t, 20*time.Second, func() bool {
 		for _, st := range []Stamp{baseSt, mod, pool, slowSt} {
 			spans := recv.trace(st.TraceID)
 			if !hasSpan(spans, "envoy", "ingress") || !hasSpan(spans, "infergate", "chat pool-a") || !hasSpan(spans, "infergate", "infergate.gate") {

@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
@@ -154,7 +155,7 @@ func TestWasmMeterSettlesTheBudget(t *testing.T) {
 		t.Fatalf("status %d: %s", first.Status, first.Body)
 	}
 	reserved := budget - remaining(first)
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
 	}, "the request to be settled")
 	st := s.Gateway.stamp(t, first.RequestID)
@@ -224,7 +225,7 @@ func TestWasmMeterCutStream(t *testing.T) {
 		t.Errorf("cut stream's stamp: complete %v, %d events, %d tokens (%s); want incomplete, at least the %d the client read, counted by events",
 			st.Complete, st.ContentEvents, st.CompletionTokens, st.TokenSource, seen())
 	}
-	waitFor(t, 5*time.Second, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 1
 	}, "the cut request to be settled")
 	// A stream cut before its end proves no cost: its reservation stays.

@@ -129,9 +129,9 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 
 	// EG's Envoy, on EG's bootstrap.
 	gw := startEGEnvoy(t, c, gwPort)
-	waitFor(t, 60*time.Second, "Envoy to route through the gate", func() bool {
+	testutil.Eventually(t, 60*time.Second, func() bool {
 		return status(gw, false, nil) == http.StatusUnauthorized
-	})
+	}, "Envoy to route through the gate")
 	t.Logf("up after %v", time.Since(start).Round(time.Millisecond))
 
 	// No key: the gate refuses it, OpenAI-style, and no pool sees it.
@@ -162,9 +162,9 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	}
 	// Until Envoy Gateway has the change, the gate still decides (and
 	// admits): count what reaches a pool from the first 500 on.
-	waitFor(t, 30*time.Second, "Envoy Gateway to fail closed without gate endpoints", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		return status(gw, false, withKey) == http.StatusInternalServerError
-	})
+	}, "Envoy Gateway to fail closed without gate endpoints")
 	before = servedAll(t, mocks)
 	for range 10 {
 		if code := status(gw, true, withKey); code != http.StatusInternalServerError {
@@ -175,9 +175,9 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 		t.Errorf("without a gate, %d requests reached a pool", after-before)
 	}
 	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
-	waitFor(t, 30*time.Second, "the gate to decide again", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		return status(gw, false, nil) == http.StatusUnauthorized
-	})
+	}, "the gate to decide again")
 
 	// A stream: byte-exact against the mock that served it, incremental,
 	// stamped by the meter under the client's request id (the chart's
@@ -238,10 +238,10 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	mocks["vllm-a100"].control(t, `{"ttft_ms": 400}`)
 	slowed := time.Now()
 	var weights map[string]int64
-	waitFor(t, 30*time.Second, "the controller to move llama-3-70b's weight to vllm-h100 in the HTTPRoute", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		weights = routeWeights(t, c, "llama-3-70b")
 		return weights["vllm-h100"] >= 90 && weights["vllm-a100"] <= 10
-	})
+	}, "the controller to move llama-3-70b's weight to vllm-h100 in the HTTPRoute")
 	moved := time.Now()
 	stop()
 	wg.Wait()
@@ -253,11 +253,11 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	}
 	// Traffic follows once EG has re-translated: a whole batch (bar the
 	// controller's probe weight) reaches vllm-h100.
-	waitFor(t, 30*time.Second, "traffic to follow the new weights", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		a, h := batch(t, gw, mocks, 20)
 		t.Logf("a batch of 20, %v after the HTTPRoute changed: vllm-a100 %d, vllm-h100 %d", time.Since(moved).Round(time.Millisecond), a, h)
 		return a+h == 20 && a <= 2
-	})
+	}, "traffic to follow the new weights")
 	if c := mocks["sglang-l4"].served(t); c != 0 {
 		t.Errorf("sglang-l4 served %d llama-3-70b requests", c)
 	}
@@ -348,19 +348,16 @@ logging: {level: {default: info}}
 	cmd := withEnv(exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		`mount --bind "$1" /certs && exec "$2" server --config-path "$3"`, "sh", certs, bin, cfg), env...)
 	cmd.Dir = dir
-	done := startProc(t, "envoy-gateway", cmd, nil)
-	waitFor(t, 30*time.Second, "EG's xDS server on :18000", func() bool {
-		select {
-		case <-done:
-			t.Fatal("envoy-gateway exited")
-		default:
-		}
+	p := startProc(t, "envoy-gateway", cmd, nil)
+	if err := p.WaitReady(30*time.Second, func() error { // EG's xDS server
 		conn, err := net.Dial("tcp", "127.0.0.1:18000")
 		if err == nil {
 			conn.Close()
 		}
-		return err == nil
-	})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // writeSecret writes a Secret's keys as files in dir.
@@ -383,13 +380,13 @@ func writeSecret(t *testing.T, c *cluster, ns, name, dir string) {
 func startEGEnvoy(t *testing.T, c *cluster, gwPort int) string {
 	t.Helper()
 	var dep *appsv1.Deployment
-	waitFor(t, 30*time.Second, "EG to create the Envoy Deployment for Gateway eg", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		l, err := c.kube.AppsV1().Deployments(egNamespace).List(t.Context(), metav1.ListOptions{LabelSelector: "gateway.envoyproxy.io/owning-gateway-name=eg"})
 		if err == nil && len(l.Items) == 1 {
 			dep = &l.Items[0]
 		}
 		return dep != nil
-	})
+	}, "EG to create the Envoy Deployment for Gateway eg")
 	var ctr *corev1.Container
 	for i := range dep.Spec.Template.Spec.Containers {
 		if dep.Spec.Template.Spec.Containers[i].Name == "envoy" {
@@ -619,7 +616,7 @@ type logLine struct {
 func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) bool) logLine {
 	t.Helper()
 	var found []logLine
-	waitFor(t, 5*time.Second, "the request log line of "+what, func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		found = nil
 		for _, line := range strings.Split(p.requests.String(), "\n") {
 			var s logLine
@@ -628,7 +625,7 @@ func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) boo
 			}
 		}
 		return len(found) > 0
-	})
+	}, "the request log line of "+what)
 	if len(found) != 1 {
 		t.Fatalf("%d request log lines for %s: %+v", len(found), what, found)
 	}
@@ -637,42 +634,18 @@ func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) boo
 
 // startProc runs cmd as a child process, stopped (interrupt, then kill)
 // when the test ends, its output shown if the test failed; stdout, if not
-// nil, gets its standard output. The channel closes when it exits.
-func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) <-chan struct{} {
+// nil, gets its standard output.
+func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) *testutil.Proc {
 	t.Helper()
-	done, _ := startProcLogged(t, name, cmd, stdout)
-	return done
-}
-
-// startProcLogged is startProc, also returning the process's log.
-func startProcLogged(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) (<-chan struct{}, *testutil.Buffer) {
-	t.Helper()
-	logs := &testutil.Buffer{}
-	if stdout == nil {
-		stdout = logs
-	}
-	cmd.Stdout, cmd.Stderr = stdout, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			t.Logf("%s log:\n%s", name, logs.String())
-			if stdout != logs {
+	if stdout != nil {
+		cmd.Stdout = stdout
+		t.Cleanup(func() {
+			if t.Failed() {
 				t.Logf("%s stdout:\n%s", name, stdout.String())
 			}
-		}
-	})
-	return done, logs
+		})
+	}
+	return testutil.StartProc(t, cmd, testutil.ProcOptions{Name: name, StopSignal: os.Interrupt, StopGrace: 10 * time.Second})
 }
 
 // serveOnFreePorts starts the server start returns (its command and the
@@ -689,26 +662,13 @@ func serveOnFreePorts(t *testing.T, name string, n int, timeout time.Duration, s
 			ports[i] = freePort(t)
 		}
 		cmd, readyURL := start(ports)
-		done, logs := startProcLogged(t, name, cmd, stdout)
-		exited := false
-		waitFor(t, timeout, name+" to be ready", func() bool {
-			select {
-			case <-done:
-				exited = true
-				return true
-			default:
-			}
-			resp, err := http.Get(readyURL)
-			if err == nil {
-				resp.Body.Close()
-			}
-			return err == nil && resp.StatusCode == 200
-		})
-		if !exited {
+		p := startProc(t, name, cmd, stdout)
+		err := p.WaitReady(timeout, testutil.HTTPReady(readyURL))
+		if err == nil {
 			return
 		}
-		if attempt == 3 || !strings.Contains(logs.String(), "address already in use") {
-			t.Fatalf("%s exited before it was ready:\n%s", name, logs.String())
+		if !p.Exited() || attempt == 3 || !strings.Contains(p.Log.Tail(1<<20), "address already in use") {
+			t.Fatal(err)
 		}
 		t.Logf("%s: a chosen port was taken before it bound it; again on new ports", name)
 	}
@@ -868,18 +828,6 @@ func freePort(t *testing.T) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if f() {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("timed out after %v waiting for %s", d, what)
 }
 
 func chatBody(model string, maxTokens int, stream bool, extra string) string {

@@ -23,9 +23,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/klog/v2"
 
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/feed"
@@ -34,9 +32,54 @@ import (
 	"github.com/infergate/infergate/xds/weightsink"
 )
 
+// Options are the virtual models routed and where their weights go.
+type Options struct {
+	VirtualModels []VirtualModel
+	// RouteConfigName names the route configuration infergate's xDS serves.
+	RouteConfigName string
+	// WeightSink, when its Type is set, takes the weights instead of
+	// infergate's xDS.
+	WeightSink WeightSinkOptions
+}
+
+// VirtualModel is one routed name and its pools.
+type VirtualModel struct {
+	Name  string
+	Pools []Pool
+	// SLA thresholds; a zero value disables that check.
+	SLA controller.SLA
+	// Tuning of the weight controller; zero values take the defaults.
+	Tuning controller.Tuning
+	// Retry is the route's retry policy; nil retries nothing.
+	Retry *server.Retry
+	// RetriesAcrossPools sends each retry to the next pool by priority
+	// instead of the same pool.
+	RetriesAcrossPools bool
+}
+
+// Pool is an Envoy cluster serving a virtual model; priority 0 is the
+// primary, higher numbers are backups.
+type Pool struct {
+	Cluster  string
+	Priority int
+	// Metrics are the pool's model servers' Prometheus endpoints, scraped
+	// every interval for queue depth and KV-cache usage; optional.
+	Metrics []string
+}
+
+// WeightSinkOptions name the gateway resource the weights are written to.
+type WeightSinkOptions struct {
+	// Type is "" or xds (infergate's own xDS server), httpRouteFile (an
+	// HTTPRoute in File), httpRoute (an HTTPRoute through the Kubernetes
+	// API) or virtualService (an Istio VirtualService through it).
+	Type            string
+	File            string // for httpRouteFile
+	Namespace, Name string // the resource's
+}
+
 // Service is SLA-driven routing for the configured virtual models.
 type Service struct {
-	cfg       []config.VirtualModel
+	cfg       []VirtualModel
 	ctrl      *controller.Controller
 	xds       *server.Server // nil when a weight sink takes the weights
 	log       *slog.Logger
@@ -64,21 +107,20 @@ type WeightSink interface {
 
 // newWeightSink returns the configured sink, or nil for infergate's own
 // xDS. It reads the resource once, so a wrong name fails at start.
-func newWeightSink(ctx context.Context, c config.WeightSink, log *slog.Logger) (WeightSink, error) {
+func newWeightSink(ctx context.Context, c WeightSinkOptions) (WeightSink, error) {
 	var sink WeightSink
 	switch c.Type {
 	case "httpRouteFile":
-		sink = &weightsink.File{Path: c.HTTPRoute.File, Namespace: c.HTTPRoute.Namespace, Name: c.HTTPRoute.Name}
+		sink = &weightsink.File{Path: c.File, Namespace: c.Namespace, Name: c.Name}
 	case "httpRoute", "virtualService":
-		klog.SetSlogLogger(log) // client-go logs through klog: one log, one format
 		kube, err := weightsink.Connect()
 		if err != nil {
 			return nil, fmt.Errorf("weightSink: %w", err)
 		}
 		if c.Type == "httpRoute" {
-			sink = &weightsink.HTTPRoute{Kube: kube, Namespace: c.HTTPRoute.Namespace, Name: c.HTTPRoute.Name}
+			sink = &weightsink.HTTPRoute{Kube: kube, Namespace: c.Namespace, Name: c.Name}
 		} else {
-			sink = &weightsink.VirtualService{Kube: kube, Namespace: c.VirtualService.Namespace, Name: c.VirtualService.Name}
+			sink = &weightsink.VirtualService{Kube: kube, Namespace: c.Namespace, Name: c.Name}
 		}
 	default:
 		return nil, nil
@@ -95,16 +137,16 @@ const weightsKey = "ig:weights"
 // ioTimeout bounds one call to Redis or a weight sink.
 const ioTimeout = 30 * time.Second
 
-// New builds the routing for cfg's virtual models (nil, nil when there are
+// New builds the routing for o's virtual models (nil, nil when there are
 // none): it restores saved weights from store (optional) and publishes the
 // first routes. Nothing runs until Run.
-func New(ctx context.Context, cfg *config.Config, log *slog.Logger, meter metric.Meter, store redis.UniversalClient) (*Service, error) {
-	if len(cfg.VirtualModels) == 0 {
+func New(ctx context.Context, o Options, log *slog.Logger, meter metric.Meter, store redis.UniversalClient) (*Service, error) {
+	if len(o.VirtualModels) == 0 {
 		return nil, nil
 	}
-	models := make([]controller.VirtualModel, len(cfg.VirtualModels))
+	models := make([]controller.VirtualModel, len(o.VirtualModels))
 	interval := time.Duration(0)
-	for i, vm := range cfg.VirtualModels {
+	for i, vm := range o.VirtualModels {
 		m := controller.VirtualModel{Name: vm.Name, SLA: vm.SLA, Tuning: vm.Tuning.WithDefaults()}
 		for _, p := range vm.Pools {
 			m.Pools = append(m.Pools, controller.Pool{Name: p.Cluster, Priority: p.Priority})
@@ -118,8 +160,8 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, meter metric
 	if err != nil {
 		return nil, fmt.Errorf("virtualModels: %w", err)
 	}
-	r := &Service{cfg: cfg.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store}
-	if r.sink, err = newWeightSink(ctx, cfg.WeightSink, log); err != nil {
+	r := &Service{cfg: o.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store}
+	if r.sink, err = newWeightSink(ctx, o.WeightSink); err != nil {
 		return nil, err
 	}
 	if r.sink == nil {
@@ -130,7 +172,7 @@ func New(ctx context.Context, cfg *config.Config, log *slog.Logger, meter metric
 			headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{
 				Key: name, Value: "%DYNAMIC_METADATA(" + request.MetadataNamespace + ":" + name + ")%"}})
 		}
-		r.xds = server.New(server.Options{RouteConfigName: cfg.XDS.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})
+		r.xds = server.New(server.Options{RouteConfigName: o.RouteConfigName, Logger: log, ResponseHeadersToAdd: headers})
 	}
 	if r.decisions, err = meter.Int64Counter("infergate.sla.decisions",
 		metric.WithDescription("Weight changes made by the SLA controller, by virtual model.")); err != nil {
@@ -261,11 +303,12 @@ func (r *Service) push(ctx context.Context) (string, error) {
 	for _, vm := range r.cfg {
 		route := server.Route{VirtualModel: vm.Name, Weights: r.ctrl.Weights(vm.Name)}
 		if vm.Retry != nil {
-			route.Retry = &server.Retry{Attempts: vm.Retry.Attempts, On: vm.Retry.On, RetriableStatusCodes: vm.Retry.StatusCodes}
+			retry := *vm.Retry
+			route.Retry = &retry
 		}
-		if vm.RetriesAcrossPools() {
+		if vm.RetriesAcrossPools {
 			pools := slices.Clone(vm.Pools)
-			slices.SortStableFunc(pools, func(a, b config.PoolRef) int { return a.Priority - b.Priority })
+			slices.SortStableFunc(pools, func(a, b Pool) int { return a.Priority - b.Priority })
 			for _, p := range pools {
 				route.Fallback = append(route.Fallback, p.Cluster)
 			}

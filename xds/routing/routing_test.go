@@ -16,7 +16,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/loadsignal"
@@ -29,16 +28,16 @@ import (
 // llama is a virtual model on a primary and a backup pool, at the
 // controller's default tuning (5s interval, 30s window, 20 samples, step
 // 10, 30s cooldown, probe weight 5).
-func llama(sla controller.SLA, metrics ...string) *config.Config {
-	return &config.Config{VirtualModels: []config.VirtualModel{{
+func llama(sla controller.SLA, metrics ...string) Options {
+	return Options{VirtualModels: []VirtualModel{{
 		Name: "llama", SLA: sla,
-		Pools: []config.PoolRef{{Cluster: "pool-a", Priority: 0, Metrics: metrics}, {Cluster: "pool-b", Priority: 1}},
+		Pools: []Pool{{Cluster: "pool-a", Priority: 0, Metrics: metrics}, {Cluster: "pool-b", Priority: 1}},
 	}}}
 }
 
 // testService builds a Service on cfg inside the bubble, its logs in the
 // returned buffer and its metrics in the returned reader.
-func testService(t *testing.T, cfg *config.Config) (*Service, *syncBuffer, *sdkmetric.ManualReader) {
+func testService(t *testing.T, cfg Options) (*Service, *syncBuffer, *sdkmetric.ManualReader) {
 	t.Helper()
 	logs := &syncBuffer{}
 	reader := sdkmetric.NewManualReader()
@@ -53,7 +52,7 @@ func testService(t *testing.T, cfg *config.Config) (*Service, *syncBuffer, *sdkm
 // published is the xDS version a Service on cfg publishes for weights: the
 // version is a hash of the routes' content, so equal versions mean the
 // same routes went to Envoy.
-func published(t *testing.T, cfg *config.Config, weights map[string]uint32) string {
+func published(t *testing.T, cfg Options, weights map[string]uint32) string {
 	t.Helper()
 	r, _, _ := testService(t, cfg)
 	if err := r.ctrl.Restore("llama", weights); err != nil {

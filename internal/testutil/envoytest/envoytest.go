@@ -5,6 +5,7 @@ package envoytest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -91,32 +92,11 @@ func Start(t testing.TB, config string, args ...string) *Envoy {
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &testutil.Buffer{}
 	cmd := exec.Command(Binary(t), append([]string{"-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
 		"-l", "warning", "--concurrency", "2"}, args...)...)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	var once sync.Once
-	e := &Envoy{Pid: cmd.Process.Pid, stop: func() {
-		once.Do(func() { _ = cmd.Process.Kill(); <-exited })
-	}}
-	t.Cleanup(func() {
-		e.stop()
-		if t.Failed() {
-			t.Logf("envoy log:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			t.Fatalf("envoy exited; log:\n%s", logs.String())
-		default:
-		}
+	p := testutil.StartProc(t, cmd, testutil.ProcOptions{Name: "envoy"})
+	e := &Envoy{Pid: p.Pid(), stop: p.Kill}
+	err := p.WaitReady(30*time.Second, func() error {
 		if b, err := os.ReadFile(adminPath); err == nil && len(b) > 0 && e.AdminURL == "" {
 			e.AdminURL = "http://" + strings.TrimSpace(string(b))
 		}
@@ -125,13 +105,15 @@ func Start(t testing.TB, config string, args ...string) *Envoy {
 				e.URL = "http://" + addr
 			}
 		}
-		if e.URL != "" && ok(e.AdminURL+"/ready") {
-			return e
+		if e.URL == "" || !ok(e.AdminURL+"/ready") {
+			return errors.New("no listener bound, or not /ready")
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("envoy did not become ready; log:\n%s", logs.String())
-	return nil
+	return e
 }
 
 func ok(url string) bool {

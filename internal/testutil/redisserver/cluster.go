@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,9 +58,8 @@ type Node struct {
 	log     *testutil.Buffer
 	admin   *redis.Client // for the harness' own commands
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *testutil.Proc // nil while killed
 }
 
 // StartCluster runs a Redis Cluster on free loopback ports and waits until
@@ -448,14 +446,12 @@ func (n *Node) ID() string { return n.id }
 // exit. Killing a stopped node does nothing.
 func (n *Node) Kill() {
 	n.mu.Lock()
-	cmd, exited := n.cmd, n.exited
-	n.cmd = nil
+	p := n.proc
+	n.proc = nil
 	n.mu.Unlock()
-	if cmd == nil {
-		return
+	if p != nil {
+		p.Kill()
 	}
-	_ = cmd.Process.Kill()
-	<-exited
 }
 
 // Restart starts a killed node again on its ports with its nodes.conf: it
@@ -465,31 +461,20 @@ func (n *Node) Kill() {
 func (n *Node) Restart() {
 	n.c.t.Helper()
 	n.Kill()
-	deadline := time.Now().Add(StartTimeout)
-	for {
-		err := n.start()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			n.c.t.Fatalf("redisserver: restarting cluster node on port %d: %v", n.port, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := retry(n.start); err != nil {
+		n.c.t.Fatalf("redisserver: restarting cluster node on port %d: %v", n.port, err)
 	}
 }
 
 func (n *Node) running() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.cmd != nil
+	return n.proc != nil
 }
 
 // start runs redis-server in cluster mode on n's ports and waits for PING.
 func (n *Node) start() error {
-	fmt.Fprintf(n.log, "--- starting %s on port %d (cluster bus %d)\n", n.c.bin, n.port, n.busPort)
-	cmd := exec.Command(n.c.bin,
-		"--port", strconv.Itoa(n.port),
-		"--bind", "127.0.0.1",
+	p, err := run(n.c.bin, n.port, n.log,
 		"--cluster-enabled", "yes",
 		"--cluster-port", strconv.Itoa(n.busPort),
 		"--cluster-config-file", "nodes.conf",
@@ -504,46 +489,14 @@ func (n *Node) start() error {
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", n.dir,
-		"--daemonize", "no",
-		"--logfile", "",
 	)
-	cmd.Stdout = n.log
-	cmd.Stderr = n.log
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", n.c.bin, err)
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
 	n.mu.Lock()
-	n.cmd, n.exited = cmd, exited
+	n.proc = p
 	n.mu.Unlock()
-
-	deadline := time.Now().Add(StartTimeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if probe(n.Addr(), cmd.Process.Pid) == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			n.mu.Lock()
-			if n.cmd == cmd {
-				n.cmd = nil
-			}
-			n.mu.Unlock()
-			return fmt.Errorf("redis-server on port %d exited before answering PING (%v); log:\n%s", n.port, waitErr, n.log.String())
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			n.Kill()
-			return fmt.Errorf("redis-server on port %d did not answer PING within %s", n.port, StartTimeout)
-		}
-	}
+	return nil
 }
 
 // clusterOK checks the node says cluster_state:ok with every slot served.

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // A cluster starts whole, serves keys on every primary, survives a
@@ -62,7 +64,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("promoted %s, k0 served by %s; want the replica %s", promoted.Addr(), c.PrimaryFor("k0").Addr(), replica.Addr())
 	}
 	rdb.ReloadState(ctx) // the client learns of the failover on its own only from MOVED or its reload interval
-	waitFor(t, 5*time.Second, func() bool { v, err := rdb.Get(ctx, "{k0}acked").Result(); return err == nil && v == "yes" })
+	testutil.Eventually(t, 5*time.Second, func() bool { v, err := rdb.Get(ctx, "{k0}acked").Result(); return err == nil && v == "yes" }, "the acknowledged write, read from the promoted replica")
 
 	// The crashed node comes back as the new primary's replica...
 	old.Restart()
@@ -76,7 +78,7 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("Failover promoted %s, want %s", back.Addr(), old.Addr())
 	}
 	t.Logf("planned failover back to %s in %v", old.Addr(), time.Since(start))
-	waitFor(t, 5*time.Second, func() bool { v, err := rdb.Get(ctx, "{k0}acked").Result(); return err == nil && v == "yes" })
+	testutil.Eventually(t, 5*time.Second, func() bool { v, err := rdb.Get(ctx, "{k0}acked").Result(); return err == nil && v == "yes" }, "the acknowledged write, after the failover back")
 	if err := rdb.Set(ctx, "k0", "after", 0).Err(); err != nil {
 		t.Errorf("SET after the failovers: %v", err)
 	}
@@ -97,16 +99,5 @@ func TestClusterNoReplicas(t *testing.T) {
 	}
 	if err := rdb.Eval(ctx, "return redis.call('MGET', KEYS[1], KEYS[2])", []string{"{t}a", "{t}b"}).Err(); err != nil {
 		t.Errorf("one-slot script = %v", err)
-	}
-}
-
-func waitFor(t *testing.T, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", d)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -40,11 +40,9 @@ type Server struct {
 	// every acknowledged counter.
 	durable bool
 
-	mu  sync.Mutex
-	cmd *exec.Cmd
-	log *testutil.Buffer // output of every run, dumped when the test fails
-	// exited is closed when the current process has been waited for.
-	exited chan struct{}
+	mu   sync.Mutex
+	proc *testutil.Proc   // nil while stopped
+	log  *testutil.Buffer // output of every run, dumped when the test fails
 }
 
 // Start runs redis-server on a free loopback port and waits until it
@@ -105,14 +103,12 @@ func (s *Server) Port() int { return s.port }
 // exit. Stopping a stopped server does nothing.
 func (s *Server) Stop() {
 	s.mu.Lock()
-	cmd, exited := s.cmd, s.exited
-	s.cmd = nil
+	p := s.proc
+	s.proc = nil
 	s.mu.Unlock()
-	if cmd == nil {
-		return
+	if p != nil {
+		p.Kill()
 	}
-	_ = cmd.Process.Kill()
-	<-exited
 }
 
 // Restart stops the server if it runs and starts a new one on the same
@@ -120,16 +116,19 @@ func (s *Server) Stop() {
 func (s *Server) Restart() {
 	s.t.Helper()
 	s.Stop()
-	// The port was just released by our own process; retry briefly in
-	// case the kernel has not freed it yet.
+	if err := retry(s.start); err != nil {
+		s.t.Fatalf("redisserver: restart on port %d: %v", s.port, err)
+	}
+}
+
+// retry runs start until it succeeds or StartTimeout passes: a port our
+// own process just released may not be free again yet.
+func retry(start func() error) error {
 	deadline := time.Now().Add(StartTimeout)
 	for {
-		err := s.start()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("redisserver: restart on port %d: %v", s.port, err)
+		err := start()
+		if err == nil || time.Now().After(deadline) {
+			return err
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -137,56 +136,37 @@ func (s *Server) Restart() {
 
 // start runs redis-server on s.port and waits for PING.
 func (s *Server) start() error {
-	fmt.Fprintf(s.log, "--- starting %s on port %d\n", s.bin, s.port)
-	appendOnly := []string{"--appendonly", "no"}
+	args := []string{"--save", "", "--dir", s.dir, "--appendonly", "no"}
 	if s.durable {
-		appendOnly = []string{"--appendonly", "yes", "--appendfsync", "always"}
+		args = []string{"--save", "", "--dir", s.dir, "--appendonly", "yes", "--appendfsync", "always"}
 	}
-	cmd := exec.Command(s.bin, append([]string{
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--save", "",
-		"--dir", s.dir,
-		"--daemonize", "no",
-		"--logfile", "",
-	}, appendOnly...)...)
-	cmd.Stdout = s.log
-	cmd.Stderr = s.log
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting %s: %w", s.bin, err)
+	p, err := run(s.bin, s.port, s.log, args...)
+	if err != nil {
+		return err
 	}
-	exited := make(chan struct{})
-	var waitErr error
-	go func() {
-		waitErr = cmd.Wait()
-		close(exited)
-	}()
 	s.mu.Lock()
-	s.cmd, s.exited = cmd, exited
+	s.proc = p
 	s.mu.Unlock()
+	return nil
+}
 
-	deadline := time.Now().Add(StartTimeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if probe(s.Addr(), cmd.Process.Pid) == nil {
-			return nil
-		}
-		select {
-		case <-exited:
-			s.mu.Lock()
-			if s.cmd == cmd {
-				s.cmd = nil
-			}
-			s.mu.Unlock()
-			return fmt.Errorf("redis-server on port %d exited before answering PING (%v); log:\n%s", s.port, waitErr, s.log.String())
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			s.Stop()
-			return fmt.Errorf("redis-server on port %d did not answer PING within %s", s.port, StartTimeout)
-		}
+// run starts redis-server on the loopback port with more args, its output
+// to log, and waits until it answers PING as itself; on failure it is
+// killed.
+func run(bin string, port int, log *testutil.Buffer, args ...string) (*testutil.Proc, error) {
+	fmt.Fprintf(log, "--- starting %s on port %d %v\n", bin, port, args)
+	cmd := exec.Command(bin, append([]string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--daemonize", "no", "--logfile", ""}, args...)...)
+	p, err := testutil.Start(cmd, testutil.ProcOptions{Name: fmt.Sprintf("redis-server on port %d", port), Log: log})
+	if err != nil {
+		return nil, err
 	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err := p.WaitReady(StartTimeout, func() error { return probe(addr, p.Pid()) }); err != nil {
+		p.Kill()
+		return nil, err
+	}
+	return p, nil
 }
 
 // probe sends PING and INFO server, and checks that the server answers

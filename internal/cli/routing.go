@@ -1,0 +1,46 @@
+package cli
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/metric"
+	"k8s.io/klog/v2"
+
+	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/xds/routing"
+	"github.com/infergate/infergate/xds/server"
+)
+
+// newRouting builds the SLA routing of cfg's virtual models (nil without
+// any); see routing.New.
+func newRouting(ctx context.Context, cfg *config.Config, log *slog.Logger, meter metric.Meter, store redis.UniversalClient) (*routing.Service, error) {
+	o := routingOptions(cfg)
+	if len(o.VirtualModels) > 0 && (o.WeightSink.Type == "httpRoute" || o.WeightSink.Type == "virtualService") {
+		klog.SetSlogLogger(log) // client-go logs through klog: one log, one format
+	}
+	return routing.New(ctx, o, log, meter, store)
+}
+
+// routingOptions are the routing's part of cfg.
+func routingOptions(cfg *config.Config) routing.Options {
+	o := routing.Options{RouteConfigName: cfg.XDS.RouteConfigName, WeightSink: routing.WeightSinkOptions{
+		Type: cfg.WeightSink.Type, File: cfg.WeightSink.HTTPRoute.File,
+		Namespace: cfg.WeightSink.HTTPRoute.Namespace, Name: cfg.WeightSink.HTTPRoute.Name}}
+	if cfg.WeightSink.Type == "virtualService" {
+		vs := cfg.WeightSink.VirtualService
+		o.WeightSink.Namespace, o.WeightSink.Name = vs.Namespace, vs.Name
+	}
+	for _, vm := range cfg.VirtualModels {
+		m := routing.VirtualModel{Name: vm.Name, SLA: vm.SLA, Tuning: vm.Tuning, RetriesAcrossPools: vm.RetriesAcrossPools()}
+		for _, p := range vm.Pools {
+			m.Pools = append(m.Pools, routing.Pool{Cluster: p.Cluster, Priority: p.Priority, Metrics: p.Metrics})
+		}
+		if vm.Retry != nil {
+			m.Retry = &server.Retry{Attempts: vm.Retry.Attempts, On: vm.Retry.On, RetriableStatusCodes: vm.Retry.StatusCodes}
+		}
+		o.VirtualModels = append(o.VirtualModels, m)
+	}
+	return o
+}
