@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -78,18 +79,18 @@ func TestChartDefaultMutualTLS(t *testing.T) {
 	// xDS: the virtual-model routes reach the Envoy with the client
 	// certificate over mutual TLS; the one without fails to fetch them.
 	const rdsStats = "^(http\\.sla\\.rds\\.infergate\\.update_(success|failure)|cluster\\.infergate-xds\\.ssl\\.handshake)$"
-	waitFor(t, 30*time.Second, "Envoy to get the virtual-model routes over xDS", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		return stat(t, withCert.AdminURL, rdsStats, "http.sla.rds.infergate.update_success") > 0
-	})
+	}, "Envoy to get the virtual-model routes over xDS")
 	if n := stat(t, withCert.AdminURL, rdsStats, "cluster.infergate-xds.ssl.handshake"); n == 0 {
 		t.Errorf("Envoy got the routes without a TLS handshake with the xDS port")
 	}
 	if routes := get(t, withCert.AdminURL+"/config_dump?resource=dynamic_route_configs"); !strings.Contains(routes, "llama-3-70b") {
 		t.Errorf("the routes Envoy got over xDS do not name llama-3-70b:\n%s", routes)
 	}
-	waitFor(t, 30*time.Second, "the Envoy without a client certificate to fail an xDS fetch", func() bool {
+	testutil.Eventually(t, 30*time.Second, func() bool {
 		return stat(t, withoutCert.AdminURL, rdsStats, "http.sla.rds.infergate.update_failure") > 0
-	})
+	}, "the Envoy without a client certificate to fail an xDS fetch")
 	if n := stat(t, withoutCert.AdminURL, rdsStats, "http.sla.rds.infergate.update_success"); n != 0 {
 		t.Errorf("the Envoy without a client certificate got the routes over xDS (%d updates)", n)
 	}
