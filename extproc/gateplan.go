@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -77,7 +78,7 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 	}
 	p.remove, p.reserved, p.metadata, p.maxTokens = removed, v.Reservation, v.Metadata, req.MaxTokens
 	if req.Model != "" {
-		p.set = append(p.set, headerValue{request.ModelHeader, req.Model})
+		p.set = append(make([]headerValue, 0, 2), headerValue{request.ModelHeader, req.Model}) // room for content-length
 	}
 	// Usage on every stream: a client's include_usage: false would leave
 	// the charge to infergate's own count (see Options.HonourUsageOptOut).
@@ -116,6 +117,9 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 // mutation is the plan's header mutation.
 func (p *gatePlan) mutation() *extprocv3.HeaderMutation {
 	m := &extprocv3.HeaderMutation{RemoveHeaders: p.remove}
+	if len(p.set) > 0 {
+		m.SetHeaders = make([]*corev3.HeaderValueOption, 0, len(p.set))
+	}
 	for _, h := range p.set {
 		m.SetHeaders = append(m.SetHeaders, setHeader(h.key, h.value))
 	}
