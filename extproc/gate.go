@@ -239,180 +239,95 @@ func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.Proc
 // denies it with an immediate response. It returns every answer owed.
 func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
 	g.decided = true
+	adm, removed, verr := s.admission(g)
+	if verr != nil {
+		return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: verr, Reason: verr.Code})
+	}
+	if id, one, ok := s.modelsRequest(adm.Method, adm.Path); ok {
+		return s.models(ctx, g, adm, id, one) // answered by the gate (models.go)
+	}
+	g.policyAt = s.now()
+	v := s.policy.Decide(ctx, adm)
+	p := planGate(s.gateRules(), adm, removed, v)
+	return s.answer(ctx, g, adm, v, &p)
+}
+
+// admission is what the policy is asked about the request, and the request
+// headers to remove before it leaves: the client's reserved ones and its
+// gateway credential. An inference request must be well-formed before
+// anything else looks at it (an error: refused, adm.Request partial); every
+// request, inference or not, then gets the policy's decision. A configured
+// path that names no API is read as a chat or text completion, as every
+// path was before the gate knew other APIs.
+func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []string, verr *openai.Error) {
 	h := g.headers
 	path, _, _ := strings.Cut(h[":path"], "?")
-	method := h[":method"]
-
-	// Inference requests must be well-formed before anything else looks
-	// at them; every request, inference or not, then gets the policy's
-	// decision. A configured path that names no API is read as a chat or
-	// text completion, as every path was before the gate knew other APIs.
-	completion := slices.Contains(s.opts.CompletionPaths, path)
-	var (
-		api openai.API
-		req openai.Request
-	)
-	if completion {
-		api = cmp.Or(openai.APIOf(path), openai.APIChat)
-		g.api = api
-		var verr *openai.Error
-		if req, verr = s.validate(api, path, method, h, g.body); verr != nil {
-			return s.deny(ctx, g, req.Model, request.Verdict{Deny: verr, Reason: verr.Code})
+	adm = &request.Admission{
+		RequestID:  truncate(h["x-request-id"], maxStampField), // a client may set it
+		Method:     h[":method"],
+		Path:       path,
+		Headers:    h,
+		Completion: slices.Contains(s.opts.CompletionPaths, path),
+		Body:       g.body,
+		Metadata:   g.metadata,
+	}
+	if adm.Completion {
+		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
+		g.api = adm.API
+		if adm.Request, verr = s.validate(adm.API, path, adm.Method, h, g.body); verr != nil {
+			return adm, nil, verr
 		}
+		adm.PromptTokens = adm.Request.PromptTokens
 	}
 	spoofed := g.spoofed()
-	// The client's gateway credential stops here: a pool (or a hosted
-	// API's access log) never receives it.
-	removed := spoofed
-	for _, k := range credentialHeaders {
-		if _, ok := g.headers[k]; ok {
-			removed = append(removed, k)
-		}
-	}
-	adm := &request.Admission{
-		RequestID:    truncate(h["x-request-id"], maxStampField), // a client may set it
-		Method:       method,
-		Path:         path,
-		Headers:      h,
-		Completion:   completion,
-		API:          api,
-		Request:      req,
-		Body:         g.body,
-		PromptTokens: req.PromptTokens,
-		Metadata:     g.metadata,
-	}
 	if len(spoofed) > 0 {
 		adm.Headers = maps.Clone(h)
 		for _, k := range spoofed {
 			delete(adm.Headers, k)
 		}
 	}
-	if id, one, ok := s.modelsRequest(method, path); ok {
-		return s.models(ctx, g, adm, id, one) // answered by the gate (models.go)
+	// The client's gateway credential stops here: a pool (or a hosted
+	// API's access log) never receives it.
+	removed = spoofed
+	for _, k := range credentialHeaders {
+		if _, ok := h[k]; ok {
+			removed = append(removed, k)
+		}
 	}
-	g.policyAt = s.now()
-	v := s.policy.Decide(ctx, adm)
-	if v.Deny != nil && v.Decision != "shadow_deny" {
-		return s.deny(ctx, g, req.Model, v)
-	}
+	return adm, removed, nil
+}
 
-	mutation := &extprocv3.HeaderMutation{RemoveHeaders: removed}
-	if req.Model != "" {
-		mutation.SetHeaders = append(mutation.SetHeaders, setHeader(request.ModelHeader, req.Model))
+// answer turns a plan into the answers owed: a denial, or the admission
+// with its metadata and the meter's field, counted and traced.
+func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, p *gatePlan) []*extprocv3.ProcessingResponse {
+	switch {
+	case p.deny != nil:
+		return s.deny(ctx, g, p.stamp.Model, v)
+	case p.fail != nil:
+		return s.failClosed(ctx, g, adm, v, p.fail)
 	}
-	var newBody []byte
-	// Usage on every stream: a client's include_usage: false would leave
-	// the charge to infergate's own count (see Options.HonourUsageOptOut).
-	// Only chat and text completions need asking: a Responses stream ends
-	// with its usage (response.completed), an Anthropic one carries it in
-	// message_start and message_delta.
-	optedOut := req.IncludeUsage != nil && !*req.IncludeUsage
-	asksUsage := api == openai.APIChat || api == openai.APICompletions
-	if asksUsage && req.Stream && !s.opts.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !s.opts.HonourUsageOptOut) {
-		if b, err := openai.WithUsage(g.body); err == nil {
-			newBody = b
-		}
-	}
-	maxTokens := req.MaxTokens
-	if v.MaxTokens > 0 && completion && api.Generates() {
-		// The reservation counted v.MaxTokens per choice: the pool must
-		// not be asked for more (a client that set none, or more than
-		// its cap). Not rewritable (it was validated): fail closed
-		// rather than let the pool write past the reservation.
-		body := newBody
-		if body == nil {
-			body = g.body
-		}
-		b, err := withMaxTokens(body, v.MaxTokens, outputLimitKeys(api, s.opts.ChatOutputLimit)...)
-		if err != nil {
-			s.log.Error("gate max_tokens", "err", err)
-			s.unreserve(ctx, adm, v)
-			e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
-			return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
-		}
-		newBody, maxTokens = b, v.MaxTokens
-	}
-	if newBody != nil {
-		mutation.SetHeaders = append(mutation.SetHeaders, setHeader("content-length", strconv.Itoa(len(newBody))))
-	}
-	decision := cmp.Or(v.Decision, "allow")
-	gateTime := time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
-	code := "allowed"
-	if v.Deny != nil { // shadow_deny: what would have been answered
-		code = v.Deny.Code
-	}
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(decision, code))
-	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
-	// The metadata is built as the Struct Envoy receives, field by field
-	// (structpb.NewStruct would convert a map[string]any first).
-	var f metaFields
-	f.init(16 + len(v.Metadata))
-	f.str("model", req.Model)
-	f.str("api", string(api))
-	f.set("stream", structpb.NewBoolValue(req.Stream))
-	f.num("max_tokens", int64(maxTokens)) // as sent upstream
-	f.num("prompt_tokens", int64(adm.PromptTokens))
-	f.str("decision", decision)
-	f.str("reason", v.Reason)
-	f.str("principal", v.Principal)
-	f.str("tenant", v.Tenant)
-	f.num("gate_us", gateTime.Microseconds())
-	f.num("auth_us", v.Timings.Auth.Microseconds())
-	f.num("policy_us", v.Timings.Policy.Microseconds())
-	f.num("ratelimit_us", v.Timings.RateLimit.Microseconds())
-	f.num("checks_us", v.Timings.Checks.Microseconds())
-	if v.Reservation != "" {
-		f.str("reservation", v.Reservation)
-	}
-	sc := s.traceGate(ctx, g, g.policyAt, s.now(), &request.Stamp{RequestID: adm.RequestID, Model: req.Model, API: api,
-		Decision: decision, Reason: v.Reason, Tenant: v.Tenant, Gateway: request.GatewayTime{Timings: v.Timings}})
+	p.stamp.Gateway.Gate = time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
+	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(p.stamp.Decision, p.code))
+	s.metrics.GateSeconds.Record(ctx, p.stamp.Gateway.Gate.Seconds())
 	traceparent := ""
-	if sc.IsValid() {
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &p.stamp); sc.IsValid() {
 		traceparent = formatTraceparent(sc)
-		f.str(request.TraceparentKey, traceparent)
 	}
-	for k, val := range v.Metadata {
-		pv, err := structpb.NewValue(val)
-		if err != nil {
-			f.err = err
-			break
-		}
-		f.set(k, pv)
+	md, err := s.envoyMetadata(ctx, p, traceparent)
+	if err != nil {
+		return s.failClosed(ctx, g, adm, v, err)
 	}
-	if f.err != nil {
-		// Not encodable (a policy's metadata, a string that is not UTF-8):
-		// fail closed.
-		s.log.Error("gate metadata", "err", f.err)
-		s.unreserve(ctx, adm, v)
-		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
-		return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
-	}
-	// What the meter needs, as one string in a namespace of its own (see
-	// meterfield.go). Sent is now: the request leaves the gateway with
-	// these answers, and a meter that skips the request headers times the
-	// response from here.
-	mf := gateField{
-		sent: s.now().UnixMicro(), stream: req.Stream, promptTokens: int64(adm.PromptTokens),
-		gateUS: gateTime.Microseconds(), authUS: v.Timings.Auth.Microseconds(), policyUS: v.Timings.Policy.Microseconds(),
-		rateLimitUS: v.Timings.RateLimit.Microseconds(), checksUS: v.Timings.Checks.Microseconds(),
-		decision: fieldString(decision, maxStampField), requestID: fieldString(adm.RequestID, maxStampField),
-		model: fieldString(req.Model, maxStampField), tenant: fieldString(v.Tenant, maxStampField),
-		principal: fieldString(v.Principal, maxStampField), reason: fieldString(v.Reason, maxStampReason),
-		traceparent: traceparent, reservation: v.Reservation, api: string(api),
-	}
-	field := sealField(ctx, s.sealer, &mf)
-	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
-		s.log.Error("gate metadata", "err", "the meter's field is "+strconv.Itoa(len(field))+" bytes; the limit is "+strconv.Itoa(maxMeterField))
-		s.unreserve(ctx, adm, v)
-		e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
-		return s.deny(ctx, g, req.Model, request.Verdict{Deny: e, Reason: e.Code})
-	}
-	md := &structpb.Struct{Fields: map[string]*structpb.Value{
-		request.MetadataNamespace: structpb.NewStructValue(&f.s),
-		request.MeterNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			request.MeterKey: structpb.NewStringValue(field)}}),
-	}}
-	return g.admit(mutation, newBody, md)
+	return g.admit(p.mutation(), p.body, md)
+}
+
+// failClosed answers a request the gate admitted but cannot forward as it
+// must (500 gate_error), and gives its reservation back: it never reached a
+// pool.
+func (s *Server) failClosed(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, err error) []*extprocv3.ProcessingResponse {
+	s.log.Error("gate cannot forward an admitted request", "err", err)
+	s.unreserve(ctx, adm, v)
+	e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
+	return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: e, Reason: e.Code})
 }
 
 // unreserve gives back the reservation of a request the gate admitted but

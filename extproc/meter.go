@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"slices"
 	"strings"
 	"time"
 
@@ -15,7 +14,6 @@ import (
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
-	"github.com/infergate/infergate/internal/stats"
 	"github.com/infergate/infergate/internal/tally"
 )
 
@@ -343,7 +341,9 @@ func knownAPI(s string) openai.API {
 	return ""
 }
 
-// finish computes the stamp and hands it to the sinks.
+// finish stamps a request whose response ended at end (stampOf), settles
+// it (settlementOf, admission's to charge), and hands the stamp to the
+// metrics, the span and the sinks.
 func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, complete bool) {
 	if !m.seen {
 		// Neither the request headers nor the gate's decision: a response
@@ -353,92 +353,44 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if m.sentAt.IsZero() { // the stream ended before the response headers
 		m.sentAt = m.departure(end)
 	}
-	st := &m.stamp
-	t := &m.tally
-	t.End(end)
-	if at, ok := t.Terminal(); ok && !complete { // the client left at [DONE]
-		complete, end, m.cut = true, at, false
-	}
-	st.API, st.ResponseModel, st.ContentEvents, st.ITLMax = t.API, t.Model, t.ContentEvents, t.ITLMax
-	// The response's counts, range-checked: they are charged to a budget.
-	// An input reported ahead of the output replaces the gate's estimate;
-	// an output reported alone takes it as its input.
-	if t.HasInput {
-		st.PromptTokens = clampInt(float64(t.Input), 0, maxTokens)
-	}
-	usage := t.Usage
-	if usage != nil && t.OutputOnly {
-		usage = &openai.Usage{PromptTokens: st.PromptTokens, CompletionTokens: usage.CompletionTokens}
-	}
-	st.Complete = complete
-	boundStamp(st) // before anything uses it: labels, the settlement, the sinks
-	if !s.trusted(ctx, m) {
-		// Who called and what the gate decided are the gate's word only
-		// in a sealed field that verified, once: anything else (no field,
-		// an unsealed one, a forgery, a replay) settles nothing and is
-		// recorded under no tenant's name, and feeds no controller.
-		s.untrusted(ctx, st)
-		m.reservation = ""
-	}
-	for i, p := range st.PoolsTried {
-		st.PoolsTried[i] = s.pool(p)
-	}
-	st.Pool = s.pool(st.Pool)
-	if st.Decision == "" {
-		st.Decision = "allow"
-	}
-	st.Timing = request.TimingOK
+	m.tally.End(end)
+	e := meterEnd{at: end, complete: complete, trusted: s.trusted(ctx, m), poolName: s.pool}
 	if !m.envoyTimed {
-		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: m.sentAt,
-			firstRead: t.First, endRead: end, stalls: s.stalls.recent(s.now())})
-		m.sentAt, st.Timing = v.sent, v.timing
+		e.stalls = s.stalls.recent(s.now())
 	}
+	o := stampOf(m, e)
+	m.stamp, m.sentAt = o.stamp, o.sent // as the span reads them
+	st := &m.stamp
+	if st.Unverified {
+		s.untrusted(ctx, st)
+	}
+	s.countStamp(ctx, &m.tally, st)
+	if settle := settlementOf(m, &o); settle != nil {
+		// The stream's context is gone when the client reset: the charge
+		// must reach the limiter anyway.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		s.policy.Settle(sctx, settle)
+		cancel()
+	}
+	if sc := s.traceMeter(ctx, m, o.end); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
+	}
+	s.record(ctx, st)
+}
+
+// countStamp records the meter's metrics of a stamped request: what it
+// could not time or read, and the inter-token gaps it timed.
+func (s *Server) countStamp(ctx context.Context, t *tally.Response, st *request.Stamp) {
 	switch st.Timing {
 	case request.TimingLateRead:
 		s.metrics.MeterErrors.Add(ctx, 1, lateReadAttr)
 	case request.TimingLateStream:
 		s.metrics.MeterErrors.Add(ctx, 1, lateStreamAttr)
 	}
-	st.E2E = end.Sub(m.sentAt)
-	if !t.First.IsZero() {
-		st.TTFT = t.First.Sub(m.sentAt)
-	}
-	st.Sent, st.Start = m.sentAt, m.sentAt
-	if !m.envoyStart.IsZero() {
-		// External checks (moderation) happen before the request leaves but
-		// are neither gateway nor model time: the stamp keeps them apart.
-		// The start is Envoy's clock, the rest infergate's: where they
-		// disagree by more than the gateway took, its time is 0 and the
-		// start moves, so that Total stays the sum of the parts.
-		st.Start = m.envoyStart
-		if earliest := m.sentAt.Add(-st.Gateway.Checks); earliest.Before(st.Start) {
-			st.Start = earliest
-		}
-		st.Gateway.Total = m.sentAt.Sub(st.Start) - st.Gateway.Checks
-	}
-	st.Total = end.Sub(st.Start)
-	switch {
-	case usage != nil:
-		st.TokenSource = "usage"
-		st.PromptTokens = clampInt(float64(usage.PromptTokens), 0, maxTokens)
-		st.CompletionTokens = clampInt(float64(usage.CompletionTokens), 0, maxTokens)
-	case t.SSE:
-		st.TokenSource = "events"
-		st.CompletionTokens = st.ContentEvents
-	}
-	st.Gaps = t.Gaps
-	// What the meter could not read (the response itself passed untouched).
-	st.UnreadEvents = t.Unread()
-	if len(t.Gaps) > 0 {
-		sorted := slices.Clone(t.Gaps)
-		slices.Sort(sorted)
-		st.ITLP50 = stats.Percentile(sorted, 0.50)
-		st.ITLP95 = stats.Percentile(sorted, 0.95)
-		if st.Timing.StreamTimed() { // gaps read from a backlog are not the stream's
-			set := s.meters.poolAttrs(st)
-			for _, g := range t.Gaps {
-				s.metrics.InterToken.Record(ctx, g.Seconds(), set)
-			}
+	if len(st.Gaps) > 0 && st.Timing.StreamTimed() { // gaps read from a backlog are not the stream's
+		set := s.meters.poolAttrs(st)
+		for _, g := range st.Gaps {
+			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
 		}
 	}
 	if t.BadEvents > 0 {
@@ -450,49 +402,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if t.Parser.Overflowed > 0 {
 		s.metrics.MeterErrors.Add(ctx, int64(t.Parser.Overflowed), metric.WithAttributes(attribute.String("reason", "event_too_long")))
 	}
-	if !complete {
+	if !st.Complete {
 		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
 	}
-	// One settlement per request, for the attempt that answered. The meter
-	// is a downstream filter: when Envoy retries (on the next pool, or the
-	// same), its router keeps a failed attempt's response to itself and
-	// forwards only the one it finally answers with, so this stream sees,
-	// and charges, the last attempt alone (the stamp's Attempts, the last
-	// of PoolsTried). A failed attempt is charged nothing: Envoy retries
-	// only before a response has started downstream, so none of its tokens
-	// reached the client, and what its pool spent on it (a prefill before a
-	// reset or a per-try timeout) is never seen here. An attempt that fails
-	// after its response started is not retried: it is the answering one,
-	// reported as it ended (admission keeps its reservation unless its
-	// usage or its end was seen). (Hedged requests, which the routes
-	// infergate serves never configure, would break "the last attempt".)
-	if st.Decision != "deny" && !st.Unverified {
-		// What the meter saw, and no more: what it proves is admission's
-		// to decide (the accounting rule).
-		settle := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: m.reservation,
-			API: st.API, Status: st.Status, Origin: m.origin, SSE: t.SSE, End: request.EndLost,
-			Terminal: t.Ended() || m.ended, UsageRead: usage != nil,
-			PromptTokens: st.PromptTokens, CompletionTokens: 0, InputReported: t.HasInput || usage != nil && !t.OutputOnly,
-			Events: st.ContentEvents}
-		if usage != nil {
-			settle.CompletionTokens = st.CompletionTokens
-		}
-		switch {
-		case complete:
-			settle.End = request.EndComplete
-		case m.cut:
-			settle.End = request.EndCut
-		}
-		// The stream's context is gone when the client reset: the charge
-		// must reach the limiter anyway.
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-		s.policy.Settle(sctx, settle)
-		cancel()
-	}
-	if sc := s.traceMeter(ctx, m, end); sc.IsValid() {
-		st.TraceID = sc.TraceID().String()
-	}
-	s.record(ctx, st)
 }
 
 // trusted reports whether the request's field verified, and claims its
@@ -505,13 +417,14 @@ func (s *Server) trusted(ctx context.Context, m *meterRequest) bool {
 	defer cancel()
 	first, err := m.sealer.Claim(cctx, m.fieldSeal.id, m.fieldSeal.expires)
 	if err != nil {
-		s.log.Warn("could not record the gate's field as used; the request is recorded unverified", "request_id", m.stamp.RequestID, "err", err)
+		s.log.Warn("could not record the gate's field as used; the request is recorded unverified",
+			"request_id", truncate(m.stamp.RequestID, maxStampField), "err", err)
 	}
 	return err == nil && first
 }
 
-// untrusted marks a stamp whose gate field did not verify: counted,
-// logged (at most every 10 s), its tenant and principal blanked.
+// untrusted counts and logs (at most every 10 s) a stamp whose gate field
+// did not verify (stampOf blanked who called).
 func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 	s.metrics.MeterErrors.Add(ctx, 1, unverifiedAttr)
 	if now := s.now().Unix(); now-s.lastUnverified.Load() >= 10 {
@@ -519,8 +432,6 @@ func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 		s.log.Warn("a meter stream or access-log entry without a sealed gate field that verifies (none, unsealed, forged, "+
 			"expired or replayed): recorded unverified, under no tenant, settling nothing", "request_id", st.RequestID)
 	}
-	st.Tenant, st.Principal, st.Reason = "", "", ""
-	st.Decision, st.Unverified = "unverified", true
 }
 
 var (

@@ -309,3 +309,42 @@ func TestMeterMetricsPerAPI(t *testing.T) {
 		t.Errorf("token usage by operation: %v", got)
 	}
 }
+
+// claimsFirst is a sealer whose seals are always claimed first, so a
+// benchmark may replay one sealed field as many fresh requests.
+type claimsFirst struct{ FieldSealer }
+
+func (claimsFirst) Claim(context.Context, string, time.Time) (bool, error) { return true, nil }
+
+// BenchmarkMeterRequest is the meter's whole work for a streamed chat
+// request: the gate's sealed field read, 20 content events, the usage and
+// [DONE], then the stamp, the settlement, the metrics and the sinks.
+func BenchmarkMeterRequest(b *testing.B) {
+	s, sink := newTestServer(b, "log: {requests: false}")
+	s.policy = &capPolicy{}
+	hdrs := fieldHeaders(openai.APIChat, true)
+	resp := respHeaders("text/event-stream")
+	content := respBody(contentChunk, false)
+	last := respBody(usageChunk+"data: [DONE]\n\n", true)
+	ctx := context.Background()
+	t0 := time.Unix(1_800_000_000, 0)
+	b.ReportAllocs()
+	for b.Loop() {
+		m := s.newMeterRequest()
+		m.sealer = claimsFirst{m.sealer}
+		m.observe(hdrs, t0)
+		m.observe(resp, t0.Add(time.Millisecond))
+		for i := range 20 {
+			m.observe(content, t0.Add(time.Duration(10+i)*time.Millisecond))
+		}
+		if !m.observe(last, t0.Add(31*time.Millisecond)) {
+			b.Fatal("the response did not end")
+		}
+		s.finish(ctx, m, t0.Add(31*time.Millisecond), true)
+		if st := sink.stamps[len(sink.stamps)-1]; st.Unverified || st.CompletionTokens != 3 {
+			b.Fatalf("stamp %+v", st)
+		}
+		sink.stamps = sink.stamps[:0]
+		s.policy.(*capPolicy).settled = s.policy.(*capPolicy).settled[:0]
+	}
+}

@@ -79,8 +79,8 @@ func TestStampAddsUpUnderClockSkew(t *testing.T) {
 		checks      time.Duration
 		wantGateway time.Duration
 	}{
+		// Envoy's clock ahead of the read: TestStampOf.
 		{"in step", -3 * time.Millisecond, 0, 3 * time.Millisecond},
-		{"Envoy ahead", 64 * time.Microsecond, 0, 0},
 		{"checks longer than the clocks allow", -time.Millisecond, 2 * time.Millisecond, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

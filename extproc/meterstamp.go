@@ -1,0 +1,165 @@
+package extproc
+
+import (
+	"slices"
+	"time"
+
+	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/stats"
+)
+
+// meterEnd is how a request's response ended, and what the meter's
+// adapter learnt of it beyond what the meter read.
+type meterEnd struct {
+	at       time.Time // the response's end, as read (or as the in-Envoy meter timed it)
+	complete bool      // the response ended whole
+	// trusted: the gate's sealed field verified and its seal was claimed
+	// first (Server.trusted).
+	trusted bool
+	stalls  []stall // when infergate did not run (stampClock); unused when Envoy timed the stream
+	// poolName names a pool (an Envoy cluster) as the stamp shows it.
+	poolName func(string) string
+}
+
+// meterOutcome is what the meter makes of one request once its response
+// ended: the stamp, when the request left the gateway, when its response
+// ended, and what settles it.
+type meterOutcome struct {
+	stamp request.Stamp
+	sent  time.Time // the departure, as stampClock dated it
+	// end is the response's end: its terminal event's arrival ([DONE])
+	// when the client left right there.
+	end time.Time
+	cut bool // Envoy closed the stream before the response ended
+	// usage is the pool's usage as it is charged (an output reported alone
+	// takes the gate's estimate as its input); nil: none read.
+	usage       *openai.Usage
+	reservation string // the gate's reservation; "" once the field is not trusted
+}
+
+// stampOf is the meter's arithmetic for one request whose response ended
+// (m's tally closed): the stamp's times (TTFT, E2E, the gateway's, the
+// total), its timing verdict (stampClock), its counts and their source, the
+// gaps' percentiles, its bounds, and what an untrusted field may not say.
+// It reads m and changes nothing.
+func stampOf(m *meterRequest, e meterEnd) meterOutcome {
+	t := &m.tally
+	o := meterOutcome{stamp: m.stamp, sent: m.sentAt, end: e.at, cut: m.cut, reservation: m.reservation}
+	st := &o.stamp
+	st.PoolsTried = slices.Clone(st.PoolsTried) // named in place below
+	st.Complete = e.complete
+	if at, ok := t.Terminal(); ok && !st.Complete { // the client left at [DONE]
+		st.Complete, o.end, o.cut = true, at, false
+	}
+	st.API, st.ResponseModel, st.ContentEvents, st.ITLMax = t.API, t.Model, t.ContentEvents, t.ITLMax
+	// The response's counts, range-checked: they are charged to a budget.
+	// An input reported ahead of the output replaces the gate's estimate;
+	// an output reported alone takes it as its input.
+	if t.HasInput {
+		st.PromptTokens = clampInt(float64(t.Input), 0, maxTokens)
+	}
+	o.usage = t.Usage
+	if o.usage != nil && t.OutputOnly {
+		o.usage = &openai.Usage{PromptTokens: st.PromptTokens, CompletionTokens: o.usage.CompletionTokens}
+	}
+	boundStamp(st) // before anything uses it: labels, the settlement, the sinks
+	if !e.trusted {
+		// Who called and what the gate decided are the gate's word only
+		// in a sealed field that verified, once: anything else (no field,
+		// an unsealed one, a forgery, a replay) settles nothing and is
+		// recorded under no tenant's name, and feeds no controller.
+		st.Tenant, st.Principal, st.Reason = "", "", ""
+		st.Decision, st.Unverified = "unverified", true
+		o.reservation = ""
+	}
+	for i, p := range st.PoolsTried {
+		st.PoolsTried[i] = e.poolName(p)
+	}
+	st.Pool = e.poolName(st.Pool)
+	if st.Decision == "" {
+		st.Decision = "allow"
+	}
+	st.Timing = request.TimingOK
+	if !m.envoyTimed {
+		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: o.sent,
+			firstRead: t.First, endRead: o.end, stalls: e.stalls})
+		o.sent, st.Timing = v.sent, v.timing
+	}
+	st.E2E = o.end.Sub(o.sent)
+	if !t.First.IsZero() {
+		st.TTFT = t.First.Sub(o.sent)
+	}
+	st.Sent, st.Start = o.sent, o.sent
+	if !m.envoyStart.IsZero() {
+		// External checks (moderation) happen before the request leaves but
+		// are neither gateway nor model time: the stamp keeps them apart.
+		// The start is Envoy's clock, the rest infergate's: where they
+		// disagree by more than the gateway took, its time is 0 and the
+		// start moves, so that Total stays the sum of the parts.
+		st.Start = m.envoyStart
+		if earliest := o.sent.Add(-st.Gateway.Checks); earliest.Before(st.Start) {
+			st.Start = earliest
+		}
+		st.Gateway.Total = o.sent.Sub(st.Start) - st.Gateway.Checks
+	}
+	st.Total = o.end.Sub(st.Start)
+	switch {
+	case o.usage != nil:
+		st.TokenSource = "usage"
+		st.PromptTokens = clampInt(float64(o.usage.PromptTokens), 0, maxTokens)
+		st.CompletionTokens = clampInt(float64(o.usage.CompletionTokens), 0, maxTokens)
+	case t.SSE:
+		st.TokenSource = "events"
+		st.CompletionTokens = st.ContentEvents
+	}
+	st.Gaps = t.Gaps
+	// What the meter could not read (the response itself passed untouched).
+	st.UnreadEvents = t.Unread()
+	if len(t.Gaps) > 0 {
+		sorted := slices.Clone(t.Gaps)
+		slices.Sort(sorted)
+		st.ITLP50 = stats.Percentile(sorted, 0.50)
+		st.ITLP95 = stats.Percentile(sorted, 0.95)
+	}
+	return o
+}
+
+// settlementOf is what the meter saw of o's request, for admission to
+// settle (the accounting rule is admission's), or nil: a request that was
+// denied or whose field is not trusted settles nothing.
+//
+// One settlement per request, for the attempt that answered. The meter is
+// a downstream filter: when Envoy retries (on the next pool, or the same),
+// its router keeps a failed attempt's response to itself and forwards only
+// the one it finally answers with, so this stream sees, and charges, the
+// last attempt alone (the stamp's Attempts, the last of PoolsTried). A
+// failed attempt is charged nothing: Envoy retries only before a response
+// has started downstream, so none of its tokens reached the client, and
+// what its pool spent on it (a prefill before a reset or a per-try
+// timeout) is never seen here. An attempt that fails after its response
+// started is not retried: it is the answering one, reported as it ended
+// (admission keeps its reservation unless its usage or its end was seen).
+// (Hedged requests, which the routes infergate serves never configure,
+// would break "the last attempt".)
+func settlementOf(m *meterRequest, o *meterOutcome) *request.Settlement {
+	st, t := &o.stamp, &m.tally
+	if st.Decision == "deny" || st.Unverified {
+		return nil
+	}
+	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.reservation,
+		API: st.API, Status: st.Status, Origin: m.origin, SSE: t.SSE, End: request.EndLost,
+		Terminal: t.Ended() || m.ended, UsageRead: o.usage != nil,
+		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.usage != nil && !t.OutputOnly,
+		Events: st.ContentEvents}
+	if o.usage != nil {
+		s.CompletionTokens = st.CompletionTokens
+	}
+	switch {
+	case st.Complete:
+		s.End = request.EndComplete
+	case o.cut:
+		s.End = request.EndCut
+	}
+	return s
+}
