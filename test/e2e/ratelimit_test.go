@@ -64,7 +64,11 @@ func metricSum(t *testing.T, adminURL, name, match string) float64 {
 
 // 200 concurrent streams against a tokens-per-minute budget admit exactly
 // what the budget holds — reservations are charged atomically at
-// admission — and every reservation is settled with the real usage.
+// admission — and every reservation that reached a pool is settled with
+// the real usage. On a starved machine the gate may answer after Envoy's
+// message timeout (504): such a request may hold a reservation it never
+// used, and keeps it (the accounting rule: no meter saw it), so the
+// reservations, not the 200s, are what the budget admits exactly.
 func TestTokenBudgetUnderConcurrency(t *testing.T) {
 	const (
 		budget    = 2000
@@ -116,20 +120,23 @@ func TestTokenBudgetUnderConcurrency(t *testing.T) {
 				}()
 			}
 			wg.Wait()
-			ok, limited := 0, 0
+			ok, limited, timedOut := 0, 0, 0
 			for _, st := range statuses {
 				switch st {
 				case 200:
 					ok++
 				case 429:
 					limited++
+				case 504:
+					timedOut++
 				default:
 					t.Errorf("unexpected status %d", st)
 				}
 			}
-			t.Logf("%s: %d admitted, %d limited (budget %d tokens, %d per reservation)", backend, ok, limited, budget, reservation)
-			if ok != admitted {
-				t.Errorf("admitted %d streams, want exactly %d (= %d / %d)", ok, admitted, budget, reservation)
+			t.Logf("%s: %d admitted, %d limited, %d past the gate's message timeout (budget %d tokens, %d per reservation)",
+				backend, ok, limited, timedOut, budget, reservation)
+			if ok > admitted || ok+timedOut < admitted {
+				t.Errorf("admitted %d streams (%d timed out), want exactly %d (= %d / %d)", ok, timedOut, admitted, budget, reservation)
 			}
 			for _, h := range []string{"retry-after", "x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"} {
 				if limitedHeader.Get(h) == "" {
@@ -149,13 +156,13 @@ func TestTokenBudgetUnderConcurrency(t *testing.T) {
 					settled += metricSum(t, g.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`)
 					settledTokens += metricSum(t, g.AdminURL, "infergate_ratelimit_tokens_total", `state="settled"`)
 				}
-				if reserved == float64(ok) && settled == reserved {
+				if reserved == admitted && settled == float64(ok) {
 					break
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			if reserved != float64(ok) || settled != reserved {
-				t.Errorf("reserved %v, settled %v: drift", reserved, settled)
+			if reserved != admitted || settled != float64(ok) {
+				t.Errorf("reserved %v (want %d), settled %v (want the %d that were served): drift", reserved, admitted, settled, ok)
 			}
 			if settledTokens != float64(ok*actual) {
 				t.Errorf("settled %v tokens, the mock streamed %d", settledTokens, ok*actual)
@@ -168,14 +175,15 @@ func TestTokenBudgetUnderConcurrency(t *testing.T) {
 				}
 			}
 			if rdb != nil {
-				// The shared counter now holds the real usage, not the reservations.
 				keys, err := rdb.Keys(context.Background(), "*tenant=loadtest}:total_tokens*").Result()
 				if err != nil || len(keys) != 1 {
 					t.Fatalf("total-token counters: %v %v", keys, err)
 				}
+				// The shared counter holds the real usage of what was served,
+				// and the whole reservation of what Envoy cut off.
 				v, _ := rdb.Get(context.Background(), keys[0]).Int()
-				if v != ok*actual {
-					t.Errorf("redis counter %d, want %d (real usage)", v, ok*actual)
+				if want := ok*actual + (admitted-ok)*reservation; v != want {
+					t.Errorf("redis counter %d, want %d (real usage, and %d reservations no meter saw)", v, want, admitted-ok)
 				}
 			}
 		})
