@@ -2,7 +2,10 @@ package feed
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -102,6 +105,32 @@ func TestPublishNeverBlocks(t *testing.T) {
 		}
 		if got, want := pub.Dropped(), int64(20000-cap(pub.queue)); got != want {
 			t.Errorf("dropped %d, want %d (all that did not fit the queue of %d)", got, want, cap(pub.queue))
+		}
+	})
+}
+
+// Subscribe retries a failing Redis after a pause, not in a tight loop:
+// in virtual time (testing/synctest) the attempts are exactly 500 ms apart.
+func TestSubscribeRetriesAfterAPause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var mu sync.Mutex
+		var attempts []time.Duration
+		rdb := redis.NewClient(&redis.Options{MaxRetries: -1, DialerRetries: 1, Dialer: func(context.Context, string, string) (net.Conn, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			attempts = append(attempts, time.Since(start))
+			return nil, errors.New("redis down")
+		}})
+		defer rdb.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 2250*time.Millisecond)
+		defer cancel()
+		Subscribe(ctx, rdb, "obs", func(controller.Observation) { t.Error("observed from a Redis that is down") }, slog.New(slog.DiscardHandler))
+		want := []time.Duration{0, 500 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(attempts, want) {
+			t.Errorf("reads attempted at %v, want %v", attempts, want)
 		}
 	})
 }
