@@ -746,11 +746,13 @@ func TestUsageLedger(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for s.Usage().CompletionTokens-20 < 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	// Once the stream's handler has seen the hang-up and ended, nothing
+	// more can be billed.
+	for deadline := time.Now().Add(2 * time.Second); scrape(t, s)["vllm:num_requests_running"] != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream is still running 2s after its client left")
+		}
 	}
-	time.Sleep(100 * time.Millisecond) // five more events' time: none may be billed
 	if got := s.Usage().CompletionTokens - 20; got < 3 || got > 4 {
 		t.Fatalf("a client gone after 3 events was billed %d completion tokens", got)
 	}
