@@ -53,6 +53,7 @@ func TestRedisClientModes(t *testing.T) {
 // served again. The periodic reload is an hour away here, so being served
 // again within the test's time means the failover was followed.
 func TestRedisClusterFollowsFailover(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	c := redisserver.StartCluster(t, redisserver.ClusterOptions{})
 	cfg := config.Redis{Mode: "cluster", Addresses: c.Addrs(), Timeout: 250 * time.Millisecond}
 	ctx := context.Background()

@@ -18,6 +18,7 @@ import (
 )
 
 func TestPublishSubscribe(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -27,6 +28,7 @@ func TestPublishSubscribe(t *testing.T) {
 // The stream is one key: on a Redis Cluster it lives on one primary, and
 // the publisher's pipelines and the subscribers' XREADs go there.
 func TestPublishSubscribeCluster(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	c := redisserver.StartCluster(t, redisserver.ClusterOptions{NoReplicas: true})
 	testPublishSubscribe(t, c.NewClient(t))
 }
@@ -138,6 +140,7 @@ func TestSubscribeRetriesAfterAPause(t *testing.T) {
 // Stopping the publisher flushes what is queued: observations made just
 // before a shutdown still reach the controllers.
 func TestRunFlushesQueueOnStop(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
