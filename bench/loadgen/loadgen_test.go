@@ -347,19 +347,21 @@ func TestPhases(t *testing.T) {
 // TestPhasesByDuration: an open loop at a constant 100 req/s with 100 ms
 // of warm-up measures the 30 arrivals of the next 300 ms.
 func TestPhasesByDuration(t *testing.T) {
-	_, url, _ := newMock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
-	cfg := baseConfig(url)
-	cfg.Rate, cfg.Arrival, cfg.Concurrency = 100, Constant, 0
-	cfg.Warmup, cfg.Measure, cfg.Cooldown = Bound{Duration: 100 * time.Millisecond}, Bound{Duration: 300 * time.Millisecond}, Bound{Duration: 50 * time.Millisecond}
-	cfg.Workload.Output = fixed(2)
-	rec := run(t, cfg)
-	m := rec.Result(0, result.SLO{}).Metrics
-	if m.Requests.Sent != 30 {
-		t.Errorf("measured %d requests, want 30", m.Requests.Sent)
-	}
-	if rec.MeasureFrom != 100*time.Millisecond || rec.CooldownFrom != 400*time.Millisecond {
-		t.Errorf("phases at %s and %s, want 100ms and 400ms", rec.MeasureFrom, rec.CooldownFrom)
-	}
+	virtual(t, func(t *testing.T, n *pipeNet) {
+		_, url, _ := n.mock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
+		cfg := n.config(url)
+		cfg.Rate, cfg.Arrival, cfg.Concurrency = 100, Constant, 0
+		cfg.Warmup, cfg.Measure, cfg.Cooldown = Bound{Duration: 100 * time.Millisecond}, Bound{Duration: 300 * time.Millisecond}, Bound{Duration: 50 * time.Millisecond}
+		cfg.Workload.Output = fixed(2)
+		rec := run(t, cfg)
+		m := rec.Result(0, result.SLO{}).Metrics
+		if m.Requests.Sent != 30 {
+			t.Errorf("measured %d requests, want 30", m.Requests.Sent)
+		}
+		if rec.MeasureFrom != 100*time.Millisecond || rec.CooldownFrom != 400*time.Millisecond {
+			t.Errorf("phases at %s and %s, want 100ms and 400ms", rec.MeasureFrom, rec.CooldownFrom)
+		}
+	})
 }
 
 // TestGoodput: half the requests (drawn by a header mix) are slow; goodput
@@ -537,24 +539,26 @@ func TestValidate(t *testing.T) {
 
 // TestRampUsers: users start one by one, so the first requests run alone.
 func TestRampUsers(t *testing.T) {
-	_, url, _ := newMock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
-	cfg := baseConfig(url)
-	cfg.Concurrency, cfg.RampUsers = 3, 10 // one user every 100 ms
-	cfg.Measure = Bound{Duration: 250 * time.Millisecond}
-	rec := run(t, cfg)
-	ss := rec.Samples[0]
-	if len(ss) == 0 {
-		t.Fatal("no samples")
-	}
-	started := map[time.Duration]bool{}
-	for _, s := range ss {
-		if off := s.Intended.Sub(rec.Start); off == 0 || off == 100*time.Millisecond || off == 200*time.Millisecond {
-			started[off] = true
+	virtual(t, func(t *testing.T, n *pipeNet) {
+		_, url, _ := n.mock(t, mock.Config{TTFT: 2 * time.Millisecond, ITL: time.Millisecond}, nil)
+		cfg := n.config(url)
+		cfg.Concurrency, cfg.RampUsers = 3, 10 // one user every 100 ms
+		cfg.Measure = Bound{Duration: 250 * time.Millisecond}
+		rec := run(t, cfg)
+		ss := rec.Samples[0]
+		if len(ss) == 0 {
+			t.Fatal("no samples")
 		}
-	}
-	if len(started) != 3 {
-		t.Errorf("users' first intended times %v, want 0, 100ms and 200ms", started)
-	}
+		started := map[time.Duration]bool{}
+		for _, s := range ss {
+			if off := s.Intended.Sub(rec.Start); off == 0 || off == 100*time.Millisecond || off == 200*time.Millisecond {
+				started[off] = true
+			}
+		}
+		if len(started) != 3 {
+			t.Errorf("users' first intended times %v, want 0, 100ms and 200ms", started)
+		}
+	})
 }
 
 func TestJudgeFailuresMissSLO(t *testing.T) {
