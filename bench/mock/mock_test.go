@@ -405,13 +405,15 @@ func newVirtualServer(t *testing.T, cfg Config) (*Server, *httptest.Server) {
 }
 
 func TestPrefillPerPromptToken(t *testing.T) {
-	_, ts := newTestServer(t, Config{TTFT: 5 * time.Millisecond, TTFTPerPromptToken: 10 * time.Millisecond, ITL: -1})
-	body := `{"model":"mock-model","stream":true,"max_tokens":2,"prompt":"one two three four"}`
-	events, _ := streamRequest(t, ts, "/v1/completions", body, nil)
-	p := parseStream(t, events, false)
-	if first := p.contentT[0]; first < 45*time.Millisecond {
-		t.Fatalf("first content after %v, want >= 45ms (5ms + 4×10ms)", first)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		_, ts := newVirtualServer(t, Config{TTFT: 5 * time.Millisecond, TTFTPerPromptToken: 10 * time.Millisecond, ITL: -1})
+		body := `{"model":"mock-model","stream":true,"max_tokens":2,"prompt":"one two three four"}`
+		events, _ := streamRequest(t, ts, "/v1/completions", body, nil)
+		p := parseStream(t, events, false)
+		if first := p.contentT[0]; first != 45*time.Millisecond {
+			t.Fatalf("first content after %v, want 45ms (5ms + 4×10ms)", first)
+		}
+	})
 }
 
 func TestScheduleJitterDeterministic(t *testing.T) {
