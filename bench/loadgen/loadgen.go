@@ -106,9 +106,9 @@ type Config struct {
 	// progress). It is called from several goroutines at once.
 	OnSample func(*Sample)
 
-	// dial, if set, replaces the TCP dialer: the tests' in-memory network,
-	// on which a synctest bubble's clock can run.
-	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Dial, if set, replaces the TCP dialer: tests run on an in-memory
+	// network, on which a synctest bubble's clock can run.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Open reports whether the run is open-loop.
@@ -192,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Recording, error) {
 	}
 	r := &runner{
 		cfg:    &cfg,
-		client: newClient(conns, len(cfg.Targets), cfg.dial),
+		client: newClient(conns, len(cfg.Targets), cfg.Dial),
 		urls:   make([]string, len(cfg.Targets)),
 		rec: &Recording{
 			Targets: cfg.Targets,

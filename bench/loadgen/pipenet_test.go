@@ -41,6 +41,6 @@ func (n *pipeNet) mock(t *testing.T, cfg mock.Config, wrap func(http.Handler) ht
 // config is baseConfig against urls on n.
 func (n *pipeNet) config(urls ...string) Config {
 	cfg := baseConfig(urls...)
-	cfg.dial = n.Dial
+	cfg.Dial = n.Dial
 	return cfg
 }
