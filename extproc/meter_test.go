@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,13 +31,13 @@ func (c *syncSink) Record(_ context.Context, s *request.Stamp) {
 
 // serveGRPC serves s over gRPC on a random port until the test ends and
 // returns a client connection to it.
-func serveGRPC(t *testing.T, s *Server) *grpc.ClientConn {
+func serveGRPC(t *testing.T, s *Server, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(g, s)
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
@@ -143,7 +144,13 @@ func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 			s, _ := newTestServer(t, "")
 			rec := &settleRecorder{settled: make(chan settled, 1)}
 			s.policy = rec
-			conn := serveGRPC(t, s)
+			// awaiting receives once the server asks for a message it has
+			// not been sent: it has handled every one before.
+			var asked atomic.Int64
+			awaiting := make(chan int64, 16)
+			conn := serveGRPC(t, s, grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+				return h(srv, recvNotifier{ss, func() { awaiting <- asked.Add(1) }})
+			}))
 			ctx, reset := context.WithCancel(metadata.AppendToOutgoingContext(context.Background(), request.RoleHeader, "meter"))
 			defer reset()
 			stream, err := extprocv3.NewExternalProcessorClient(conn).Process(ctx)
@@ -162,7 +169,8 @@ func TestMeterSettlesWhenTheResponseEndsEarly(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			time.Sleep(50 * time.Millisecond) // let the server read them
+			for n := int64(0); n <= int64(len(msgs)); n = <-awaiting {
+			}
 			tc.end(stream, reset)
 			select {
 			case got := <-rec.settled:
@@ -262,4 +270,16 @@ func TestOriginOfCodeDetails(t *testing.T) {
 			t.Errorf("originOf(%q) = %v, want %v", details, got, want)
 		}
 	}
+}
+
+// recvNotifier calls asking each time its stream's handler asks for a
+// message.
+type recvNotifier struct {
+	grpc.ServerStream
+	asking func()
+}
+
+func (r recvNotifier) RecvMsg(m any) error {
+	r.asking()
+	return r.ServerStream.RecvMsg(m)
 }

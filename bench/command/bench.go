@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -354,6 +355,11 @@ func (f *benchFlags) config() loadgen.Config {
 
 // Bench runs `infergate bench`; version goes into the report.
 func Bench(ctx context.Context, args []string, stdout, stderr io.Writer, version string) error {
+	return bench(ctx, args, stdout, stderr, version, nil)
+}
+
+// bench is Bench with the targets dialled by dial (nil: TCP).
+func bench(ctx context.Context, args []string, stdout, stderr io.Writer, version string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) error {
 	f, err := parseBenchFlags(args, stderr)
 	if err != nil {
 		return err
@@ -366,6 +372,7 @@ func Bench(ctx context.Context, args []string, stdout, stderr io.Writer, version
 	}
 	cfg := f.config()
 	cfg.Trace = f.join != ""
+	cfg.Dial = dial
 	rep := &result.Report{
 		SchemaVersion: result.SchemaVersion,
 		Tool:          "infergate bench",

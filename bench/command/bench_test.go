@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -13,11 +14,14 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/infergate/infergate/bench/internal/pacer"
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/bench/result"
 	"github.com/infergate/infergate/internal/flagset"
+	"github.com/infergate/infergate/internal/testutil/pipenet"
 )
 
 // runBench runs `infergate bench args...` in-process.
@@ -25,6 +29,37 @@ func runBench(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	err := Bench(context.Background(), args, &stdout, &stderr, "test")
+	return stdout.String(), stderr.String(), err
+}
+
+// virtualBench runs f in a synctest bubble whose mocks (n.mock) and bench
+// runs (n.run) share an in-memory network: the timings bench measures are
+// then exact, however busy the machine.
+func virtualBench(t *testing.T, f func(t *testing.T, n *benchNet)) {
+	t.Helper()
+	was := pacer.SetEnabled(false)
+	defer pacer.SetEnabled(was)
+	synctest.Test(t, func(t *testing.T) { f(t, &benchNet{}) })
+}
+
+type benchNet struct{ pipenet.Net }
+
+// mock is benchMock on n.
+func (n *benchNet) mock(t *testing.T, ttft time.Duration) (*mock.Server, string) {
+	t.Helper()
+	m := mock.New(mock.Config{TTFT: ttft, ITL: time.Millisecond}, slog.New(slog.DiscardHandler))
+	srv := &http.Server{Handler: m.Handler()}
+	l := n.Listen()
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return m, "http://" + l.Addr().String()
+}
+
+// run is runBench with the targets on n.
+func (n *benchNet) run(t *testing.T, args ...string) (string, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := bench(context.Background(), args, &stdout, &stderr, "test", n.Dial)
 	return stdout.String(), stderr.String(), err
 }
 
@@ -145,69 +180,72 @@ func TestBenchBasicCall(t *testing.T) {
 // TestBenchBaseline: a run is compared with a stored report; a regression
 // is named and fails the command.
 func TestBenchBaseline(t *testing.T) {
-	_, url := benchMock(t, 5*time.Millisecond)
-	dir := t.TempDir()
-	base := filepath.Join(dir, "base.json")
-	args := []string{"--target", "direct=" + url, "--concurrency", "1", "--requests", "4", "--output-tokens", "4"}
-	if _, stderr, err := runBench(t, append(args, "--json", base)...); err != nil {
-		t.Fatalf("%v\n%s", err, stderr)
-	}
-	stdout, stderr, err := runBench(t, append(args, "--baseline", base, "--tolerance", "1000%")...)
-	if err != nil || !strings.Contains(stdout, "baseline "+base+": passed") {
-		t.Fatalf("same target, huge tolerance: %v\n%s%s", err, stdout, stderr)
-	}
+	virtualBench(t, func(t *testing.T, n *benchNet) {
+		_, url := n.mock(t, 5*time.Millisecond)
+		dir := t.TempDir()
+		base := filepath.Join(dir, "base.json")
+		args := []string{"--target", "direct=" + url, "--concurrency", "1", "--requests", "4", "--output-tokens", "4"}
+		if _, stderr, err := n.run(t, append(args, "--json", base)...); err != nil {
+			t.Fatalf("%v\n%s", err, stderr)
+		}
+		stdout, stderr, err := n.run(t, append(args, "--baseline", base, "--tolerance", "1000%")...)
+		if err != nil || !strings.Contains(stdout, "baseline "+base+": passed") {
+			t.Fatalf("same target, huge tolerance: %v\n%s%s", err, stdout, stderr)
+		}
 
-	// Make the baseline's TTFT p99 implausibly good.
-	doc := readJSON(t, base)
-	get(doc, "targets", 0, "metrics", "ttft_ms").(map[string]any)["p99"] = 0.001
-	b, _ := json.Marshal(doc)
-	os.WriteFile(base, b, 0o644)
-	stdout, _, err = runBench(t, append(args, "--baseline", base, "--tolerance", "1000%", "--tolerance", "ttft_ms.p99=5%")...)
-	if !errors.Is(err, errRegression) || !strings.Contains(err.Error(), "direct ttft_ms.p99") {
-		t.Fatalf("err = %v, want a regression naming ttft_ms.p99", err)
-	}
-	if !strings.Contains(stdout, "REGRESSION") || !strings.Contains(stdout, "ttft_ms.p99") || !strings.Contains(stdout, "REGRESSED") {
-		t.Errorf("stdout does not say which metric regressed:\n%s", stdout)
-	}
+		// Make the baseline's TTFT p99 implausibly good.
+		doc := readJSON(t, base)
+		get(doc, "targets", 0, "metrics", "ttft_ms").(map[string]any)["p99"] = 0.001
+		b, _ := json.Marshal(doc)
+		os.WriteFile(base, b, 0o644)
+		stdout, _, err = n.run(t, append(args, "--baseline", base, "--tolerance", "1000%", "--tolerance", "ttft_ms.p99=5%")...)
+		if !errors.Is(err, errRegression) || !strings.Contains(err.Error(), "direct ttft_ms.p99") {
+			t.Fatalf("err = %v, want a regression naming ttft_ms.p99", err)
+		}
+		if !strings.Contains(stdout, "REGRESSION") || !strings.Contains(stdout, "ttft_ms.p99") || !strings.Contains(stdout, "REGRESSED") {
+			t.Errorf("stdout does not say which metric regressed:\n%s", stdout)
+		}
+	})
 }
 
 func TestBenchCompareSweepAndHTML(t *testing.T) {
-	// 20 ms apart: a median of 8 paired differences stays clear of a loaded
-	// machine's scheduling jitter (3 ms apart failed one run in five).
-	_, urlA := benchMock(t, 5*time.Millisecond)
-	_, urlB := benchMock(t, 25*time.Millisecond)
-	dir := t.TempDir()
-	path, html := filepath.Join(dir, "c.json"), filepath.Join(dir, "c.html")
-	stdout, stderr, err := runBench(t, "--target", "a="+urlA, "--target", "b="+urlB, "--compare-targets", "b,a",
-		"--requests", "8", "--output-tokens", "4", "--json", path, "--html", html)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, stderr)
-	}
-	if !strings.Contains(stdout, "paired a − b over 8 requests") || !strings.Contains(stdout, "ΔTTFT") {
-		t.Errorf("no paired comparison:\n%s", stdout)
-	}
-	doc := readJSON(t, path)
-	if get(doc, "compare", "a") != "b" || get(doc, "compare", "pairs") != 8.0 {
-		t.Errorf("compare %v", get(doc, "compare"))
-	}
-	if d, _ := get(doc, "compare", "delta_ttft_ms", "p50").(float64); d > -10 || d < -30 {
-		t.Errorf("a − b median ΔTTFT %.2f ms, want about −20", d)
-	}
-	if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
-		t.Errorf("--html wrote nothing: %v", err)
-	}
+	virtualBench(t, func(t *testing.T, n *benchNet) {
+		// In virtual time the paired difference is exactly the mocks' 20 ms.
+		_, urlA := n.mock(t, 5*time.Millisecond)
+		_, urlB := n.mock(t, 25*time.Millisecond)
+		dir := t.TempDir()
+		path, html := filepath.Join(dir, "c.json"), filepath.Join(dir, "c.html")
+		stdout, stderr, err := n.run(t, "--target", "a="+urlA, "--target", "b="+urlB, "--compare-targets", "b,a",
+			"--requests", "8", "--output-tokens", "4", "--json", path, "--html", html)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, stderr)
+		}
+		if !strings.Contains(stdout, "paired a − b over 8 requests") || !strings.Contains(stdout, "ΔTTFT") {
+			t.Errorf("no paired comparison:\n%s", stdout)
+		}
+		doc := readJSON(t, path)
+		if get(doc, "compare", "a") != "b" || get(doc, "compare", "pairs") != 8.0 {
+			t.Errorf("compare %v", get(doc, "compare"))
+		}
+		if d, _ := get(doc, "compare", "delta_ttft_ms", "p50").(float64); d != -20 {
+			t.Errorf("a − b median ΔTTFT %.2f ms, want −20", d)
+		}
+		if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
+			t.Errorf("--html wrote nothing: %v", err)
+		}
 
-	stdout, stderr, err = runBench(t, "--target", urlA, "--sweep", "concurrency=1,2", "--requests", "4",
-		"--output-tokens", "2", "--slo-ttft", "2s", "--json", path)
-	if err != nil {
-		t.Fatalf("%v\n%s", err, stderr)
-	}
-	if !strings.Contains(stdout, "knee: concurrency 2") || !strings.Contains(stderr, "bench [concurrency 2, 2/2]") {
-		t.Errorf("sweep output:\n%s\n%s", stdout, stderr)
-	}
-	if get(readJSON(t, path), "sweep", "knee") != 1.0 {
-		t.Errorf("sweep %v", get(readJSON(t, path), "sweep"))
-	}
+		stdout, stderr, err = n.run(t, "--target", urlA, "--sweep", "concurrency=1,2", "--requests", "4",
+			"--output-tokens", "2", "--slo-ttft", "2s", "--json", path)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, stderr)
+		}
+		if !strings.Contains(stdout, "knee: concurrency 2") || !strings.Contains(stderr, "bench [concurrency 2, 2/2]") {
+			t.Errorf("sweep output:\n%s\n%s", stdout, stderr)
+		}
+		if get(readJSON(t, path), "sweep", "knee") != 1.0 {
+			t.Errorf("sweep %v", get(readJSON(t, path), "sweep"))
+		}
+	})
 }
 
 func TestBenchFailures(t *testing.T) {

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -104,6 +105,10 @@ type Config struct {
 	// OnSample, if set, is called after each request completes (for
 	// progress). It is called from several goroutines at once.
 	OnSample func(*Sample)
+
+	// Dial, if set, replaces the TCP dialer: tests run on an in-memory
+	// network, on which a synctest bubble's clock can run.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // Open reports whether the run is open-loop.
@@ -187,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Recording, error) {
 	}
 	r := &runner{
 		cfg:    &cfg,
-		client: newClient(conns, len(cfg.Targets)),
+		client: newClient(conns, len(cfg.Targets), cfg.Dial),
 		urls:   make([]string, len(cfg.Targets)),
 		rec: &Recording{
 			Targets: cfg.Targets,

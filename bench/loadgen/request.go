@@ -122,10 +122,13 @@ func (s *Sample) fail(class, msg string) {
 // newClient returns a keep-alive HTTP/1.1 client able to hold conns idle
 // connections to each of targets, so steady state opens no connections.
 // Proxies and compression are off: the tool measures the target, directly.
-func newClient(conns, targets int) *http.Client {
-	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+// dial, if not nil, replaces the TCP dialer.
+func newClient(conns, targets int, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Client {
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	}
 	return &http.Client{Transport: &http.Transport{
-		DialContext:           dialer.DialContext,
+		DialContext:           dial,
 		MaxIdleConns:          conns * targets,
 		MaxIdleConnsPerHost:   conns,
 		IdleConnTimeout:       90 * time.Second,

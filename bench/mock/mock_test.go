@@ -12,7 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/infergate/infergate/internal/testutil/pipenet"
 )
 
 // noDelay makes responses as fast as possible; negative durations are how a
@@ -368,42 +371,49 @@ func TestNonStreamMatchesStream(t *testing.T) {
 	}
 }
 
+// TestCadence runs in virtual time (an in-memory network in a synctest
+// bubble): the content events arrive exactly on their deadlines, 30 ms
+// then every 10 ms, absolute from the request's arrival.
 func TestCadence(t *testing.T) {
-	_, ts := newTestServer(t, Config{TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond})
-	body := `{"model":"mock-model","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
-	events, total := streamRequest(t, ts, "/v1/chat/completions", body, nil)
-	p := parseStream(t, events, true)
-	if len(p.contentT) != 10 {
-		t.Fatalf("%d content events, want 10", len(p.contentT))
-	}
-	if first := p.contentT[0]; first < 30*time.Millisecond {
-		t.Fatalf("first content after %v, want >= 30ms", first)
-	}
-	// Absolute deadlines: the last event is due 30ms + 9·10ms after arrival.
-	if last := p.contentT[9]; last < 120*time.Millisecond {
-		t.Fatalf("last content after %v, want >= 120ms", last)
-	}
-	if total > 500*time.Millisecond {
-		t.Fatalf("stream took %v, want about 120ms", total)
-	}
-	var gaps []time.Duration
-	for i := 1; i < len(p.contentT); i++ {
-		gaps = append(gaps, p.contentT[i]-p.contentT[i-1])
-	}
-	slices.Sort(gaps)
-	if median := gaps[len(gaps)/2]; median < 6*time.Millisecond || median > 14*time.Millisecond {
-		t.Fatalf("median gap %v, want 10ms±4ms (gaps %v)", median, gaps)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		_, ts := newVirtualServer(t, Config{TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond})
+		events, total := streamRequest(t, ts, "/v1/chat/completions", cadenceBody, nil)
+		p := parseStream(t, events, true)
+		var want []time.Duration
+		for k := range 10 {
+			want = append(want, 30*time.Millisecond+time.Duration(k)*10*time.Millisecond)
+		}
+		if !slices.Equal(p.contentT, want) || total != want[9] {
+			t.Fatalf("content events at %v, stream over at %v; want %v, over at %v", p.contentT, total, want, want[9])
+		}
+	})
+}
+
+const cadenceBody = `{"model":"mock-model","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"hi"}]}`
+
+// newVirtualServer is newTestServer on an in-memory network, for a test in
+// a synctest bubble (ts.Client() dials it).
+func newVirtualServer(t *testing.T, cfg Config) (*Server, *httptest.Server) {
+	t.Helper()
+	s := New(cfg, nil)
+	var n pipenet.Net
+	ts := &httptest.Server{Listener: n.Listen(), Config: &http.Server{Handler: s.Handler()}}
+	ts.Start()
+	ts.Client().Transport = &http.Transport{DialContext: n.Dial}
+	t.Cleanup(ts.Close)
+	return s, ts
 }
 
 func TestPrefillPerPromptToken(t *testing.T) {
-	_, ts := newTestServer(t, Config{TTFT: 5 * time.Millisecond, TTFTPerPromptToken: 10 * time.Millisecond, ITL: -1})
-	body := `{"model":"mock-model","stream":true,"max_tokens":2,"prompt":"one two three four"}`
-	events, _ := streamRequest(t, ts, "/v1/completions", body, nil)
-	p := parseStream(t, events, false)
-	if first := p.contentT[0]; first < 45*time.Millisecond {
-		t.Fatalf("first content after %v, want >= 45ms (5ms + 4×10ms)", first)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		_, ts := newVirtualServer(t, Config{TTFT: 5 * time.Millisecond, TTFTPerPromptToken: 10 * time.Millisecond, ITL: -1})
+		body := `{"model":"mock-model","stream":true,"max_tokens":2,"prompt":"one two three four"}`
+		events, _ := streamRequest(t, ts, "/v1/completions", body, nil)
+		p := parseStream(t, events, false)
+		if first := p.contentT[0]; first != 45*time.Millisecond {
+			t.Fatalf("first content after %v, want 45ms (5ms + 4×10ms)", first)
+		}
+	})
 }
 
 func TestScheduleJitterDeterministic(t *testing.T) {
@@ -446,16 +456,16 @@ func TestOverrides(t *testing.T) {
 	})
 
 	t.Run("ttft and itl", func(t *testing.T) {
-		events, total := streamRequest(t, ts, "/v1/chat/completions", base, map[string]string{
-			"x-mock-ttft-ms": "40", "x-mock-itl-ms": "0",
+		synctest.Test(t, func(t *testing.T) {
+			_, ts := newVirtualServer(t, noDelay())
+			events, total := streamRequest(t, ts, "/v1/chat/completions", base, map[string]string{
+				"x-mock-ttft-ms": "40", "x-mock-itl-ms": "0",
+			})
+			p := parseStream(t, events, true)
+			if len(p.contentT) != 10 || p.contentT[0] != 40*time.Millisecond || p.contentT[9] != 40*time.Millisecond || total != 40*time.Millisecond {
+				t.Fatalf("content events at %v, stream over at %v; want all at 40ms", p.contentT, total)
+			}
 		})
-		p := parseStream(t, events, true)
-		if p.contentT[0] < 40*time.Millisecond {
-			t.Fatalf("first content after %v, want >= 40ms", p.contentT[0])
-		}
-		if total > 400*time.Millisecond {
-			t.Fatalf("itl 0 stream took %v", total)
-		}
 	})
 
 	t.Run("invalid values", func(t *testing.T) {
@@ -493,9 +503,10 @@ func TestOverrides(t *testing.T) {
 		}
 	})
 
-	// One bad-value request per invalid header plus the others above.
-	if got := s.Served(); got != 2+5+3 {
-		t.Fatalf("Served() = %d, want 10", got)
+	// One bad-value request per invalid header plus the others above (the
+	// ttft and itl one served in its own bubble).
+	if got := s.Served(); got != 1+5+3 {
+		t.Fatalf("Served() = %d, want 9", got)
 	}
 }
 
@@ -758,11 +769,13 @@ func TestUsageLedger(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(2 * time.Second)
-	for s.Usage().CompletionTokens-20 < 3 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	// Once the stream's handler has seen the hang-up and ended, nothing
+	// more can be billed.
+	for deadline := time.Now().Add(2 * time.Second); scrape(t, s)["vllm:num_requests_running"] != 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stream is still running 2s after its client left")
+		}
 	}
-	time.Sleep(100 * time.Millisecond) // five more events' time: none may be billed
 	if got := s.Usage().CompletionTokens - 20; got < 3 || got > 4 {
 		t.Fatalf("a client gone after 3 events was billed %d completion tokens", got)
 	}

@@ -3,6 +3,7 @@ package mock
 import (
 	"os"
 	"testing"
+	"time"
 
 	"github.com/infergate/infergate/bench/internal/pacer"
 )
@@ -15,10 +16,21 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// The stream path with the pacer, with TestCadence's checks (never early,
-// absolute deadlines, the median gap).
+// The stream path with the pacer, on the wall clock: never early, on
+// absolute deadlines. How late is BenchmarkWakeLateness's to measure
+// (bench/internal/pacer).
 func TestCadenceOnPacer(t *testing.T) {
 	pacer.SetEnabled(true)
 	defer pacer.SetEnabled(false)
-	TestCadence(t)
+	_, ts := newTestServer(t, Config{TTFT: 30 * time.Millisecond, ITL: 10 * time.Millisecond})
+	events, _ := streamRequest(t, ts, "/v1/chat/completions", cadenceBody, nil)
+	p := parseStream(t, events, true)
+	if len(p.contentT) != 10 {
+		t.Fatalf("%d content events, want 10", len(p.contentT))
+	}
+	for k, at := range p.contentT {
+		if due := 30*time.Millisecond + time.Duration(k)*10*time.Millisecond; at < due {
+			t.Errorf("content event %d at %v, before its deadline %v", k, at, due)
+		}
+	}
 }

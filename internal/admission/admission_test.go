@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -189,7 +190,8 @@ func TestChecks(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		status := int(status.Load())
 		if status == 0 {
-			time.Sleep(200 * time.Millisecond)
+			io.Copy(io.Discard, r.Body) // lets the server see the hang-up
+			<-r.Context().Done()        // down: answers nothing until the check gives up
 			return
 		}
 		w.WriteHeader(status)

@@ -75,7 +75,8 @@ func TestDenialAfterReservationReleasesIt(t *testing.T) {
 			w.Write([]byte(`{"reason":"violence"}`))
 			return
 		}
-		time.Sleep(200 * time.Millisecond) // down: the check times out
+		io.Copy(io.Discard, r.Body) // lets the server see the hang-up
+		<-r.Context().Done()        // down: the check times out
 	}))
 	defer srv.Close()
 

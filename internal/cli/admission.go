@@ -182,6 +182,12 @@ var (
 // Cluster (mode cluster), which every user takes as a
 // redis.UniversalClient.
 func redisClient(r config.Redis) (redis.UniversalClient, error) {
+	return redisClientReloading(r, clusterStateReload)
+}
+
+// redisClientReloading is redisClient with a cluster client's periodic
+// slot-map reload every reload.
+func redisClientReloading(r config.Redis, reload time.Duration) (redis.UniversalClient, error) {
 	var password string
 	if r.PasswordFile != "" {
 		b, err := os.ReadFile(r.PasswordFile)
@@ -199,7 +205,7 @@ func redisClient(r config.Redis) (redis.UniversalClient, error) {
 			DialerRetries: 1,
 			// A backstop: failovers are followed as their errors show up
 			// (followFailovers) or as nodes answer MOVED.
-			ClusterStateReloadInterval: clusterStateReload,
+			ClusterStateReloadInterval: reload,
 		})
 		followFailovers(c)
 		return c, nil

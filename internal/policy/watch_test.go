@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/infergate/infergate/internal/testutil/vtime"
 	filewatch "github.com/infergate/infergate/internal/watch"
 )
 
@@ -57,22 +58,15 @@ func watch(t *testing.T, dir string) (*Watcher, *syncBuffer) {
 		cancel()
 		<-done
 	})
-	advance(pollEvery / 2)
+	vtime.Advance(pollEvery / 2)
 	return w, logs
-}
-
-// advance moves the bubble's clock on by d and lets everything due run
-// until it blocks again.
-func advance(d time.Duration) {
-	time.Sleep(d)
-	synctest.Wait()
 }
 
 // afterPoll lets the next poll run to its end, then checks cond: a change
 // made since the last poll is served from the next one.
 func afterPoll(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	advance(pollEvery)
+	vtime.Advance(pollEvery)
 	if !cond() {
 		t.Fatalf("not after the next poll: %s", what)
 	}
@@ -227,7 +221,7 @@ func TestWatcherReportsMissingDirectory(t *testing.T) {
 			t.Error("the previous version no longer serves")
 		}
 		// Reported once, not once per poll.
-		advance(10 * pollEvery)
+		vtime.Advance(10 * pollEvery)
 		if _, failed := w.Reloads(); failed != 1 {
 			t.Errorf("failed reloads = %d, want 1", failed)
 		}

@@ -16,6 +16,7 @@ import (
 // limits in the standalone layout are refused with CROSSSLOT, while the
 // limiter charges them on the cluster, all on the primary of its tag.
 func TestRedisClusterSlotsMatchRedis(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	c := redisserver.StartCluster(t, redisserver.ClusterOptions{NoReplicas: true})
 	ctx := context.Background()
 

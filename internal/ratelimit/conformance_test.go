@@ -74,7 +74,10 @@ func TestMemoryConformance(t *testing.T) { runConformance(t, memoryBackend()) }
 
 func TestRedisConformance(t *testing.T) { runConformance(t, redisBackend(t)) }
 
-func TestRedisClusterConformance(t *testing.T) { runConformance(t, redisClusterBackend(t)) }
+func TestRedisClusterConformance(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
+	runConformance(t, redisClusterBackend(t))
+}
 
 // runConformance is the behaviour every Limiter backend must have.
 func runConformance(t *testing.T, b backend) {

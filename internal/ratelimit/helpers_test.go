@@ -46,6 +46,33 @@ func newRedisClient(t testing.TB, addr string, fast bool) *redis.Client {
 	return c
 }
 
+// roundTrips counts the commands and pipelines c is asked to send: a
+// limiter that fails fast against a Redis that is down sends one, it does
+// not loop.
+func roundTrips(c *redis.Client) *atomic.Int64 {
+	n := new(atomic.Int64)
+	c.AddHook(tripCounter{n})
+	return n
+}
+
+type tripCounter struct{ n *atomic.Int64 }
+
+func (h tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
 // startRedis starts a server and checks a client can talk to it.
 func startRedis(t testing.TB) *redisserver.Server {
 	t.Helper()

@@ -179,7 +179,7 @@ func sealExpiry(t *testing.T, s string) time.Time {
 // own key, and adopts the shared one once Redis is back.
 func TestKeyringSharedThroughRedis(t *testing.T) {
 	srv := redisserver.Start(t)
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond})
 	t.Cleanup(func() { _ = rdb.Close() })
 	ctx := context.Background()
 	store := RedisStore{Client: rdb}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/testpki"
+	"github.com/infergate/infergate/internal/testutil/vtime"
 )
 
 type fixture struct {
@@ -154,13 +155,11 @@ func TestReload(t *testing.T) {
 		done := make(chan struct{})
 		go func() { s.Run(ctx, every); close(done) }()
 		defer func() { cancel(); <-done }()
-		// advance moves virtual time on by d and lets the check due run.
-		advance := func(d time.Duration) { time.Sleep(d); synctest.Wait() }
-		advance(every / 2) // act between checks, at k+0.5s
+		vtime.Advance(every / 2) // act between checks, at k+0.5s
 		// untilCheck waits until just before the next check, and check
 		// until just after it.
-		untilCheck := func() { advance(every/2 - time.Nanosecond) }
-		check := func() { advance(time.Nanosecond) }
+		untilCheck := func() { vtime.Advance(every/2 - time.Nanosecond) }
+		check := func() { vtime.Advance(time.Nanosecond) }
 		client := f.ca.Client(t, "envoy").TLS(t)
 		serving := func(roots *testpki.CA, client *tls.Certificate) *big.Int {
 			t.Helper()
@@ -186,7 +185,7 @@ func TestReload(t *testing.T) {
 		}
 
 		// A certificate without its key: refused, once, the second pair stays.
-		advance(every / 2)
+		vtime.Advance(every / 2)
 		testpki.WriteFile(t, f.files.Cert, f.ca.Server(t, "infergate").CertPEM)
 		untilCheck()
 		if n := s.Refused(); n != 0 {
@@ -205,13 +204,13 @@ func TestReload(t *testing.T) {
 		if err := s.Health(); err == nil || !strings.Contains(err.Error(), "certFile/keyFile") {
 			t.Errorf("Health after a mismatched pair: %v", err)
 		}
-		advance(5 * every)
+		vtime.Advance(5 * every)
 		if n := s.Refused(); n != 1 {
 			t.Fatalf("5 checks later: %d refused, want 1 (a refused version is not retried)", n)
 		}
 
 		// Rotate the client CA: the new CA's clients get in, the old one's not.
-		advance(every / 2)
+		vtime.Advance(every / 2)
 		next := testpki.NewCA(t, "next CA")
 		third := f.serverCert(t)
 		testpki.WriteFile(t, f.files.ClientCA, next.PEM)

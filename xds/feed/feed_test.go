@@ -2,7 +2,10 @@ package feed
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -15,6 +18,7 @@ import (
 )
 
 func TestPublishSubscribe(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()
@@ -24,6 +28,7 @@ func TestPublishSubscribe(t *testing.T) {
 // The stream is one key: on a Redis Cluster it lives on one primary, and
 // the publisher's pipelines and the subscribers' XREADs go there.
 func TestPublishSubscribeCluster(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	c := redisserver.StartCluster(t, redisserver.ClusterOptions{NoReplicas: true})
 	testPublishSubscribe(t, c.NewClient(t))
 }
@@ -106,9 +111,36 @@ func TestPublishNeverBlocks(t *testing.T) {
 	})
 }
 
+// Subscribe retries a failing Redis after a pause, not in a tight loop:
+// in virtual time (testing/synctest) the attempts are exactly 500 ms apart.
+func TestSubscribeRetriesAfterAPause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		start := time.Now()
+		var mu sync.Mutex
+		var attempts []time.Duration
+		rdb := redis.NewClient(&redis.Options{MaxRetries: -1, DialerRetries: 1, Dialer: func(context.Context, string, string) (net.Conn, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			attempts = append(attempts, time.Since(start))
+			return nil, errors.New("redis down")
+		}})
+		defer rdb.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 2250*time.Millisecond)
+		defer cancel()
+		Subscribe(ctx, rdb, "obs", func(controller.Observation) { t.Error("observed from a Redis that is down") }, slog.New(slog.DiscardHandler))
+		want := []time.Duration{0, 500 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second}
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(attempts, want) {
+			t.Errorf("reads attempted at %v, want %v", attempts, want)
+		}
+	})
+}
+
 // Stopping the publisher flushes what is queued: observations made just
 // before a shutdown still reach the controllers.
 func TestRunFlushesQueueOnStop(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	defer rdb.Close()

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/testutil/vtime"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/loadsignal"
 )
@@ -134,18 +135,18 @@ func TestTickShiftsOnTheIntervalAndBackAfterCooldown(t *testing.T) {
 		done := make(chan struct{})
 		go func() { defer close(done); r.tick(ctx) }()
 
-		advance(500 * time.Millisecond)
+		vtime.Advance(500 * time.Millisecond)
 		record(r, "pool-a", 503, 20)
 
 		// pool-a's weight after each tick, by second; no entry: unchanged.
 		want := map[int]uint32{5: 90, 10: 80, 15: 70, 20: 60, 25: 50, 30: 40, 60: 50, 65: 60}
 		weight, changes := uint32(100), int64(0)
 		for sec := 1; sec <= 75; sec++ {
-			advance(time.Until(at(float64(sec))) - time.Nanosecond)
+			vtime.Advance(time.Until(at(float64(sec))) - time.Nanosecond)
 			if got := r.ctrl.Weights("llama")["pool-a"]; got != weight {
 				t.Fatalf("%v before the tick at %ds: pool-a weight %d, want %d (no change between ticks)", time.Since(start), sec, got, weight)
 			}
-			advance(time.Nanosecond)
+			vtime.Advance(time.Nanosecond)
 			if sec == 36 {
 				record(r, "pool-a", 200, 20)
 			}
@@ -213,7 +214,7 @@ func TestRecordJudgesOnlyVerifiedStamps(t *testing.T) {
 			r.Record(ctx, &request.Stamp{Model: "llama", Pool: "pool-a", Status: 503, Unverified: true})
 			r.Record(ctx, &request.Stamp{Model: "llama", Pool: "pool-a", Status: 503, Decision: "deny"})
 		}
-		advance(5 * time.Second)
+		vtime.Advance(5 * time.Second)
 		if p := debugState(t, r)[0].Pools["pool-a"]; p.Samples != 0 || r.ctrl.Weights("llama")["pool-a"] != 100 {
 			t.Fatalf("unverified and denied stamps were judged: pool-a %+v, weights %v", p, r.ctrl.Weights("llama"))
 		}
@@ -221,7 +222,7 @@ func TestRecordJudgesOnlyVerifiedStamps(t *testing.T) {
 		for range 20 {
 			r.Record(ctx, &request.Stamp{Model: "llama", Pool: "pool-b", PoolsTried: []string{"pool-a", "pool-b"}, Status: 200})
 		}
-		advance(5 * time.Second)
+		vtime.Advance(5 * time.Second)
 		st := debugState(t, r)[0]
 		if a, b := st.Pools["pool-a"], st.Pools["pool-b"]; a.Samples != 20 || a.ErrorRate != 1 || b.Samples != 20 || b.ErrorRate != 0 {
 			t.Fatalf("at 10s: pool-a %+v, pool-b %+v; want 20 failed attempts on pool-a, 20 successes on pool-b", a, b)
@@ -266,21 +267,21 @@ func TestScrapeFeedsQueueDepth(t *testing.T) {
 		wg.Go(func() { r.tick(ctx) })
 		wg.Go(func() { r.scrapeLoads(ctx) })
 
-		advance(5 * time.Second)
+		vtime.Advance(5 * time.Second)
 		p := debugState(t, r)[0].Pools["pool-a"]
 		if !p.Breached || p.QueueDepth != 12 || p.KVCacheUsage != 0.5 || r.ctrl.Weights("llama")["pool-a"] != 90 {
 			t.Fatalf("at 5s: pool-a %+v, weights %v; want breached by queue 12, pool-a 90", p, r.ctrl.Weights("llama"))
 		}
 		// The 0s load is judged until it is older than the 30s window.
-		advance(25 * time.Second)
+		vtime.Advance(25 * time.Second)
 		if p := debugState(t, r)[0].Pools["pool-a"]; p.QueueDepth != 12 {
 			t.Fatalf("at 30s: pool-a queue %v, want the last load, 12", p.QueueDepth)
 		}
-		advance(5 * time.Second)
+		vtime.Advance(5 * time.Second)
 		if p := debugState(t, r)[0].Pools["pool-a"]; p.QueueDepth != -1 || p.Breached {
 			t.Fatalf("at 35s: pool-a %+v, want no load within the window, not breached", p)
 		}
-		advance(20 * time.Second)
+		vtime.Advance(20 * time.Second)
 		if p := debugState(t, r)[0].Pools["pool-a"]; p.QueueDepth != 1 {
 			t.Fatalf("at 55s: pool-a queue %v, want 1 (scraped at 50s)", p.QueueDepth)
 		}
@@ -302,13 +303,6 @@ func TestScrapeFeedsQueueDepth(t *testing.T) {
 			}
 		}
 	})
-}
-
-// advance moves the bubble's clock on by d and lets everything due run
-// until it blocks again.
-func advance(d time.Duration) {
-	time.Sleep(d)
-	synctest.Wait()
 }
 
 // syncBuffer is a log destination safe for the loop's goroutines.

@@ -17,6 +17,7 @@ import (
 // crashed node back as a replica, and hands the slots back by a planned
 // failover.
 func TestCluster(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	start := time.Now()
 	c := StartCluster(t, ClusterOptions{})
 	t.Logf("3 primaries + 3 replicas up in %v", time.Since(start))
@@ -87,6 +88,7 @@ func TestCluster(t *testing.T) {
 // A cluster without replicas starts too, and a client's cross-slot script
 // is refused the way the rate limiter's must never be.
 func TestClusterNoReplicas(t *testing.T) {
+	t.Parallel() // waits on its own Redis processes
 	c := StartCluster(t, ClusterOptions{Primaries: 3, NoReplicas: true})
 	if n := len(c.Nodes()); n != 3 {
 		t.Fatalf("%d nodes, want 3", n)
