@@ -31,7 +31,7 @@ wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an opti
 # stamps git describe). Every timestamp is the commit's (SOURCE_DATE_EPOCH) and
 # the binaries carry no path, VCS stamp or build ID: the same commit gives the
 # same files and the same image digest (make image-repro). The tools (go-containerregistry, Helm,
-# cyclonedx-gomod) live in their own module, internal/release/go.mod.
+# cyclonedx-gomod) live in the developer tools' module, tools/go.mod.
 # kube-apiserver's version as test/kube/go.mod pins it, stamped into the test
 # binary as Kubernetes' own build does (unstamped it says v0.0.0-master).
 KUBE_VERSION      := $(shell sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' test/kube/go.mod)
@@ -68,15 +68,15 @@ endef
 .PHONY: image
 image: ## Build the container image without a daemon: OCI layout bin/image/oci (linux/amd64 + linux/arm64 index) and a docker-load tarball per platform; prints the digests
 	$(call release-binaries,$(IMAGE_PLATFORMS))
-	@$(GO) -C internal/release build -o $(CURDIR)/bin/mkimage ./mkimage
+	@$(GO) -C tools build -o $(CURDIR)/bin/mkimage ./release/mkimage
 	@mkdir -p $(IMAGE_DIR)
 	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
 	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --docker-archives $(IMAGE_DIR)
 
 .PHONY: image-test
 image-test: image ## Open the built image (go-containerregistry): platforms, config, the amd64 binary's version and /healthz, the chart's default image
-	$(GO) -C internal/release vet ./...
-	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C internal/release test -count=1 ./...
+	$(GO) -C tools vet ./...
+	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C tools test -count=1 ./release/...
 
 .PHONY: image-repro
 image-repro: ## make image twice, from scratch (empty build cache the second time): the index digests must match
@@ -92,12 +92,12 @@ release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI
 	@# An SBOM per binary; cyclonedx-gomod stamps the time of the run, the SBOMs get the commit's instead.
 	@set -e; for p in $(RELEASE_PLATFORMS); do b=infergate-$(RELEASE_VERSION)-$${p%/*}-$${p#*/}; \
 	  cp $(RELEASE_BIN)/infergate-$${p%/*}-$${p#*/} $(DIST)/$$b; \
-	  $(GO) -C internal/release tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
+	  $(GO) -C tools tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
 	  sed -i "s/^    \"timestamp\": \".*\",$$/    \"timestamp\": \"$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)\",/" $(DIST)/$$b.cdx.json; done
 	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
 	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --oci-archive $(DIST)/infergate-$(RELEASE_VERSION)-image-oci.tar
 	@for p in $(IMAGE_PLATFORMS); do cp $(IMAGE_DIR)/infergate-image-$${p%/*}-$${p#*/}.tar $(DIST)/infergate-$(RELEASE_VERSION)-image-$${p%/*}-$${p#*/}.docker.tar; done
-	$(GO) -C internal/release run ./helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
+	$(GO) -C tools run ./release/helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
 	cp charts/infergate/dashboards/infergate.json $(DIST)/infergate-$(RELEASE_VERSION)-grafana-dashboard.json
 	cp $(WASM) $(DIST)/infergate-meter-$(RELEASE_VERSION).wasm
 	cd $(DIST) && sha256sum $$(ls | grep -v '^SHA256SUMS$$') > SHA256SUMS
@@ -121,7 +121,7 @@ test: deps ## Run every test, tier after tier: make unit, make e2e, the chaos pa
 .PHONY: unit
 unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora, race detector on: no Envoy-backed suite
 	$(GO) vet ./...
-	$(GO) tool opa test policies/
+	$(GO) -C tools tool opa test $(CURDIR)/policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos -e /bench/overhead)
 
@@ -195,10 +195,10 @@ docs: ## Regenerate docs/reference/configuration.md (from internal/config) and t
 	$(GO) run ./charts/valuesdoc
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck (pinned as a go.mod tool)
+lint: ## gofmt, go vet and staticcheck (pinned in tools/go.mod)
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
-	$(GO) tool staticcheck ./...
+	$$($(GO) -C tools tool -n staticcheck) ./...
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
@@ -210,7 +210,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
 .PHONY: check
 check: ## Everything CI would want: tidy (no diff), lint, test, short fuzzing
 	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	$(GO) -C internal/release mod tidy && git diff --exit-code internal/release/go.mod internal/release/go.sum
+	$(GO) -C tools mod tidy && git diff --exit-code tools/go.mod tools/go.sum
 	$(MAKE) lint test fuzz
 
 .PHONY: clean
