@@ -16,6 +16,13 @@ help: ## Show this help
 build: ## Build bin/infergate
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/infergate
 
+# The lab (bench/: load generator, mock upstream, overhead harness, report) is
+# a module and a binary of its own, so that none of it ships in infergate.
+BENCH_BIN := bin/infergate-bench
+.PHONY: build-bench
+build-bench: ## Build bin/infergate-bench, the lab's binary: the load generator (bench) and the mock upstream (mock)
+	$(GO) -C bench build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(CURDIR)/$(BENCH_BIN) ./cmd/infergate-bench
+
 # The in-Envoy meter (envoy/wasm-meter.yaml): a proxy-wasm module for Envoy's
 # Wasm filter, built with Go's own wasip1 port (no TinyGo). The e2e tests
 # build it themselves.
@@ -114,25 +121,34 @@ test: deps ## Run every test, tier after tier: make unit, make e2e, the chaos pa
 	$(MAKE) unit
 	$(MAKE) e2e
 	@# Faults under load, and the ledger after each (make chaos prints the table).
-	$(GO) test -count=1 -timeout 20m ./test/chaos/
+	$(GO) -C test test -count=1 -timeout 20m ./chaos/
 	$(MAKE) chart-test
 	$(MAKE) kube-test
 
+# The Go modules make unit, make lint and make check cover: the product, the
+# lab, the test suites and the developer tools (test/charts and test/kube have
+# targets of their own). go test stops at a module's edge, hence the loops.
+MODULES := . bench test tools
+# The Envoy-backed suites, which make e2e and make chaos run.
+SUITES  := /test/e2e /test/chaos /bench/overhead /tools/release/image
+
 .PHONY: unit
-unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora, race detector on: no Envoy-backed suite
-	$(GO) vet ./...
+unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora in every module, race detector on: no Envoy-backed suite
+	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; $(GO) -C $$m vet ./...; done
 	$(GO) -C tools tool opa test $(CURDIR)/policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos -e /bench/overhead)
+	@set -e; for m in $(MODULES); do \
+	  pkgs=$$($(GO) -C $$m list ./... | grep -v $(foreach s,$(SUITES),-e $(s)$$) || true); \
+	  if [ -n "$$pkgs" ]; then echo "go test ($$m)"; $(GO) -C $$m test -race -count=1 $$pkgs; fi; done
 
 # Each parallel e2e test runs its own Envoy, infergate, pools and clients:
 # two at a time keeps two cores busy without starving any of them.
 E2E_PARALLEL ?= 2
 .PHONY: e2e
 e2e: deps ## The end-to-end tests (real Envoy + infergate + mock pools + SDKs), E2E_PARALLEL (2) at a time, then the overhead harness's smoke run; race detector on; GOTESTFLAGS=-v for the log
-	$(GO) test -race -count=1 -timeout 30m -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./test/e2e/
+	$(GO) -C test test -race -count=1 -timeout 30m -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./e2e/
 	@# The overhead harness's smoke run: every phase through real Envoy (a minute).
-	$(GO) test -race -count=1 $(GOTESTFLAGS) ./bench/overhead/
+	$(GO) -C bench test -race -count=1 $(GOTESTFLAGS) ./overhead/
 
 .PHONY: kube
 kube: kube-test ## Alias of kube-test
@@ -161,30 +177,30 @@ kube-test: deps ## The chart, the weight sinks and Envoy Gateway (Kubernetes mod
 
 .PHONY: chaos
 chaos: deps ## Kill, freeze and restart infergate, Envoy, Redis, the controller and a pool under load; check every byte and the ledger; print the table
-	$(GO) test -count=1 -timeout 20m -run 'TestChaos$$' -v ./test/chaos/
+	$(GO) -C test test -count=1 -timeout 20m -run 'TestChaos$$' -v ./chaos/
 
 # SOAK_DURATION=3m (say) for a shorter run; make test runs 3 minutes.
 SOAK_DURATION ?= 30m
 .PHONY: soak
 soak: deps ## Hold a mixed load for SOAK_DURATION (default 30m) with reloads and a fault every few minutes; watch memory, goroutines, fds and Redis; report in bin/soak.html
-	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -timeout 0 -run 'TestSoak$$' -v ./test/chaos/
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) -C test test -count=1 -timeout 0 -run 'TestSoak$$' -v ./chaos/
 
 .PHONY: demo
-demo: build ## Run the demo: Envoy + infergate + two mock pools + a benchmark, then stop
+demo: build build-bench ## Run the demo: Envoy + infergate + two mock pools + a benchmark, then stop
 	@scripts/demo.sh
 
 .PHONY: bench
-bench: build ## Benchmarks: hot paths (go test -bench) and gateway overhead vs direct
+bench: build build-bench ## Benchmarks: hot paths (go test -bench) and gateway overhead vs direct
 	$(GO) test -run='^$$' -bench=. -benchmem ./internal/sse/ ./internal/openai/ ./extproc/ ./internal/policy/ ./internal/ratelimit/
 	@DEMO_REQUESTS=400 DEMO_CONCURRENCY=8 scripts/demo.sh
 
 # OVERHEAD_ARGS='--only c1' (say) reruns part of it, into bin/overhead.json: only a full run publishes.
 OVERHEAD_ARGS ?=
 .PHONY: bench-overhead
-bench-overhead: build ## Gateway overhead the public board's way: direct vs plain Envoy vs Envoy + infergate, and each choice's price (docs/performance.md)
-	$(GO) build -o bin/overhead ./bench/overhead
+bench-overhead: build build-bench ## Gateway overhead the public board's way: direct vs plain Envoy vs Envoy + infergate, and each choice's price (docs/performance.md)
+	$(GO) -C bench build -o $(CURDIR)/bin/overhead ./overhead
 	@# Measurements take turns on this machine: one at a time, under the shared lock.
-	flock /tmp/infergate-measure.lock bin/overhead --infergate $(BIN) \
+	flock /tmp/infergate-measure.lock bin/overhead --infergate $(BIN) --mock-bin $(BENCH_BIN) \
 	  $(if $(OVERHEAD_ARGS),--json bin/overhead.json,--json docs/performance.json --doc docs/performance.md) \
 	  --command "make bench-overhead$(if $(OVERHEAD_ARGS), OVERHEAD_ARGS='$(OVERHEAD_ARGS)')" $(OVERHEAD_ARGS)
 
@@ -195,10 +211,10 @@ docs: ## Regenerate docs/reference/configuration.md (from internal/config) and t
 	$(GO) run ./charts/valuesdoc
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck (pinned in tools/go.mod)
+lint: ## gofmt, go vet and staticcheck (pinned in tools/go.mod) in every module
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$$($(GO) -C tools tool -n staticcheck) ./...
+	@set -e; staticcheck=$$($(GO) -C tools tool -n staticcheck); for m in $(MODULES); do \
+	  echo "go vet, staticcheck ($$m)"; $(GO) -C $$m vet ./...; (cd $$m && $$staticcheck ./...); done
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
@@ -209,8 +225,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
 
 .PHONY: check
 check: ## Everything CI would want: tidy (no diff), lint, test, short fuzzing
-	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	$(GO) -C tools mod tidy && git diff --exit-code tools/go.mod tools/go.sum
+	@set -e; for m in $(MODULES); do $(GO) -C $$m mod tidy; git diff --exit-code $$m/go.mod $$m/go.sum; done
 	$(MAKE) lint test fuzz
 
 .PHONY: clean
@@ -220,11 +235,11 @@ clean: ## Remove build output (keeps .tools/)
 # The generator's own figures (docs/benchmarking.md); each run takes /tmp/infergate-measure.lock.
 MEASURE_ARGS ?=
 .PHONY: bench-accuracy bench-capacity bench-crosscheck
-bench-accuracy: build ## infergate bench vs the fixed-cadence mock: TTFT/ITL error at 256 streams, and the zero-delay noise floor
+bench-accuracy: build-bench ## infergate-bench bench vs the fixed-cadence mock: TTFT/ITL error at 256 streams, and the zero-delay noise floor
 	@python3 bench/scripts/measure.py accuracy $(MEASURE_ARGS)
 
-bench-capacity: build ## Most streams and SSE events/s this machine's bench + mock sustain accurately, bench CPU per 1000 events
+bench-capacity: build-bench ## Most streams and SSE events/s this machine's bench + mock sustain accurately, bench CPU per 1000 events
 	@python3 bench/scripts/measure.py capacity $(MEASURE_ARGS)
 
-bench-crosscheck: build ## The same workload through NVIDIA AIPerf (pinned, into .tools/aiperf-venv) and infergate bench, side by side
+bench-crosscheck: build-bench ## The same workload through NVIDIA AIPerf (pinned, into .tools/aiperf-venv) and infergate-bench bench, side by side
 	@python3 bench/scripts/measure.py crosscheck $(MEASURE_ARGS)

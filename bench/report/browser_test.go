@@ -14,7 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/infergate/infergate/internal/testutil/browser"
+	"github.com/infergate/infergate/bench/browser"
 )
 
 // The page is checked in a real browser: it must render every chart with no
