@@ -131,7 +131,7 @@ func main() {
 	rep.Args = os.Args[1:]
 	rep.Command = *command
 	if rep.Command == "" {
-		rep.Command = "go run ./bench/overhead " + strings.Join(os.Args[1:], " ")
+		rep.Command = "go -C bench run ./overhead " + strings.Join(os.Args[1:], " ")
 	}
 	if err != nil {
 		rep.Error = err.Error()

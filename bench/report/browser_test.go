@@ -22,7 +22,7 @@ import (
 // CSS error would show up there), and the same run produces the screenshot
 // in the docs:
 //
-//	UPDATE_SCREENSHOT=1 go test ./bench/report/ -run Chromium
+//	UPDATE_SCREENSHOT=1 go -C bench test ./report/ -run Chromium
 
 const (
 	screenshotPath  = "../../docs/bench-report.png"
