@@ -6,12 +6,12 @@
 #     -t ghcr.io/infergate/infergate:0.1.0 .
 #   podman build --build-arg VERSION=v0.1.0 -t ghcr.io/infergate/infergate:0.1.0 .
 #
-# The equivalent of what `make image` builds without a daemon (internal/release/image,
+# The equivalent of what `make image` builds without a daemon (tools/release/image,
 # the tested and reproducible path): the same static binary (CGO_ENABLED=0,
 # -trimpath, no VCS stamp, no build ID, the version stamped as in make build),
 # the same base files written by the same code (mkimage --rootfs: /etc/passwd
 # and /etc/group for nonroot 65532, Mozilla's CA bundle pinned by
-# internal/release/go.mod, /tmp, /home/nonroot) on scratch, as two layers, and the same
+# tools/go.mod, /tmp, /home/nonroot) on scratch, as two layers, and the same
 # config. It differs in timestamps and history, so not in digest; make image
 # sets VERSION from Chart.yaml's appVersion for you.
 ARG GO_VERSION=1.26.8
@@ -28,7 +28,7 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} go build -trimpath -buildvcs=false \
       -ldflags "-s -w -buildid= -X github.com/infergate/infergate/internal/cli.Version=${VERSION}" \
       -o /out/infergate ./cmd/infergate \
- && go -C internal/release run ./mkimage --rootfs /rootfs
+ && go -C tools run ./release/mkimage --rootfs /rootfs
 
 FROM scratch
 ARG VERSION=dev

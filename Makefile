@@ -16,6 +16,13 @@ help: ## Show this help
 build: ## Build bin/infergate
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/infergate
 
+# The lab (bench/: load generator, mock upstream, overhead harness, report) is
+# a module and a binary of its own, so that none of it ships in infergate.
+BENCH_BIN := bin/infergate-bench
+.PHONY: build-bench
+build-bench: ## Build bin/infergate-bench, the lab's binary: the load generator (bench) and the mock upstream (mock)
+	$(GO) -C bench build -trimpath -ldflags '-s -w -X main.version=$(VERSION)' -o $(CURDIR)/$(BENCH_BIN) ./cmd/infergate-bench
+
 # The in-Envoy meter (envoy/wasm-meter.yaml): a proxy-wasm module for Envoy's
 # Wasm filter, built with Go's own wasip1 port (no TinyGo). The e2e tests
 # build it themselves.
@@ -31,7 +38,7 @@ wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an opti
 # stamps git describe). Every timestamp is the commit's (SOURCE_DATE_EPOCH) and
 # the binaries carry no path, VCS stamp or build ID: the same commit gives the
 # same files and the same image digest (make image-repro). The tools (go-containerregistry, Helm,
-# cyclonedx-gomod) live in their own module, internal/release/go.mod.
+# cyclonedx-gomod) live in the developer tools' module, tools/go.mod.
 # kube-apiserver's version as test/kube/go.mod pins it, stamped into the test
 # binary as Kubernetes' own build does (unstamped it says v0.0.0-master).
 KUBE_VERSION      := $(shell sed -n 's/^\tk8s.io\/kubernetes \(v[0-9.]*\)$$/\1/p' test/kube/go.mod)
@@ -68,15 +75,15 @@ endef
 .PHONY: image
 image: ## Build the container image without a daemon: OCI layout bin/image/oci (linux/amd64 + linux/arm64 index) and a docker-load tarball per platform; prints the digests
 	$(call release-binaries,$(IMAGE_PLATFORMS))
-	@$(GO) -C internal/release build -o $(CURDIR)/bin/mkimage ./mkimage
+	@$(GO) -C tools build -o $(CURDIR)/bin/mkimage ./release/mkimage
 	@mkdir -p $(IMAGE_DIR)
 	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
 	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --docker-archives $(IMAGE_DIR)
 
 .PHONY: image-test
 image-test: image ## Open the built image (go-containerregistry): platforms, config, the amd64 binary's version and /healthz, the chart's default image
-	$(GO) -C internal/release vet ./...
-	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C internal/release test -count=1 ./...
+	$(GO) -C tools vet ./...
+	INFERGATE_IMAGE_LAYOUT=$(CURDIR)/$(IMAGE_DIR)/oci $(GO) -C tools test -count=1 ./release/...
 
 .PHONY: image-repro
 image-repro: ## make image twice, from scratch (empty build cache the second time): the index digests must match
@@ -92,12 +99,12 @@ release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI
 	@# An SBOM per binary; cyclonedx-gomod stamps the time of the run, the SBOMs get the commit's instead.
 	@set -e; for p in $(RELEASE_PLATFORMS); do b=infergate-$(RELEASE_VERSION)-$${p%/*}-$${p#*/}; \
 	  cp $(RELEASE_BIN)/infergate-$${p%/*}-$${p#*/} $(DIST)/$$b; \
-	  $(GO) -C internal/release tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
+	  $(GO) -C tools tool cyclonedx-gomod bin -json -noserial -version $(RELEASE_VERSION) -output $(CURDIR)/$(DIST)/$$b.cdx.json $(CURDIR)/$(DIST)/$$b; \
 	  sed -i "s/^    \"timestamp\": \".*\",$$/    \"timestamp\": \"$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)\",/" $(DIST)/$$b.cdx.json; done
 	bin/mkimage --ref $(IMAGE) --created $(SOURCE_DATE_EPOCH) $(foreach p,$(IMAGE_PLATFORMS),--binary $(p)=$(RELEASE_BIN)/infergate-$(subst /,-,$(p))) \
 	  $(IMAGE_LABELS) --layout $(IMAGE_DIR)/oci --oci-archive $(DIST)/infergate-$(RELEASE_VERSION)-image-oci.tar
 	@for p in $(IMAGE_PLATFORMS); do cp $(IMAGE_DIR)/infergate-image-$${p%/*}-$${p#*/}.tar $(DIST)/infergate-$(RELEASE_VERSION)-image-$${p%/*}-$${p#*/}.docker.tar; done
-	$(GO) -C internal/release run ./helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
+	$(GO) -C tools run ./release/helmpackage --created $(SOURCE_DATE_EPOCH) --app-version $(APP_VERSION) --destination $(CURDIR)/$(DIST) $(CURDIR)/charts/infergate
 	cp charts/infergate/dashboards/infergate.json $(DIST)/infergate-$(RELEASE_VERSION)-grafana-dashboard.json
 	cp $(WASM) $(DIST)/infergate-meter-$(RELEASE_VERSION).wasm
 	cd $(DIST) && sha256sum $$(ls | grep -v '^SHA256SUMS$$') > SHA256SUMS
@@ -114,25 +121,34 @@ test: deps ## Run every test, tier after tier: make unit, make e2e, the chaos pa
 	$(MAKE) unit
 	$(MAKE) e2e
 	@# Faults under load, and the ledger after each (make chaos prints the table).
-	$(GO) test -count=1 -timeout 20m ./test/chaos/
+	$(GO) -C test test -count=1 -timeout 20m ./chaos/
 	$(MAKE) chart-test
 	$(MAKE) kube-test
 
+# The Go modules make unit, make lint and make check cover: the product, the
+# lab, the test suites and the developer tools (test/charts and test/kube have
+# targets of their own). go test stops at a module's edge, hence the loops.
+MODULES := . bench test tools
+# The Envoy-backed suites, which make e2e and make chaos run.
+SUITES  := /test/e2e /test/chaos /bench/overhead /tools/release/image
+
 .PHONY: unit
-unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora, race detector on: no Envoy-backed suite
-	$(GO) vet ./...
-	$(GO) tool opa test policies/
+unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora in every module, race detector on: no Envoy-backed suite
+	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; $(GO) -C $$m vet ./...; done
+	$(GO) -C tools tool opa test $(CURDIR)/policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v -e /test/e2e -e /test/chaos -e /bench/overhead)
+	@set -e; for m in $(MODULES); do \
+	  pkgs=$$($(GO) -C $$m list ./... | grep -v $(foreach s,$(SUITES),-e $(s)$$) || true); \
+	  if [ -n "$$pkgs" ]; then echo "go test ($$m)"; $(GO) -C $$m test -race -count=1 $$pkgs; fi; done
 
 # Each parallel e2e test runs its own Envoy, infergate, pools and clients:
 # two at a time keeps two cores busy without starving any of them.
 E2E_PARALLEL ?= 2
 .PHONY: e2e
 e2e: deps ## The end-to-end tests (real Envoy + infergate + mock pools + SDKs), E2E_PARALLEL (2) at a time, then the overhead harness's smoke run; race detector on; GOTESTFLAGS=-v for the log
-	$(GO) test -race -count=1 -timeout 30m -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./test/e2e/
+	$(GO) -C test test -race -count=1 -timeout 30m -parallel $(E2E_PARALLEL) $(GOTESTFLAGS) ./e2e/
 	@# The overhead harness's smoke run: every phase through real Envoy (a minute).
-	$(GO) test -race -count=1 $(GOTESTFLAGS) ./bench/overhead/
+	$(GO) -C bench test -race -count=1 $(GOTESTFLAGS) ./overhead/
 
 .PHONY: kube
 kube: kube-test ## Alias of kube-test
@@ -161,30 +177,30 @@ kube-test: deps ## The chart, the weight sinks and Envoy Gateway (Kubernetes mod
 
 .PHONY: chaos
 chaos: deps ## Kill, freeze and restart infergate, Envoy, Redis, the controller and a pool under load; check every byte and the ledger; print the table
-	$(GO) test -count=1 -timeout 20m -run 'TestChaos$$' -v ./test/chaos/
+	$(GO) -C test test -count=1 -timeout 20m -run 'TestChaos$$' -v ./chaos/
 
 # SOAK_DURATION=3m (say) for a shorter run; make test runs 3 minutes.
 SOAK_DURATION ?= 30m
 .PHONY: soak
 soak: deps ## Hold a mixed load for SOAK_DURATION (default 30m) with reloads and a fault every few minutes; watch memory, goroutines, fds and Redis; report in bin/soak.html
-	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -count=1 -timeout 0 -run 'TestSoak$$' -v ./test/chaos/
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) -C test test -count=1 -timeout 0 -run 'TestSoak$$' -v ./chaos/
 
 .PHONY: demo
-demo: build ## Run the demo: Envoy + infergate + two mock pools + a benchmark, then stop
+demo: build build-bench ## Run the demo: Envoy + infergate + two mock pools + a benchmark, then stop
 	@scripts/demo.sh
 
 .PHONY: bench
-bench: build ## Benchmarks: hot paths (go test -bench) and gateway overhead vs direct
+bench: build build-bench ## Benchmarks: hot paths (go test -bench) and gateway overhead vs direct
 	$(GO) test -run='^$$' -bench=. -benchmem ./internal/sse/ ./internal/openai/ ./extproc/ ./internal/policy/ ./internal/ratelimit/
 	@DEMO_REQUESTS=400 DEMO_CONCURRENCY=8 scripts/demo.sh
 
 # OVERHEAD_ARGS='--only c1' (say) reruns part of it, into bin/overhead.json: only a full run publishes.
 OVERHEAD_ARGS ?=
 .PHONY: bench-overhead
-bench-overhead: build ## Gateway overhead the public board's way: direct vs plain Envoy vs Envoy + infergate, and each choice's price (docs/performance.md)
-	$(GO) build -o bin/overhead ./bench/overhead
+bench-overhead: build build-bench ## Gateway overhead the public board's way: direct vs plain Envoy vs Envoy + infergate, and each choice's price (docs/performance.md)
+	$(GO) -C bench build -o $(CURDIR)/bin/overhead ./overhead
 	@# Measurements take turns on this machine: one at a time, under the shared lock.
-	flock /tmp/infergate-measure.lock bin/overhead --infergate $(BIN) \
+	flock /tmp/infergate-measure.lock bin/overhead --infergate $(BIN) --mock-bin $(BENCH_BIN) \
 	  $(if $(OVERHEAD_ARGS),--json bin/overhead.json,--json docs/performance.json --doc docs/performance.md) \
 	  --command "make bench-overhead$(if $(OVERHEAD_ARGS), OVERHEAD_ARGS='$(OVERHEAD_ARGS)')" $(OVERHEAD_ARGS)
 
@@ -195,10 +211,10 @@ docs: ## Regenerate docs/reference/configuration.md (from internal/config) and t
 	$(GO) run ./charts/valuesdoc
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck (pinned as a go.mod tool)
+lint: ## gofmt, go vet and staticcheck (pinned in tools/go.mod) in every module
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) tool staticcheck ./...
+	@set -e; staticcheck=$$($(GO) -C tools tool -n staticcheck); for m in $(MODULES); do \
+	  echo "go vet, staticcheck ($$m)"; $(GO) -C $$m vet ./...; (cd $$m && $$staticcheck ./...); done
 
 .PHONY: fuzz
 fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
@@ -209,8 +225,7 @@ fuzz: ## Run each fuzz target for FUZZTIME (default 10s)
 
 .PHONY: check
 check: ## Everything CI would want: tidy (no diff), lint, test, short fuzzing
-	$(GO) mod tidy && git diff --exit-code go.mod go.sum
-	$(GO) -C internal/release mod tidy && git diff --exit-code internal/release/go.mod internal/release/go.sum
+	@set -e; for m in $(MODULES); do $(GO) -C $$m mod tidy; git diff --exit-code $$m/go.mod $$m/go.sum; done
 	$(MAKE) lint test fuzz
 
 .PHONY: clean
@@ -220,11 +235,11 @@ clean: ## Remove build output (keeps .tools/)
 # The generator's own figures (docs/benchmarking.md); each run takes /tmp/infergate-measure.lock.
 MEASURE_ARGS ?=
 .PHONY: bench-accuracy bench-capacity bench-crosscheck
-bench-accuracy: build ## infergate bench vs the fixed-cadence mock: TTFT/ITL error at 256 streams, and the zero-delay noise floor
+bench-accuracy: build-bench ## infergate-bench bench vs the fixed-cadence mock: TTFT/ITL error at 256 streams, and the zero-delay noise floor
 	@python3 bench/scripts/measure.py accuracy $(MEASURE_ARGS)
 
-bench-capacity: build ## Most streams and SSE events/s this machine's bench + mock sustain accurately, bench CPU per 1000 events
+bench-capacity: build-bench ## Most streams and SSE events/s this machine's bench + mock sustain accurately, bench CPU per 1000 events
 	@python3 bench/scripts/measure.py capacity $(MEASURE_ARGS)
 
-bench-crosscheck: build ## The same workload through NVIDIA AIPerf (pinned, into .tools/aiperf-venv) and infergate bench, side by side
+bench-crosscheck: build-bench ## The same workload through NVIDIA AIPerf (pinned, into .tools/aiperf-venv) and infergate-bench bench, side by side
 	@python3 bench/scripts/measure.py crosscheck $(MEASURE_ARGS)

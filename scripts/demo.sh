@@ -37,6 +37,7 @@ wait_for() { # URL [what]
 
 say "Installing what is missing"
 [ -x bin/infergate ] || make --no-print-directory build
+[ -x bin/infergate-bench ] || make --no-print-directory build-bench
 ENVOY_BIN=$(scripts/install-envoy.sh)
 note "envoy:     $("$ENVOY_BIN" --version | grep -o '[0-9]*\.[0-9]*\.[0-9]*/[A-Za-z]*' | head -1) ($ENVOY_BIN)"
 note "infergate: $(bin/infergate version)"
@@ -61,8 +62,8 @@ models: [pool-a, pool-b, llama-3.1-8b-instruct, llama-3.1-70b-instruct, bge-m3]
 CONFIG
 
 say "Starting two mock GPU pools, infergate and Envoy"
-bin/infergate mock --listen 127.0.0.1:$POOL_A_PORT --ttft 120ms --itl 15ms >"$WORK/pool-a.log" 2>&1 & PIDS+=($!)
-bin/infergate mock --listen 127.0.0.1:$POOL_B_PORT --ttft 60ms --itl 8ms >"$WORK/pool-b.log" 2>&1 & PIDS+=($!)
+bin/infergate-bench mock --listen 127.0.0.1:$POOL_A_PORT --ttft 120ms --itl 15ms >"$WORK/pool-a.log" 2>&1 & PIDS+=($!)
+bin/infergate-bench mock --listen 127.0.0.1:$POOL_B_PORT --ttft 60ms --itl 8ms >"$WORK/pool-b.log" 2>&1 & PIDS+=($!)
 bin/infergate serve --config "$WORK/infergate.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
   >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS+=($!)
 scripts/render-envoy.sh envoy/demo.yaml >"$WORK/envoy.yaml"
@@ -160,7 +161,7 @@ curl -s http://127.0.0.1:$LISTEN_PORT/v1/chat/completions -H 'content-type: appl
 say "Load: $REQUESTS streamed requests per target after 8 of warm-up, $CONCURRENCY users per target, $MAX_TOKENS tokens each"
 note "direct = pool-a itself; gateway = Envoy + infergate in front of pool-a"
 note "each request goes to both, back to back in alternating order: the paired difference is what the gateway adds"
-bin/infergate bench --target direct=http://127.0.0.1:$POOL_A_PORT --target gateway=http://127.0.0.1:$LISTEN_PORT \
+bin/infergate-bench bench --target direct=http://127.0.0.1:$POOL_A_PORT --target gateway=http://127.0.0.1:$LISTEN_PORT \
   --model pool-a --concurrency "$CONCURRENCY" --requests "$REQUESTS" --warmup 8 --output-tokens "$MAX_TOKENS" \
   --join http://127.0.0.1:$INFERGATE_ADMIN --json "$WORK/bench.json" --html "$WORK/bench.html"
 note "HTML report: $WORK/bench.html (DEMO_KEEP=1 make demo keeps it)"
@@ -231,7 +232,7 @@ wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate with virtual mode
 scripts/render-envoy.sh envoy/sla.yaml >"$WORK/envoy-sla.yaml"
 "$ENVOY_BIN" -c "$WORK/envoy-sla.yaml" --disable-hot-restart -l warning >"$WORK/envoy.log" 2>&1 & PIDS[3]=$!
 wait_for "http://127.0.0.1:$ADMIN_PORT/ready" "envoy with routes over xDS"
-bin/infergate bench --target gateway=http://127.0.0.1:$LISTEN_PORT --model llama --concurrency 4 \
+bin/infergate-bench bench --target gateway=http://127.0.0.1:$LISTEN_PORT --model llama --concurrency 4 \
   --duration 60s --output-tokens 8 >/dev/null 2>&1 & LOAD=$!
 weights() { curl -s http://127.0.0.1:$INFERGATE_ADMIN/metrics | awk -F'[ "]' '/^infergate_pool_weight/ {for (i=1;i<NF;i++) if ($i ~ /pool=$/) p=$(i+1); w[p]=$NF} END {printf "pool-a %3d%%  pool-b %3d%%", w["pool-a"], w["pool-b"]}'; }
 for t in $(seq 1 22); do

@@ -56,12 +56,12 @@ Progress goes to stderr; the table to stdout; --json writes the report
 documented in docs/bench-json.md.
 
 Examples:
-  infergate bench --target http://127.0.0.1:8001 --concurrency 4 --requests 100
-  infergate bench --target direct=http://127.0.0.1:8001 \
+  infergate-bench bench --target http://127.0.0.1:8001 --concurrency 4 --requests 100
+  infergate-bench bench --target direct=http://127.0.0.1:8001 \
     --target gateway=http://127.0.0.1:10000 --concurrency 4 --requests 40
-  infergate bench --target http://127.0.0.1:8001 --rate 20 --arrival gamma \
+  infergate-bench bench --target http://127.0.0.1:8001 --rate 20 --arrival gamma \
     --burstiness 0.5 --duration 30s --warmup 5s --slo-ttft 200ms
-  infergate bench --target http://127.0.0.1:8001 --sweep concurrency=1:64:2 \
+  infergate-bench bench --target http://127.0.0.1:8001 --sweep concurrency=1:64:2 \
     --requests 200 --slo-ttft 250ms --slo-itl 30ms`
 
 // errRegression marks a --baseline regression (exit status 1).
@@ -111,7 +111,7 @@ type benchFlags struct {
 }
 
 func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
-	fs := flagset.New("bench", benchSummary, stderr)
+	fs := flagset.NewFor("infergate-bench", "bench", benchSummary, stderr)
 	f := &benchFlags{headers: map[string]string{}, tolerances: loadgen.Tolerances{Default: 0.10}}
 	fs.Func("target", "a target, as `NAME=URL` (URL is the base, without /v1/...); repeatable; a plain URL is named \"target\"", func(v string) error {
 		t, err := parseBenchTarget(v)
@@ -353,7 +353,7 @@ func (f *benchFlags) config() loadgen.Config {
 	}
 }
 
-// Bench runs `infergate bench`; version goes into the report.
+// Bench runs `infergate-bench bench`; version goes into the report.
 func Bench(ctx context.Context, args []string, stdout, stderr io.Writer, version string) error {
 	return bench(ctx, args, stdout, stderr, version, nil)
 }

@@ -24,7 +24,7 @@ import (
 	"github.com/infergate/infergate/internal/testutil/pipenet"
 )
 
-// runBench runs `infergate bench args...` in-process.
+// runBench runs `infergate-bench bench args...` in-process.
 func runBench(t *testing.T, args ...string) (string, string, error) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer

@@ -16,9 +16,9 @@ import (
 	"github.com/infergate/infergate/internal/flagset"
 )
 
-// Mock runs `infergate mock`.
+// Mock runs `infergate-bench mock`.
 func Mock(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flagset.New("mock", `Run a mock LLM upstream: OpenAI /v1/chat/completions, /v1/completions,
+	fs := flagset.NewFor("infergate-bench", "mock", `Run a mock LLM upstream: OpenAI /v1/chat/completions, /v1/completions,
 /v1/responses and /v1/embeddings, Anthropic /v1/messages and
 /v1/messages/count_tokens, and /v1/models, /metrics, /mock/control. Output is
 deterministic per request; tokens stream on absolute deadlines

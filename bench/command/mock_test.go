@@ -18,7 +18,7 @@ import (
 	"github.com/infergate/infergate/internal/testutil/testpki"
 )
 
-// `infergate mock --tls-cert --tls-key` serves HTTPS, HTTP/2 or HTTP/1.1 as
+// `infergate-bench mock --tls-cert --tls-key` serves HTTPS, HTTP/2 or HTTP/1.1 as
 // the client's ALPN asks.
 func TestMockTLS(t *testing.T) {
 	const name = "pool.hosted.test"

@@ -17,7 +17,7 @@ import (
 type options struct {
 	Root        string // the repository
 	Infergate   string // infergate binary; empty: built from Root
-	Mock        string // binary whose `mock --profile board` serves (default: Infergate)
+	Mock        string // binary whose `mock --profile board` serves; empty: infergate-bench built from Root
 	Envoy       string // Envoy binary; empty: scripts/install-envoy.sh (which honours ENVOY_BIN)
 	GatewayCPUs string // taskset CPU list for Envoy and infergate; empty: unpinned
 	// InfergateCPUs moves infergate off the gateway CPUs (default: with Envoy).
@@ -219,6 +219,17 @@ func (h *harness) setup() error {
 		}
 	} else if abs, err := filepath.Abs(h.infergateBin); err == nil {
 		h.infergateBin = abs
+	}
+	if h.opts.Mock == "" {
+		h.opts.Mock = filepath.Join(h.work, "infergate-bench")
+		h.logf("building infergate-bench (the mock)")
+		cmd := exec.Command("go", "build", "-o", h.opts.Mock, "./cmd/infergate-bench")
+		cmd.Dir = filepath.Join(h.opts.Root, "bench")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build ./bench/cmd/infergate-bench: %w\n%s", err, out)
+		}
+	} else if abs, err := filepath.Abs(h.opts.Mock); err == nil {
+		h.opts.Mock = abs
 	}
 	if h.opts.Previous != "" {
 		abs, err := filepath.Abs(h.opts.Previous)

@@ -3,7 +3,7 @@
 // side by side with plain Envoy: `make bench-overhead`.
 //
 // It starts, on loopback, infergate's mock in the board's profile
-// (`infergate mock --profile board`), plain Envoy (envoy/overhead-plain.yaml)
+// (`infergate-bench mock --profile board`), plain Envoy (envoy/overhead-plain.yaml)
 // and Envoy with infergate's gate and meter (envoy/overhead.yaml; the
 // example policies with limits on), and drives the three paths — direct to
 // the mock, through plain Envoy, through Envoy + infergate — with the same
@@ -43,7 +43,7 @@ const pinnedEnv = "INFERGATE_OVERHEAD_PINNED"
 func main() {
 	opts := defaults()
 	flag.StringVar(&opts.Infergate, "infergate", "", "infergate binary (default: go build ./cmd/infergate)")
-	flag.StringVar(&opts.Mock, "mock-bin", "", "binary to run `mock --profile board` with (default: the infergate binary; for measuring an older infergate)")
+	flag.StringVar(&opts.Mock, "mock-bin", "", "binary to run `mock --profile board` with (default: infergate-bench, built from the repository)")
 	flag.StringVar(&opts.Previous, "previous", "", "an earlier infergate binary: the variant \"previous\" measures this build against it, interleaved")
 	flag.StringVar(&opts.Envoy, "envoy", "", "Envoy binary (default: scripts/install-envoy.sh, which honours ENVOY_BIN)")
 	flag.StringVar(&opts.GatewayCPUs, "gateway-cpus", opts.GatewayCPUs, `CPUs for Envoy and infergate (taskset list; "" unpinned)`)
@@ -131,7 +131,7 @@ func main() {
 	rep.Args = os.Args[1:]
 	rep.Command = *command
 	if rep.Command == "" {
-		rep.Command = "go run ./bench/overhead " + strings.Join(os.Args[1:], " ")
+		rep.Command = "go -C bench run ./overhead " + strings.Join(os.Args[1:], " ")
 	}
 	if err != nil {
 		rep.Error = err.Error()

@@ -30,7 +30,8 @@ func TestSmoke(t *testing.T) {
 	// Built once here, so the variant "previous" has a binary to compare
 	// with (itself): every variant runs.
 	opts.Infergate = filepath.Join(t.TempDir(), "infergate")
-	if out, err := exec.Command("go", "build", "-o", opts.Infergate, filepath.Join(envoytest.RepoRoot, "cmd", "infergate")).CombinedOutput(); err != nil {
+	// From the product's module (its go.sum), not this one's.
+	if out, err := exec.Command("go", "build", "-C", envoytest.RepoRoot, "-o", opts.Infergate, "./cmd/infergate").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	opts.Previous = opts.Infergate

@@ -66,13 +66,13 @@ type gatewaySpec struct {
 	bin       string                         // infergate's binary, when not the measured one
 }
 
-// startMock runs `infergate mock --profile board` on the client CPUs.
+// startMock runs `infergate-bench mock --profile board` on the client CPUs.
 func (h *harness) startMock() error {
 	port, err := freePort()
 	if err != nil {
 		return err
 	}
-	p, err := startProc(h.work, "mock", h.opts.ClientCPUs, nil, cmp.Or(h.opts.Mock, h.infergateBin),
+	p, err := startProc(h.work, "mock", h.opts.ClientCPUs, nil, h.opts.Mock,
 		"mock", "--profile", "board", "--listen", "127.0.0.1:"+strconv.Itoa(port))
 	if err != nil {
 		return err

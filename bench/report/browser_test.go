@@ -14,7 +14,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/infergate/infergate/internal/testutil/browser"
+	"github.com/infergate/infergate/bench/browser"
 )
 
 // The page is checked in a real browser: it must render every chart with no
@@ -22,7 +22,7 @@ import (
 // CSS error would show up there), and the same run produces the screenshot
 // in the docs:
 //
-//	UPDATE_SCREENSHOT=1 go test ./bench/report/ -run Chromium
+//	UPDATE_SCREENSHOT=1 go -C bench test ./report/ -run Chromium
 
 const (
 	screenshotPath  = "../../docs/bench-report.png"

@@ -1,4 +1,4 @@
-// Package report renders an `infergate bench` run (a result.Report) as a
+// Package report renders an `infergate-bench bench` run (a result.Report) as a
 // single self-contained HTML page: parameters, summary tables and inline SVG
 // charts drawn in Go. The page loads nothing (no scripts, fonts or images
 // from anywhere), so it can be attached to a CI run or mailed and still

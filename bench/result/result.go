@@ -1,4 +1,4 @@
-// Package result is the data model of an `infergate bench` run: what the
+// Package result is the data model of an `infergate-bench bench` run: what the
 // load generator measures, what --json writes, what the HTML report draws
 // and what --baseline compares against.
 //

@@ -4,7 +4,7 @@
 
 AIPerf counts tokens with a Hugging Face tokenizer, which it would otherwise
 download (`--tokenizer builtin` downloads tiktoken's o200k_base file on first
-use). infergate's mock and `infergate bench` both count one token per
+use). infergate's mock and `infergate-bench bench` both count one token per
 whitespace-separated word, so the fair tokenizer for a cross-check is a
 word-level one: one token per word, over the words of AIPerf's own prompt
 corpus (Shakespeare) plus the mock's 64 output words. It is written as a

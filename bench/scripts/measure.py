@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Reproducible measurements of `infergate bench` against `infergate mock`.
+"""Reproducible measurements of `infergate-bench bench` against `infergate-bench mock`.
 
     bench/scripts/measure.py accuracy     # make bench-accuracy
     bench/scripts/measure.py capacity     # make bench-capacity
     bench/scripts/measure.py crosscheck   # make bench-crosscheck (AIPerf)
 
-Each run starts its own `bin/infergate mock` on a free loopback port, runs
-`bin/infergate bench --json` (or AIPerf) against it, scrapes the mock's
+Each run starts its own `bin/infergate-bench mock` on a free loopback port, runs
+`bin/infergate-bench bench --json` (or AIPerf) against it, scrapes the mock's
 /metrics, stops the mock, and prints markdown tables (the ones in
 docs/benchmarking.md). Every run holds /tmp/infergate-measure.lock (flock(2),
 the same lock as `flock /tmp/infergate-measure.lock CMD`) so measurements on a
@@ -37,7 +37,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN = os.environ.get("INFERGATE_BIN", os.path.join(ROOT, "bin", "infergate"))
+BIN = os.environ.get("INFERGATE_BENCH_BIN", os.path.join(ROOT, "bin", "infergate-bench"))
 LOCK = "/tmp/infergate-measure.lock"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -251,7 +251,7 @@ def table(header, rows):
 
 def need_binary():
     if not os.access(BIN, os.X_OK):
-        sys.exit(f"{BIN} missing: run `make build` first")
+        sys.exit(f"{BIN} missing: run `make build-bench` first")
 
 
 # ---------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def errors(mt):
 
 def build_transit(opts):
     path = os.path.join(opts.save, "transit")
-    subprocess.run(["go", "build", "-o", path, "./bench/scripts/transit"], cwd=ROOT, check=True)
+    subprocess.run(["go", "build", "-o", path, "./scripts/transit"], cwd=os.path.join(ROOT, "bench"), check=True)
     return path
 
 

@@ -11,7 +11,6 @@ import (
 	"runtime"
 	"runtime/debug"
 
-	"github.com/infergate/infergate/bench/command"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/identity"
@@ -35,8 +34,6 @@ Commands:
              the SLA controller and its xDS server (embedded default config)
   extproc    run the ext_proc service alone (for scaled-out deployments)
   controller run the SLA controller and xDS server alone, fed through Redis
-  bench      stream load at OpenAI-compatible targets and compare them side by side
-  mock       run a mock OpenAI-compatible upstream with a fixed token cadence
   validate   check a config file and exit
   version    print the version
 
@@ -44,10 +41,10 @@ Examples:
   infergate serve                              # ext_proc on 127.0.0.1:50051, admin on 127.0.0.1:9090
   infergate serve --config infergate.yaml
   infergate validate --config infergate.yaml
-  infergate mock --listen 127.0.0.1:8001 --ttft 200ms --itl 20ms
 
 Run 'infergate <command> --help' for a command's flags. Envoy wiring is in
-envoy/snippet.yaml; see README.md.
+envoy/snippet.yaml; see README.md. The load generator and the mock upstream
+are a binary of their own, infergate-bench (make build-bench).
 `
 
 // ErrUsage marks a command-line mistake (exit status 2).
@@ -65,10 +62,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runServe(ctx, cmd, rest, stdout, stderr)
 	case "controller":
 		return runController(ctx, rest, stderr)
-	case "bench":
-		return command.Bench(ctx, rest, stdout, stderr, Version)
-	case "mock":
-		return command.Mock(ctx, rest, stderr)
+	case "bench", "mock":
+		// Moved out of the product binary with the rest of the lab (bench/).
+		fmt.Fprintf(stderr, "infergate: %s is in the lab's own binary now: infergate-bench %s (make build-bench builds bin/infergate-bench)\n", cmd, cmd)
+		return ErrUsage
 	case "validate":
 		return runValidate(rest, stdout, stderr)
 	case "version", "--version":

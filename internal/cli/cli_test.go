@@ -34,7 +34,12 @@ func TestUsage(t *testing.T) {
 	if stdout, _, err := run(t, "version"); err != nil || !strings.HasPrefix(stdout, "infergate ") {
 		t.Errorf("version: err %v, stdout %q", err, stdout)
 	}
-	for _, cmd := range []string{"serve", "extproc", "controller", "mock", "validate", "bench"} {
+	for _, cmd := range []string{"bench", "mock"} {
+		if _, stderr, err := run(t, cmd, "--help"); !errors.Is(err, ErrUsage) || !strings.Contains(stderr, "infergate-bench "+cmd) {
+			t.Errorf("%s: err %v, stderr %q, want a pointer to infergate-bench", cmd, err, stderr)
+		}
+	}
+	for _, cmd := range []string{"serve", "extproc", "controller", "validate"} {
 		if _, stderr, err := run(t, cmd, "--help"); !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr, "Usage: infergate "+cmd) {
 			t.Errorf("%s --help: err %v, stderr %q", cmd, err, stderr)
 		}

@@ -16,10 +16,15 @@ var ErrUsage = errors.New("usage error")
 // New returns a flag set for `infergate name` whose usage starts with
 // summary.
 func New(name, summary string, stderr io.Writer) *flag.FlagSet {
+	return NewFor("infergate", name, summary, stderr)
+}
+
+// NewFor is New for another program's subcommand (`infergate-bench mock`).
+func NewFor(program, name, summary string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "%s\n\nUsage: infergate %s [flags]\n\nFlags:\n", summary, name)
+		fmt.Fprintf(stderr, "%s\n\nUsage: %s %s [flags]\n\nFlags:\n", summary, program, name)
 		fs.PrintDefaults()
 	}
 	return fs

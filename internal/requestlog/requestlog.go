@@ -2,7 +2,7 @@
 // serves them on the admin port: /debug/requests lists them (filterable),
 // /debug/requests/{id} draws one request's phases as a waterfall with its
 // inter-token latency distribution. Both answer JSON with ?format=json,
-// which is what `infergate bench --join` reads. Server-rendered, no
+// which is what `infergate-bench bench --join` reads. Server-rendered, no
 // external assets: readable without any tracing backend.
 //
 // The phases, as the stamp defines them:

@@ -20,7 +20,7 @@ import (
 	"github.com/infergate/infergate/internal/openai"
 )
 
-// load is what runs while faults are injected: `infergate bench` and the
+// load is what runs while faults are injected: `infergate-bench bench` and the
 // probe clients.
 type load struct {
 	benchUsers int           // bench users, each with one stream in flight
@@ -51,7 +51,7 @@ type run struct {
 	lost          []string
 }
 
-// benchReport is the part of `infergate bench --json` the checks read
+// benchReport is the part of `infergate-bench bench --json` the checks read
 // (docs/bench-json.md).
 type benchReport struct {
 	Metrics struct {
@@ -83,7 +83,7 @@ func (r *rig) runLoad(l load, events func() []window) *run {
 	for _, k := range apiKeys {
 		args = append(args, "--api-key", k.tenant+"="+k.key)
 	}
-	bench := exec.Command(infergateBin, args...)
+	bench := exec.Command(benchBin, args...)
 	var benchLog strings.Builder
 	bench.Stdout, bench.Stderr = &benchLog, &benchLog
 	if err := bench.Start(); err != nil {
@@ -112,7 +112,7 @@ func (r *rig) runLoad(l load, events func() []window) *run {
 	run.windows = events()
 	wg.Wait()
 	if err := bench.Wait(); err != nil {
-		r.t.Errorf("infergate bench: %v\n%s", err, tail(benchLog.String(), 3000))
+		r.t.Errorf("infergate-bench bench: %v\n%s", err, tail(benchLog.String(), 3000))
 	}
 	b, err := os.ReadFile(out)
 	if err == nil {

@@ -40,8 +40,9 @@ import (
 
 var repoRoot = envoytest.RepoRoot
 
-// infergateBin is built once by TestMain.
-var infergateBin string
+// infergateBin and benchBin (infergate-bench, the load) are built once by
+// TestMain.
+var infergateBin, benchBin string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "infergate-chaos-")
@@ -54,6 +55,13 @@ func TestMain(m *testing.M) {
 	build.Dir = repoRoot
 	if out, err := build.CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building infergate: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	benchBin = filepath.Join(dir, "infergate-bench")
+	build = exec.Command("go", "build", "-o", benchBin, "./cmd/infergate-bench")
+	build.Dir = filepath.Join(repoRoot, "bench")
+	if out, err := build.CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building infergate-bench: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()

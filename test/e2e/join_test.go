@@ -8,11 +8,11 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/infergate/infergate/bench/command"
 	"github.com/infergate/infergate/bench/result"
-	"github.com/infergate/infergate/internal/cli"
 )
 
-// `infergate bench --join` pairs every request it sent through the gateway
+// `infergate-bench bench --join` pairs every request it sent through the gateway
 // with the gateway's record of it, and the breakdown adds up to what the
 // client saw and holds the mock's cadence. The client's traceparent is the trace
 // Envoy and infergate continue.
@@ -20,10 +20,10 @@ func TestBenchJoinsGatewayRecords(t *testing.T) {
 	s := startStack(t)
 	out := filepath.Join(t.TempDir(), "bench.json")
 	var stdout, stderr bytes.Buffer
-	err := cli.Run(context.Background(), []string{"bench",
+	err := command.Bench(context.Background(), []string{
 		"--target", "gateway=" + s.Envoy.URL, "--model", "pool-a", "--concurrency", "4", "--requests", "40",
 		"--output-tokens", "8", "--header", "x-mock-ttft-ms:80", "--header", "x-mock-itl-ms:10",
-		"--join", s.Gateway.AdminURL, "--json", out}, &stdout, &stderr)
+		"--join", s.Gateway.AdminURL, "--json", out}, &stdout, &stderr, "e2e")
 	if err != nil {
 		t.Fatalf("bench: %v\n%s\n%s", err, stdout.String(), stderr.String())
 	}

@@ -452,27 +452,43 @@ func startEGEnvoy(t *testing.T, c *cluster, gwPort int) string {
 	return "http://127.0.0.1:" + strconv.Itoa(gwPort)
 }
 
-// mockPool is `infergate mock` on a local port.
+// mockPool is `infergate-bench mock` on a local port.
 type mockPool struct {
 	addr string
 	port int
 }
 
-// builtBins memoizes infergateBin per test (the binary lives in its temp dir).
-var builtBins sync.Map // *testing.T -> string
+// builtBins memoizes the binaries built per test (each lives in its temp dir).
+var builtBins sync.Map // builtKey -> string
+
+type builtKey struct {
+	t   *testing.T
+	pkg string
+}
 
 // infergateBin is ./cmd/infergate built from this checkout.
 func infergateBin(t *testing.T) string {
+	return builtBin(t, repoRoot, "./cmd/infergate", "infergate")
+}
+
+// benchBin is infergate-bench (the lab's binary, with the mock) built from
+// this checkout's bench module.
+func benchBin(t *testing.T) string {
+	return builtBin(t, filepath.Join(repoRoot, "bench"), "./cmd/infergate-bench", "infergate-bench")
+}
+
+func builtBin(t *testing.T, dir, pkg, name string) string {
 	t.Helper()
-	if bin, ok := builtBins.Load(t); ok {
+	key := builtKey{t, pkg}
+	if bin, ok := builtBins.Load(key); ok {
 		return bin.(string)
 	}
-	bin := filepath.Join(t.TempDir(), "infergate")
-	if out, err := exec.Command("go", "build", "-C", repoRoot, "-o", bin, "./cmd/infergate").CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/infergate: %v\n%s", err, out)
+	bin := filepath.Join(t.TempDir(), name)
+	if out, err := exec.Command("go", "build", "-C", dir, "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
-	builtBins.Store(t, bin)
-	t.Cleanup(func() { builtBins.Delete(t) })
+	builtBins.Store(key, bin)
+	t.Cleanup(func() { builtBins.Delete(key) })
 	return bin
 }
 
@@ -482,7 +498,7 @@ func startMock(t *testing.T, name string) *mockPool {
 	serveOnFreePorts(t, name, 1, 15*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
 		m.port = ports[0]
 		m.addr = net.JoinHostPort(hostIP(t), strconv.Itoa(m.port))
-		return exec.Command(infergateBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms"), "http://" + m.addr + "/healthz"
+		return exec.Command(benchBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms"), "http://" + m.addr + "/healthz"
 	})
 	return m
 }

@@ -36,8 +36,8 @@ var rules = []rule{
 		from: []string{"..."}, to: []string{"internal/config"}, allowFrom: []string{"internal/cli", "cmd/...", "internal/config/..."}},
 	{why: "nothing imports the command line but main",
 		from: []string{"..."}, to: []string{"internal/cli"}, allowFrom: []string{"cmd/infergate"}},
-	{why: "the product does not depend on the benchmark tools (the command line only dispatches to them)",
-		from: []string{"extproc/...", "xds/...", "internal/..."}, to: []string{"bench/..."}, allowFrom: []string{"internal/cli"}},
+	{why: "the product does not depend on the lab (bench/, a module and binary of its own: infergate-bench)",
+		from: []string{"extproc/...", "xds/...", "internal/...", "cmd/..."}, to: []string{"bench/..."}},
 	{why: "the control plane does not reach into the request path's policy side",
 		from: []string{"xds/..."}, to: []string{"internal/admission", "internal/policy", "internal/ratelimit", "internal/identity", "internal/requestlog"}},
 	{why: "test helpers stay in tests (and the overhead harness, a lab program of its own, which runs processes as they do)",
@@ -79,14 +79,19 @@ func violations(imports map[string][]string) []string {
 	return out
 }
 
-// projectImports reads the non-test imports of every package of the module.
+// projectImports reads the non-test imports of every package of the
+// product's module and of the lab's (bench/go.mod).
 func projectImports(t *testing.T) map[string][]string {
 	t.Helper()
-	cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, module+"/...")
-	cmd.Dir = "../.."
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("go list: %v", err)
+	var out []byte
+	for _, m := range []struct{ dir, pattern string }{{"../..", module + "/..."}, {"../../bench", module + "/bench/..."}} {
+		cmd := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, m.pattern)
+		cmd.Dir = m.dir
+		b, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", m.pattern, err)
+		}
+		out = append(out, b...)
 	}
 	rel := func(p string) (string, bool) {
 		if p == module {
@@ -117,7 +122,7 @@ func projectImports(t *testing.T) map[string][]string {
 
 func TestImportsPointOneWay(t *testing.T) {
 	imports := projectImports(t)
-	for _, must := range []string{"internal/request", "extproc", "xds/controller", "xds/routing", "internal/cli", "bench/command"} {
+	for _, must := range []string{"internal/request", "extproc", "xds/controller", "xds/routing", "internal/cli", "bench/command", "bench/cmd/infergate-bench"} {
 		if _, ok := imports[must]; !ok {
 			t.Errorf("package %s not found: update the rules with the layout", must)
 		}
@@ -136,6 +141,7 @@ func TestRulesCatchUpwardImports(t *testing.T) {
 		{"internal/admission", "extproc"},
 		{"xds/routing", "internal/cli"},
 		{"xds/routing", "bench/loadgen"},
+		{"internal/cli", "bench/command"},
 		{"extproc", "internal/config"},
 		{"internal/requestlog", "internal/testutil"},
 		{"internal/admission", "internal/config"},
@@ -152,7 +158,6 @@ func TestRulesCatchUpwardImports(t *testing.T) {
 		{"internal/request", "internal/openai"},
 		{"xds/controller", "internal/stats"},
 		{"internal/cli", "extproc"},
-		{"internal/cli", "bench/command"},
 		{"cmd/infergate", "internal/cli"},
 		{"xds/routing", "internal/request"},
 		{"internal/testutil/envoytest", "internal/testutil"},

@@ -1,7 +1,7 @@
-// Command transit splits the error `infergate bench` measures against the
+// Command transit splits the error `infergate-bench bench` measures against the
 // mock into the mock's part and the generator's part, event by event.
 //
-// It runs the load generator (bench/loadgen, what `infergate bench` runs)
+// It runs the load generator (bench/loadgen, what `infergate-bench bench` runs)
 // against a mock started with --emit-timestamps, keeps every measured
 // stream as read (loadgen.Config.Capture), and compares each event's
 // arrival with the mock's emit stamp (the mock's clock just before it wrote

@@ -25,7 +25,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 
-	"github.com/infergate/infergate/internal/release/image"
+	"github.com/infergate/infergate/tools/release/image"
 )
 
 type multi map[string]string

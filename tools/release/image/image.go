@@ -246,9 +246,9 @@ func Image(platform, binary string, o Options) (v1.Image, error) {
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	return mutate.Append(img,
 		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{
-			Created: created, CreatedBy: "infergate base: /etc/passwd, /etc/group (nonroot 65532), Mozilla CA bundle, /tmp, /home/nonroot", Comment: "internal/release/image"}},
+			Created: created, CreatedBy: "infergate base: /etc/passwd, /etc/group (nonroot 65532), Mozilla CA bundle, /tmp, /home/nonroot", Comment: "tools/release/image"}},
 		mutate.Addendum{Layer: app, MediaType: types.OCILayer, History: v1.History{
-			Created: created, CreatedBy: "COPY infergate " + BinaryPath, Comment: "internal/release/image"}},
+			Created: created, CreatedBy: "COPY infergate " + BinaryPath, Comment: "tools/release/image"}},
 	)
 }
 

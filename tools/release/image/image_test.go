@@ -26,7 +26,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"helm.sh/helm/v3/pkg/chart/loader"
 
-	"github.com/infergate/infergate/internal/release/image"
+	"github.com/infergate/infergate/tools/release/image"
 )
 
 const repoRoot = "../../.."
@@ -354,7 +354,7 @@ func TestDockerfile(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"FROM scratch", "go -C internal/release run ./mkimage --rootfs",
+		"FROM scratch", "go -C tools run ./release/mkimage --rootfs",
 		"COPY --from=build /out/infergate " + image.BinaryPath,
 		"ENV " + image.Path + " SSL_CERT_FILE=" + image.CABundle,
 		"USER " + image.User, "WORKDIR " + image.Home,

@@ -1,7 +1,11 @@
-package requestlog
+// The tests of the gateway's pages a person looks at, in a real browser
+// (bench/browser runs it; the bench report's test is in bench/report): a
+// module away from the product, so that chromedp stays out of its go.mod.
+package browser_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"strings"
@@ -10,7 +14,9 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/infergate/infergate/internal/testutil/browser"
+	"github.com/infergate/infergate/bench/browser"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/requestlog"
 )
 
 // The pages work for a person in a real browser: the list renders, its
@@ -18,7 +24,7 @@ import (
 // and nothing reaches the console. UPDATE_SCREENSHOT=1 also writes the
 // waterfall's screenshot to docs/debug-requests.png.
 func TestPagesInChromium(t *testing.T) {
-	ring := NewRing(100)
+	ring := requestlog.NewRing(100)
 	for i := range 12 {
 		s := stamp(i)
 		s.CompletionTokens, s.PromptTokens, s.Principal = 32, 180, "key-7f3a"
@@ -31,7 +37,7 @@ func TestPagesInChromium(t *testing.T) {
 		s.Attempts, s.PoolsTried = 1, []string{s.Pool}
 		ring.Record(context.Background(), s)
 	}
-	srv := httptest.NewServer(Handler(ring, "http://jaeger.example/trace/{trace_id}"))
+	srv := httptest.NewServer(requestlog.Handler(ring, "http://jaeger.example/trace/{trace_id}"))
 	defer srv.Close()
 	b := browser.Start(t, 1200, 800)
 	ctx := b.Ctx
@@ -119,4 +125,23 @@ func waitJS(t *testing.T, ctx context.Context, cond string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("timed out waiting for %s", cond)
+}
+
+// stamp is request i of a run: every third one a 503 from pool-b.
+func stamp(i int) *request.Stamp {
+	start := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second)
+	s := &request.Stamp{
+		RequestID: fmt.Sprintf("req-%d", i), TraceID: fmt.Sprintf("%032x", i+1), Model: "llama", Pool: "pool-a",
+		Tenant: "acme", Status: 200, Decision: "allow", Stream: true, Complete: true,
+		Start: start, Sent: start.Add(3 * time.Millisecond),
+		Gateway: request.GatewayTime{Total: 2 * time.Millisecond, Gate: time.Millisecond,
+			Timings: request.Timings{Auth: 100 * time.Microsecond, Policy: 300 * time.Microsecond, Checks: time.Millisecond}},
+		TTFT: 50 * time.Millisecond, E2E: 250 * time.Millisecond,
+		Gaps: []time.Duration{20 * time.Millisecond, 21 * time.Millisecond, 19 * time.Millisecond, 40 * time.Millisecond},
+	}
+	s.Total = s.Gateway.Total + s.Gateway.Checks + s.E2E
+	if i%3 == 0 {
+		s.Status, s.Pool = 503, "pool-b"
+	}
+	return s
 }

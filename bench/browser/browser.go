@@ -1,7 +1,9 @@
 // Package browser runs headless Chromium for tests of pages a person looks
 // at: it finds the binary the way scripts/install-test-deps.sh reports it,
 // collects every console message and exception, and fails (never skips)
-// when no browser is installed.
+// when no browser is installed. It lives with the lab (the bench module) so
+// that chromedp stays out of infergate's go.mod; the bench report's and the
+// debug pages' tests (test/browser) use it.
 package browser
 
 import (
