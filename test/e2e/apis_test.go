@@ -44,16 +44,6 @@ type apiStream struct {
 	usage     func([]namedEvent) (input, output int)
 }
 
-// contentOf keeps the events of a's stream that carry output.
-func (a apiStream) contentOf(evs []namedEvent) []namedEvent {
-	var out []namedEvent
-	for _, e := range evs {
-		if a.content(e) {
-			out = append(out, e)
-		}
-	}
-	return out
-}
 
 // throughGateway streams a's request to pool-b directly, then through
 // Envoy and infergate in lock step, and fails unless the two bodies are

@@ -30,7 +30,7 @@ import (
 const hostedName = "pool-b.hosted.test"
 
 // hostedPool is the mock served over HTTPS (HTTP/2 or HTTP/1.1 by ALPN, as
-// `infergate mock --tls-cert --tls-key` serves it); PlainURL serves the same
+// `infergate-bench mock --tls-cert --tls-key` serves it); PlainURL serves the same
 // mock in plain text for the test's own reference requests.
 type hostedPool struct {
 	*pool    // Addr: the HTTPS port
