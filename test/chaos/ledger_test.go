@@ -2,7 +2,10 @@ package chaos
 
 import (
 	"context"
+	"io"
+	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -90,11 +93,19 @@ func (l *ledger) billed() int64 {
 	return sum
 }
 
-// balance is one reading of both sides, once settlements have landed: the
-// charged total has not moved for a second (or 15 s passed).
+// balance is one reading of both sides, once settlements have landed:
+// every reservation the running gate made has ended (settled, kept,
+// released or failed: its own counters say so), then the charged total
+// has not moved for a second. Envoy closes a meter stream up to its
+// deferred-close timeout (5 s) after a client left, so quiet alone does
+// not mean settled; a gate frozen mid-fault may leave reservations no
+// meter will end, so the wait for them stops after 8 s.
 type balance struct{ charged, billed int64 }
 
 func (l *ledger) settle() balance {
+	for ended := time.Now().Add(8 * time.Second); time.Now().Before(ended) && !l.r.settled(); {
+		time.Sleep(100 * time.Millisecond)
+	}
 	deadline := time.Now().Add(15 * time.Second)
 	last, since := int64(-1), time.Now()
 	for time.Now().Before(deadline) {
@@ -110,4 +121,33 @@ func (l *ledger) settle() balance {
 		time.Sleep(100 * time.Millisecond)
 	}
 	return balance{charged: l.charged(), billed: l.billed()}
+}
+
+// settled says whether the running gate has ended every reservation it
+// made (infergate_ratelimit_reservations_total reserved vs settled, and
+// the settlements that failed, counted in infergate_admission_errors_total).
+func (r *rig) settled() bool {
+	resp, err := http.Get(r.gateAdmin + "/metrics")
+	if err != nil {
+		return false
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return false
+	}
+	var reserved, ended float64
+	for _, line := range strings.Split(string(body), "\n") {
+		series, val, ok := strings.Cut(line, " ")
+		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		switch {
+		case !ok || err != nil:
+		case strings.HasPrefix(series, "infergate_ratelimit_reservations_total{") && strings.Contains(series, `state="reserved"`):
+			reserved += f
+		case strings.HasPrefix(series, "infergate_ratelimit_reservations_total{") && strings.Contains(series, `state="settled"`),
+			strings.HasPrefix(series, "infergate_admission_errors_total{") && strings.Contains(series, `op="settle"`):
+			ended += f
+		}
+	}
+	return ended >= reserved
 }
