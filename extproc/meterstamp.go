@@ -140,9 +140,10 @@ func cacheParts(prompt, cached, written int) (int, int) {
 
 // costOf is st's cost at its model's price on its pool, from its tokens:
 // the pool's usage, or what the meter counted (marked Counted). A request
-// of no priced model, or that reached no pool, costs nothing here.
+// of no priced model, whose tokens were not read, or that ran no model
+// (count_tokens: its count is no usage) costs nothing here.
 func costOf(st *request.Stamp, prices *price.Table) request.Cost {
-	if st.TokenSource == "" {
+	if st.TokenSource == "" || st.API == openai.APICountTokens {
 		return request.Cost{}
 	}
 	p, src, ok := prices.Lookup(st.Model, st.Pool)

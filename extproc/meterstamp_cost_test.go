@@ -32,6 +32,7 @@ func TestStampOfCost(t *testing.T) {
 		model, pool    string
 		api            openai.API
 		stream         string
+		nonSSE         string // a non-streamed body instead
 		cached, write  int
 		cost           string // in dollars; "" unpriced
 		source         string
@@ -57,6 +58,10 @@ func TestStampOfCost(t *testing.T) {
 				"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
 			cached: 100, write: 20, cost: "0.000255", source: "model"}, // 5×3 + 100×0.3 + 20×3.75 + 9×15 µ$
 		{name: "an unpriced model", model: "other", pool: "standard", stream: chatUsage(10, 0, 1)},
+		{name: "count_tokens runs no model", model: "mini", pool: "standard", api: openai.APICountTokens, nonSSE: `{"input_tokens":1000}`},
+		{name: "embeddings at the input price", model: "mini", pool: "standard", api: openai.APIEmbeddings,
+			nonSSE: `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"mini","usage":{"prompt_tokens":10,"total_tokens":10}}`,
+			cost:   "0.0000015", source: "model"},
 		{name: "an untrusted field is still priced (no tenant: no metric)", model: "mini", pool: "standard", stream: chatUsage(1, 0, 0),
 			cost: "0.00000015", source: "model", untrustedField: true},
 	} {
@@ -67,9 +72,9 @@ func TestStampOfCost(t *testing.T) {
 			}
 			m := &meterRequest{seen: true, reservation: "r-1", origin: request.OriginPool}
 			m.stamp = request.Stamp{Model: tc.model, Pool: tc.pool, Tenant: "acme", Status: 200, PromptTokens: tc.gateEstimate}
-			m.tally.API, m.tally.MaxGaps, m.tally.SSE = api, 8, true
+			m.tally.API, m.tally.MaxGaps, m.tally.SSE = api, 8, tc.nonSSE == ""
 			m.tally.Parser.MaxLine = 1 << 16
-			m.tally.Body([]byte(tc.stream), time.Unix(1, 0))
+			m.tally.Body([]byte(tc.stream+tc.nonSSE), time.Unix(1, 0))
 			m.tally.End(time.Unix(2, 0))
 			o := stampOf(m, meterEnd{at: time.Unix(2, 0), complete: true, trusted: !tc.untrustedField,
 				poolName: func(p string) string { return "pool-" + p }, prices: prices})
