@@ -10,6 +10,7 @@ type instruments struct {
 	TTFT           metric.Float64Histogram // gen_ai.server.time_to_first_token
 	TimePerToken   metric.Float64Histogram // gen_ai.server.time_per_output_token
 	TokenUsage     metric.Int64Histogram   // gen_ai.client.token.usage
+	Cost           metric.Int64Counter     // infergate.cost{tenant,model,pool}: pico-units of the currency
 	RequestSeconds metric.Float64Histogram // gen_ai.server.request.duration
 
 	InterToken     metric.Float64Histogram // infergate.inter_token_latency: every gap
@@ -31,8 +32,9 @@ var (
 	gatewayBuckets  = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}
 )
 
-// newInstruments registers the instruments on meter.
-func newInstruments(meter metric.Meter) (*instruments, error) {
+// newInstruments registers the instruments on meter; currency is the
+// prices' (its code names the cost's unit).
+func newInstruments(meter metric.Meter, currency string) (*instruments, error) {
 	m := &instruments{}
 	var err error
 	var errs []error
@@ -59,6 +61,11 @@ func newInstruments(meter metric.Meter) (*instruments, error) {
 	m.TokenUsage, err = meter.Int64Histogram("gen_ai.client.token.usage", metric.WithUnit("{token}"),
 		metric.WithDescription("Tokens used per request, by gen_ai.token.type (input or output)."),
 		metric.WithExplicitBucketBoundaries(tokenBuckets...))
+	errs = append(errs, err)
+	// The GenAI conventions name no cost metric. An integer counter keeps
+	// the sum exact: one token at $0.15/M is 150000 pico-dollars.
+	m.Cost, err = meter.Int64Counter("infergate.cost", metric.WithUnit("{pico"+currency+"}"),
+		metric.WithDescription("What the requests cost at the configured prices, in pico-units (1e-12) of the currency, by tenant, model and pool."))
 	errs = append(errs, err)
 	m.GateDecisions, err = meter.Int64Counter("infergate.gate.decisions",
 		metric.WithDescription("Gate decisions by decision (allow, deny, shadow_deny) and OpenAI error code."))

@@ -354,7 +354,7 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		m.sentAt = m.departure(end)
 	}
 	m.tally.End(end)
-	e := meterEnd{at: end, complete: complete, trusted: s.trusted(ctx, m), poolName: s.pool}
+	e := meterEnd{at: end, complete: complete, trusted: s.trusted(ctx, m), poolName: s.pool, prices: s.opts.Prices}
 	if !m.envoyTimed {
 		e.stalls = s.stalls.recent(s.now())
 	}

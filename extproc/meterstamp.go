@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/stats"
 )
@@ -20,6 +21,7 @@ type meterEnd struct {
 	stalls  []stall // when infergate did not run (stampClock); unused when Envoy timed the stream
 	// poolName names a pool (an Envoy cluster) as the stamp shows it.
 	poolName func(string) string
+	prices   *price.Table // the models' prices; nil prices nothing
 }
 
 // meterOutcome is what the meter makes of one request once its response
@@ -58,6 +60,7 @@ func stampOf(m *meterRequest, e meterEnd) meterOutcome {
 	// an output reported alone takes it as its input.
 	if t.HasInput {
 		st.PromptTokens = clampInt(float64(t.Input), 0, maxTokens)
+		st.CachedTokens, st.CacheWriteTokens = cacheParts(st.PromptTokens, t.InputCached, t.InputCacheWrite)
 	}
 	o.usage = t.Usage
 	if o.usage != nil && t.OutputOnly {
@@ -109,10 +112,12 @@ func stampOf(m *meterRequest, e meterEnd) meterOutcome {
 		st.TokenSource = "usage"
 		st.PromptTokens = clampInt(float64(o.usage.PromptTokens), 0, maxTokens)
 		st.CompletionTokens = clampInt(float64(o.usage.CompletionTokens), 0, maxTokens)
+		st.CachedTokens, st.CacheWriteTokens = cacheParts(st.PromptTokens, o.usage.CachedTokens, o.usage.CacheWriteTokens)
 	case t.SSE:
 		st.TokenSource = "events"
 		st.CompletionTokens = st.ContentEvents
 	}
+	st.Cost = costOf(st, e.prices)
 	st.Gaps = t.Gaps
 	// What the meter could not read (the response itself passed untouched).
 	st.UnreadEvents = t.Unread()
@@ -123,6 +128,33 @@ func stampOf(m *meterRequest, e meterEnd) meterOutcome {
 		st.ITLP95 = stats.Percentile(sorted, 0.95)
 	}
 	return o
+}
+
+// cacheParts range-checks the cached parts of a prompt of prompt tokens:
+// a part out of range (negative, or more than the prompt left) is 0, so
+// those tokens are priced as input, never less.
+func cacheParts(prompt, cached, written int) (int, int) {
+	cached = clampInt(float64(cached), 0, prompt)
+	return cached, clampInt(float64(written), 0, prompt-cached)
+}
+
+// costOf is st's cost at its model's price on its pool, from its tokens:
+// the pool's usage, or what the meter counted (marked Counted). A request
+// of no priced model, whose tokens were not read, or that ran no model
+// (count_tokens: its count is no usage) costs nothing here.
+func costOf(st *request.Stamp, prices *price.Table) request.Cost {
+	if st.TokenSource == "" || st.API == openai.APICountTokens {
+		return request.Cost{}
+	}
+	p, src, ok := prices.Lookup(st.Model, st.Pool)
+	if !ok {
+		return request.Cost{}
+	}
+	return request.Cost{
+		Amount: p.Cost(price.Tokens{Prompt: st.PromptTokens, Cached: st.CachedTokens,
+			CacheWrite: st.CacheWriteTokens, Completion: st.CompletionTokens}),
+		Currency: prices.Currency, Price: string(src), Counted: st.TokenSource != "usage",
+	}
 }
 
 // settlementOf is what the meter saw of o's request, for admission to

@@ -25,6 +25,8 @@ type meters struct {
 	m         *instruments
 	models    *labelSet
 	pools     *labelSet
+	tenants   *labelSet
+	costs     attrCache[costKey, metric.MeasurementOption]
 	stamps    attrCache[stampKey, stampAttrs]
 	decisions attrCache[decisionKey, metric.MeasurementOption]
 	poolSets  attrCache[poolKey, metric.MeasurementOption]
@@ -65,6 +67,9 @@ func (ms *meters) Record(ctx context.Context, s *request.Stamp) {
 	if s.Timing.StreamTimed() {
 		ms.m.RequestSeconds.Record(ctx, s.E2E.Seconds(), sets.all)
 	}
+	if s.Cost.Currency != "" {
+		ms.m.Cost.Add(ctx, s.Cost.Amount, ms.costAttrs(s))
+	}
 	ms.m.GatewaySeconds.Record(ctx, s.Gateway.Total.Seconds(), sets.all)
 	if s.Gateway.Checks > 0 {
 		ms.m.ChecksSeconds.Record(ctx, s.Gateway.Checks.Seconds(), sets.all)
@@ -99,6 +104,7 @@ type (
 	stampAttrs  struct{ all, input, output metric.MeasurementOption }
 	decisionKey struct{ decision, code string }
 	poolKey     struct{ model, pool string }
+	costKey     struct{ tenant, model, pool string }
 )
 
 // operation is api's gen_ai.operation.name; "chat" for a request of no
@@ -114,6 +120,16 @@ func operation(api openai.API) string {
 func (ms *meters) poolAttrs(s *request.Stamp) metric.MeasurementOption {
 	return ms.poolSets.get(poolKey{ms.models.label(s.Model, s), ms.pools.label(s.Pool, s)}, func(k poolKey) metric.MeasurementOption {
 		return metric.WithAttributeSet(attribute.NewSet(
+			attribute.String("gen_ai.request.model", k.model), attribute.String("infergate.pool", k.pool)))
+	})
+}
+
+// costAttrs labels a cost by the stamp's tenant, model and pool, each
+// from a bounded set.
+func (ms *meters) costAttrs(s *request.Stamp) metric.MeasurementOption {
+	k := costKey{ms.tenants.label(s.Tenant, s), ms.models.label(s.Model, s), ms.pools.label(s.Pool, s)}
+	return ms.costs.get(k, func(k costKey) metric.MeasurementOption {
+		return metric.WithAttributeSet(attribute.NewSet(attribute.String("infergate.tenant", k.tenant),
 			attribute.String("gen_ai.request.model", k.model), attribute.String("infergate.pool", k.pool)))
 	})
 }

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/seal"
 )
@@ -103,11 +104,17 @@ type Options struct {
 	// request for the stamp (default 16384).
 	MaxEventBytes  int
 	MaxTrackedGaps int
+	// Prices are the models' prices: the stamp, the request log and
+	// infergate.cost carry each request's cost at them. Nil: no cost.
+	Prices *price.Table
 	// Models and Pools are the names used as metric label values (e.g.
 	// the virtual models and the models the pools serve; the configured
 	// pools); other names are labelled "other". Without them, the first 64
 	// names of responses a pool answered successfully are used.
 	Models, Pools []string
+	// Tenants are the tenant names used as label values of infergate.cost,
+	// bounded the same way (without them, the first 64 tenants served).
+	Tenants []string
 	// Catalog are the model names GET /v1/models lists (config models and
 	// virtualModels), each to the callers the policy lets call it (see
 	// ModelPolicy). Empty: the gate does not answer /v1/models; the path
@@ -170,10 +177,14 @@ func New(opts Options) (*Server, error) {
 		meter = metricnoop.NewMeterProvider().Meter("")
 	}
 	var err error
-	if s.metrics, err = newInstruments(meter); err != nil {
+	currency := "USD"
+	if opts.Prices != nil && opts.Prices.Currency != "" {
+		currency = opts.Prices.Currency
+	}
+	if s.metrics, err = newInstruments(meter, currency); err != nil {
 		return nil, err
 	}
-	s.meters = &meters{m: s.metrics, models: newLabelSet(opts.Models), pools: newLabelSet(opts.Pools)}
+	s.meters = &meters{m: s.metrics, models: newLabelSet(opts.Models), pools: newLabelSet(opts.Pools), tenants: newLabelSet(opts.Tenants)}
 	s.sinks = append([]request.Sink{s.meters}, s.sinks...)
 	return s, nil
 }

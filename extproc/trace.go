@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/stats"
 	"github.com/infergate/infergate/internal/telemetry"
@@ -145,6 +146,8 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		attribute.String("gen_ai.response.model", st.ResponseModel),
 		attribute.Int("gen_ai.usage.input_tokens", st.PromptTokens),
 		attribute.Int("gen_ai.usage.output_tokens", st.CompletionTokens),
+		attribute.Int("gen_ai.usage.cache_read.input_tokens", st.CachedTokens),
+		attribute.Int("gen_ai.usage.cache_creation.input_tokens", st.CacheWriteTokens),
 		attribute.String("server.address", st.Upstream),
 		attribute.Int("http.response.status_code", st.Status),
 		attribute.String("infergate.request_id", st.RequestID),
@@ -164,6 +167,10 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		attribute.Bool("infergate.complete", st.Complete),
 		attribute.String("infergate.timing", string(st.Timing)),
 	)
+	if c := st.Cost; c.Currency != "" {
+		span.SetAttributes(attribute.String("infergate.cost", price.FormatCost(c.Amount)),
+			attribute.String("infergate.cost.currency", c.Currency), attribute.String("infergate.price_source", c.Price))
+	}
 	for i, p := range st.PoolsTried {
 		span.AddEvent("attempt", trace.WithTimestamp(m.sentAt),
 			trace.WithAttributes(attribute.Int("infergate.attempt", i+1), attribute.String("infergate.pool", p)))

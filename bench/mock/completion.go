@@ -102,6 +102,7 @@ type params struct {
 	itl            time.Duration
 	tokensPerEvent int
 	tokens         int  // output tokens forced by x-mock-tokens; 0 = from the request
+	cachedTokens   int  // x-mock-cached-tokens: prompt tokens the usage reports read from the cache
 	largestCap     bool // x-mock-output-cap: largest, the largest output cap the body names wins
 	status         int  // status injected by x-mock-status; 0 = complete normally
 	retryAfter     time.Duration
@@ -139,6 +140,11 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 		return p, err
 	} else if ok {
 		p.tokens = v
+	}
+	if v, ok, err := intHeader(h, "x-mock-cached-tokens", 0, maxOutputTokens); err != nil {
+		return p, err
+	} else if ok {
+		p.cachedTokens = v
 	}
 	if v, ok, err := intHeader(h, "x-mock-status", 400, 599); err != nil {
 		return p, err
@@ -213,6 +219,7 @@ type completion struct {
 	created        int64
 	model          string
 	promptTokens   int
+	cachedTokens   int // the part of promptTokens the usage reports cached (x-mock-cached-tokens)
 	outputTokens   int
 	tokensPerEvent int
 	includeUsage   bool
@@ -281,6 +288,7 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 	c.id = k.idPrefix() + hex.EncodeToString(sum[:12])
 	c.created = 1_700_000_000 + int64(binary.BigEndian.Uint64(sum[0:8])%1_000_000)
 	c.promptTokens = prompt
+	c.cachedTokens = min(p.cachedTokens, prompt)
 	c.tokensPerEvent = p.tokensPerEvent
 	c.includeUsage = req.Stream && req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	c.wordSeed = binary.BigEndian.Uint64(sum[8:16])

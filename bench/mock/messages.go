@@ -32,9 +32,12 @@ type anthropicText struct {
 	Text string `json:"text"`
 }
 
+// anthropicUsage counts the input read from the prompt cache apart from
+// input_tokens, as Anthropic does.
 type anthropicUsage struct {
-	InputTokens  int `json:"input_tokens"`
-	OutputTokens int `json:"output_tokens"`
+	InputTokens          int `json:"input_tokens"`
+	CacheReadInputTokens int `json:"cache_read_input_tokens,omitempty"`
+	OutputTokens         int `json:"output_tokens"`
 }
 
 // Stream events, one struct per shape.
@@ -73,7 +76,7 @@ type countTokensResponse struct {
 func (c *completion) message(text string, done bool) anthropicMessage {
 	m := anthropicMessage{
 		ID: c.id, Type: "message", Role: "assistant", Model: c.model, Content: []anthropicText{},
-		Usage: anthropicUsage{InputTokens: c.promptTokens},
+		Usage: anthropicUsage{InputTokens: c.promptTokens - c.cachedTokens, CacheReadInputTokens: c.cachedTokens},
 	}
 	if done {
 		reason := stopEndTurn

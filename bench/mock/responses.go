@@ -132,6 +132,7 @@ func (c *completion) response(status, text string) responseObject {
 	if status == "completed" {
 		r.Output = []responseMessage{c.outputMessage("completed", []outputText{c.outputText(text)})}
 		r.Usage = &responseUsage{InputTokens: c.promptTokens, OutputTokens: c.outputTokens, TotalTokens: c.promptTokens + c.outputTokens}
+		r.Usage.InputTokensDetails.CachedTokens = c.cachedTokens
 	}
 	return r
 }

@@ -31,9 +31,14 @@ type envelope struct {
 }
 
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens        int           `json:"prompt_tokens"`
+	CompletionTokens    int           `json:"completion_tokens"`
+	TotalTokens         int           `json:"total_tokens"`
+	PromptTokensDetails *promptDetail `json:"prompt_tokens_details,omitempty"`
+}
+
+type promptDetail struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 type chatChunkChoice struct {
@@ -85,11 +90,15 @@ func (c *completion) envelope(object string, choices any) envelope {
 }
 
 func (c *completion) usage() *usage {
-	return &usage{
+	u := &usage{
 		PromptTokens:     c.promptTokens,
 		CompletionTokens: c.outputTokens * c.choices,
 		TotalTokens:      c.promptTokens + c.outputTokens*c.choices,
 	}
+	if c.cachedTokens > 0 {
+		u.PromptTokensDetails = &promptDetail{CachedTokens: c.cachedTokens}
+	}
+	return u
 }
 
 // roleChunk is the chat stream's opening chunk; it carries no token.

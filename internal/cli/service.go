@@ -156,6 +156,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		ChatOutputLimit:   cfg.Gate.ChatOutputLimit,
 		MaxEventBytes:     cfg.Meter.MaxEventBytes,
 		MaxTrackedGaps:    cfg.Meter.MaxTrackedGaps,
+		Prices:            cfg.Prices.Table(),
 		Logger:            logger,
 		Meter:             metrics.Meter(),
 		Sinks:             sinks,

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
@@ -20,6 +21,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/xds/controller"
 )
 
@@ -56,6 +58,160 @@ type Config struct {
 	// PoolModels, with neither Models nor VirtualModels, are listed on
 	// GET /v1/models instead: what the pools serve, read from each one.
 	PoolModels PoolModels `yaml:"poolModels"`
+
+	// Prices are what the models cost: the stamp, the request log and
+	// infergate.cost carry each request's cost at them. Read at start
+	// (a change needs a restart, like the rest of this file).
+	Prices Prices `yaml:"prices"`
+}
+
+// Prices are the models' prices per million tokens, in Currency.
+type Prices struct {
+	// Currency is the ISO 4217 code every price is in (three capital
+	// letters).
+	Currency string `yaml:"currency"`
+	// Models are the prices by model name, as clients call it (a model or
+	// a virtual model). A model not named here costs nothing on record.
+	Models map[string]ModelPrice `yaml:"models"`
+}
+
+// ModelPrice is one model's price, and its prices on pools.
+type ModelPrice struct {
+	Price `yaml:",inline"`
+	// Pools override the price on a pool (by its name, as the stamp names
+	// it): hosted tiers price differently. A field left out is the
+	// model's.
+	Pools map[string]Price `yaml:"pools"`
+}
+
+// Price is the price of a million tokens of input, cached input and output.
+type Price struct {
+	// Input is the price of input neither read from nor written to the
+	// pool's prompt cache.
+	Input Decimal `yaml:"input"`
+	// CachedInput is input read from the pool's prompt cache (OpenAI's
+	// cached_tokens, Anthropic's cache_read_input_tokens); default: input.
+	CachedInput Decimal `yaml:"cachedInput"`
+	// CacheWriteInput is input written to the prompt cache (Anthropic's
+	// cache_creation_input_tokens); default: input.
+	CacheWriteInput Decimal `yaml:"cacheWriteInput"`
+	// Output is the price of output (reasoning included).
+	Output Decimal `yaml:"output"`
+}
+
+// Decimal is a price per million tokens in the currency, a plain decimal
+// quoted or not ("0.15"; at most 6 decimal places, at most 1000), read
+// exactly, never as a float.
+type Decimal string
+
+// UnmarshalYAML keeps a scalar's text: 0.15 is "0.15", never a float.
+func (d *Decimal) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: a price is a decimal number, e.g. 0.15", n.Line)
+	}
+	*d = Decimal(n.Value)
+	return nil
+}
+
+// maxPricedModels and maxPricedPools bound the price table.
+const (
+	maxPricedModels = 10_000
+	maxPricedPools  = 64
+)
+
+func (p *Prices) validate() []error {
+	var errs []error
+	check := func(ok bool, path, format string, args ...any) {
+		if !ok {
+			errs = append(errs, &Error{Path: "prices." + path, Msg: fmt.Sprintf(format, args...)})
+		}
+	}
+	check(len(p.Currency) == 3 && strings.Trim(p.Currency, "ABCDEFGHIJKLMNOPQRSTUVWXYZ") == "", "currency",
+		"must be an ISO 4217 code (three capital letters, e.g. USD), got %q", p.Currency)
+	check(len(p.Models) <= maxPricedModels, "models", "at most %d models, got %d", maxPricedModels, len(p.Models))
+	for _, name := range slices.Sorted(maps.Keys(p.Models)) {
+		m := p.Models[name]
+		at := "models." + name
+		check(strings.TrimSpace(name) != "", at, "a model's name is empty")
+		check(m.Input != "" && m.Output != "", at, "input and output are required")
+		check(len(m.Pools) <= maxPricedPools, at+".pools", "at most %d pools, got %d", maxPricedPools, len(m.Pools))
+		for _, pool := range slices.Sorted(maps.Keys(m.Pools)) {
+			check(strings.TrimSpace(pool) != "", at+".pools", "a pool's name is empty")
+		}
+		for _, f := range m.fields() {
+			if f.v == "" {
+				continue
+			}
+			_, err := price.Parse(string(f.v))
+			check(err == nil, at+"."+f.name, "%v", err)
+		}
+	}
+	return errs
+}
+
+// priceField is one price of a model's, named as in the file.
+type priceField struct {
+	name string
+	v    Decimal
+}
+
+func (m *ModelPrice) fields() []priceField {
+	out := m.Price.fields("")
+	for _, pool := range slices.Sorted(maps.Keys(m.Pools)) {
+		pp := m.Pools[pool]
+		out = append(out, pp.fields("pools."+pool+".")...)
+	}
+	return out
+}
+
+func (p *Price) fields(prefix string) []priceField {
+	return []priceField{{prefix + "input", p.Input}, {prefix + "cachedInput", p.CachedInput},
+		{prefix + "cacheWriteInput", p.CacheWriteInput}, {prefix + "output", p.Output}}
+}
+
+// Table is the prices as the meter reads them. Call it on a validated
+// configuration: a price it cannot read is 0.
+func (p *Prices) Table() *price.Table {
+	t := &price.Table{Currency: p.Currency}
+	for name, m := range p.Models {
+		var pools map[string]price.Price
+		if len(m.Pools) > 0 {
+			pools = make(map[string]price.Price, len(m.Pools))
+			for pool, pp := range m.Pools {
+				pools[pool] = pp.over(m.Price).resolve()
+			}
+		}
+		t.Add(name, m.Price.resolve(), pools)
+	}
+	return t
+}
+
+// over is p with each field left out taken from base (a pool's from its
+// model's, as written: a cache price the model left out stays out).
+func (p Price) over(base Price) Price {
+	for _, f := range []struct{ dst, def *Decimal }{{&p.Input, &base.Input}, {&p.CachedInput, &base.CachedInput},
+		{&p.CacheWriteInput, &base.CacheWriteInput}, {&p.Output, &base.Output}} {
+		if *f.dst == "" {
+			*f.dst = *f.def
+		}
+	}
+	return p
+}
+
+// resolve reads p's prices; a cache price left out is the input's.
+func (p Price) resolve() price.Price {
+	read := func(d Decimal) int64 {
+		n, _ := price.Parse(string(d))
+		return n
+	}
+	out := price.Price{Input: read(p.Input), CachedInput: read(p.CachedInput), CacheWrite: read(p.CacheWriteInput), Output: read(p.Output)}
+	if p.CachedInput == "" {
+		out.CachedInput = out.Input
+	}
+	if p.CacheWriteInput == "" {
+		out.CacheWrite = out.Input
+	}
+	return out
 }
 
 // Catalog is every model name a client may call: Models, then the
@@ -643,6 +799,10 @@ func (c *Config) fillDefaults() {
 	setDefault(&c.XDS.RouteConfigName, "infergate")
 	setDefault(&c.Log.Level, "info")
 	setDefault(&c.Log.Format, "json")
+	setDefault(&c.Prices.Currency, "USD")
+	if c.Prices.Models == nil {
+		c.Prices.Models = map[string]ModelPrice{}
+	}
 	if c.Log.Requests == nil {
 		c.Log.Requests = ptr(true)
 	}
@@ -693,6 +853,7 @@ func (c *Config) validate() error {
 		"must be between 1 and %d, got %d", math.MaxInt32, c.RateLimit.DefaultMaxTokens)
 	check(c.RateLimit.Redis.Timeout > 0, "ratelimit.redis.timeout", "must be positive")
 	errs = append(errs, c.Reservations.validate()...)
+	errs = append(errs, c.Prices.validate()...)
 	check(c.Policy.ReloadInterval >= 100*time.Millisecond, "policy.reloadInterval", "must be at least 100ms, got %s", c.Policy.ReloadInterval)
 	for name, ch := range c.Checks {
 		u, err := url.Parse(ch.URL)

@@ -13,6 +13,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/xds/controller"
 )
 
@@ -45,6 +46,7 @@ func defaults() *Config {
 		Tracing:       Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
 		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
 		PoolModels:    defaultPoolModels,
+		Prices:        Prices{Currency: "USD", Models: map[string]ModelPrice{}},
 	}
 }
 
@@ -79,8 +81,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s} poolModels=%+v",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests), c.PoolModels)
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s} poolModels=%+v prices=%+v",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests), c.PoolModels, c.Prices)
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -151,6 +153,10 @@ func TestValidFile(t *testing.T) {
 			QueueSize: 100, TraceURL: "http://jaeger:16686/trace/{trace_id}"},
 		Log:        Log{Level: "debug", Format: "text", Requests: ptr(false)},
 		PoolModels: defaultPoolModels,
+		Prices: Prices{Currency: "EUR", Models: map[string]ModelPrice{
+			"llama-3-70b": {Price: Price{Input: "0.15", CachedInput: "0.075", Output: "0.6"},
+				Pools: map[string]Price{"pool-b": {Input: "0.30", Output: "1.2"}}},
+		}},
 	}
 	c, err := Load(filepath.Join("testdata", "valid.yaml"))
 	if err != nil {
@@ -524,5 +530,47 @@ func TestReservationsValidated(t *testing.T) {
 		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), "reservations.") {
 			t.Errorf("%s: %v", doc, err)
 		}
+	}
+}
+
+// The prices read exactly; a cache price left out is the input's, and a
+// pool's price left out is the model's as written.
+func TestPricesTable(t *testing.T) {
+	c, err := Parse([]byte(`
+prices:
+  models:
+    mini:
+      input: 0.15
+      cachedInput: 0.075
+      output: 0.60
+      pools:
+        premium: {input: 0.30}
+    plain:
+      input: "3"
+      output: 15
+      pools:
+        batch: {input: 1.5, output: 7.5}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := c.Prices.Table()
+	for _, tc := range []struct {
+		model, pool string
+		want        price.Price
+		src         price.Source
+	}{
+		{"mini", "other", price.Price{Input: 150_000, CachedInput: 75_000, CacheWrite: 150_000, Output: 600_000}, price.SourceModel},
+		{"mini", "premium", price.Price{Input: 300_000, CachedInput: 75_000, CacheWrite: 300_000, Output: 600_000}, price.SourcePool},
+		{"plain", "", price.Price{Input: 3_000_000, CachedInput: 3_000_000, CacheWrite: 3_000_000, Output: 15_000_000}, price.SourceModel},
+		{"plain", "batch", price.Price{Input: 1_500_000, CachedInput: 1_500_000, CacheWrite: 1_500_000, Output: 7_500_000}, price.SourcePool},
+	} {
+		p, src, ok := tab.Lookup(tc.model, tc.pool)
+		if !ok || p != tc.want || src != tc.src {
+			t.Errorf("%s on %q: %+v from %q (%v), want %+v from %q", tc.model, tc.pool, p, src, ok, tc.want, tc.src)
+		}
+	}
+	if tab.Currency != "USD" || tab.Len() != 2 {
+		t.Errorf("currency %q, %d models", tab.Currency, tab.Len())
 	}
 }

@@ -14,6 +14,13 @@ type Usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
 	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	// CachedTokens is the part of PromptTokens read from the pool's prompt
+	// cache (prompt_tokens_details.cached_tokens, Responses'
+	// input_tokens_details.cached_tokens, Anthropic's
+	// cache_read_input_tokens); CacheWriteTokens the part written to it
+	// (Anthropic's cache_creation_input_tokens). Each is priced apart.
+	CachedTokens     int `json:"cached_tokens,omitempty"`
+	CacheWriteTokens int `json:"cache_write_tokens,omitempty"`
 }
 
 // Chunk is what the meter needs from one streamed event (chat.completion.chunk
@@ -177,7 +184,31 @@ func readUsage(v gjson.Result) (*Usage, bool) {
 		}
 		*f.dst = int(n.Int())
 	}
+	if d := v.Get("prompt_tokens_details"); d.Exists() && d.Type != gjson.Null {
+		n, ok := cachedDetail(d)
+		if !ok {
+			return nil, false
+		}
+		u.CachedTokens = n
+	}
 	return u, true
+}
+
+// cachedDetail reads a usage's input details' cached_tokens (0 when
+// absent or null); a details value that is not an object, or a count that
+// is not a non-negative number, is malformed.
+func cachedDetail(d gjson.Result) (int, bool) {
+	if !d.IsObject() {
+		return 0, false
+	}
+	n := d.Get("cached_tokens")
+	switch {
+	case !n.Exists() || n.Type == gjson.Null:
+		return 0, true
+	case n.Type != gjson.Number || n.Num < 0:
+		return 0, false
+	}
+	return int(min(n.Int(), maxCount)), true
 }
 
 // ChunkModel returns the "model" an event or response names ("" if none).

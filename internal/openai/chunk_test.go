@@ -84,6 +84,16 @@ func TestParseChunk(t *testing.T) {
 			want: Chunk{Usage: &Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}},
 		},
 		{
+			name: "cached prompt tokens",
+			data: `{"choices":[],"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,"prompt_tokens_details":{"cached_tokens":1920,"audio_tokens":0}}}`,
+			want: Chunk{Usage: &Usage{PromptTokens: 2006, CompletionTokens: 300, TotalTokens: 2306, CachedTokens: 1920}},
+		},
+		{
+			name: "null details",
+			data: `{"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3,"prompt_tokens_details":null}}`,
+			want: Chunk{Usage: &Usage{PromptTokens: 2, CompletionTokens: 1, TotalTokens: 3}},
+		},
+		{
 			name: "content and usage in the same chunk",
 			data: `{"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`,
 			want: Chunk{Content: true, Usage: &Usage{PromptTokens: 5, CompletionTokens: 1, TotalTokens: 6}},
@@ -154,6 +164,9 @@ func TestParseChunkErrors(t *testing.T) {
 		`{"choices":{"delta":{}}}`,
 		`{"choices":[{"delta":{"content":42}}]}`,
 		`{"usage":{"prompt_tokens":"12"}}`,
+		`{"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":-3}}}`,
+		`{"usage":{"prompt_tokens":2,"prompt_tokens_details":{"cached_tokens":"1"}}}`,
+		`{"usage":{"prompt_tokens":2,"prompt_tokens_details":[1]}}`,
 		`{"model":1}`,
 	} {
 		got, err := ParseChunk([]byte(data))

@@ -196,6 +196,10 @@ func readTokens(v gjson.Result, inputs []string, output string) (u *Usage, input
 	u = &Usage{}
 	ok = true
 	v.ForEach(func(key, n gjson.Result) bool {
+		if key.Str == "input_tokens_details" && n.Type != gjson.Null { // Responses: a part of input_tokens
+			u.CachedTokens, ok = cachedDetail(n)
+			return ok
+		}
 		in := false
 		for _, k := range inputs {
 			in = in || key.Str == k
@@ -211,6 +215,12 @@ func readTokens(v gjson.Result, inputs []string, output string) (u *Usage, input
 		if in {
 			input = true
 			u.PromptTokens += count
+			switch key.Str { // Anthropic's cache parts, counted apart from input_tokens
+			case "cache_read_input_tokens":
+				u.CachedTokens = count
+			case "cache_creation_input_tokens":
+				u.CacheWriteTokens = count
+			}
 		} else {
 			u.CompletionTokens = count
 		}

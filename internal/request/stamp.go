@@ -36,6 +36,12 @@ type Stamp struct {
 	PromptTokens     int
 	CompletionTokens int
 	TokenSource      string // "usage" (from the model server) or "events" (counted)
+	// CachedTokens and CacheWriteTokens are the parts of PromptTokens the
+	// pool's usage says were read from and written to its prompt cache.
+	CachedTokens, CacheWriteTokens int
+	// Cost is what the request cost at its model's price; zero when the
+	// model has none.
+	Cost Cost
 	// TTFT is from the request leaving the gateway to the first content
 	// token arriving back at Envoy: upstream queueing + prefill + network.
 	TTFT time.Duration
@@ -98,6 +104,17 @@ func (t Timing) FirstTokenTimed() bool { return t != TimingLateRead }
 
 // StreamTimed says whether the stamp's gaps and E2E are measurements.
 func (t Timing) StreamTimed() bool { return t == TimingOK || t == "" }
+
+// Cost is a request's cost, exact: Amount pico-units (10⁻¹² of
+// Currency), computed from the stamp's tokens at the price named by Price.
+type Cost struct {
+	Amount   int64
+	Currency string // ISO 4217; "" when the request was not priced
+	Price    string // the price used: "model", or "pool" (the model's on its pool)
+	// Counted: the tokens priced are what the meter counted (TokenSource
+	// "events"), not the pool's usage.
+	Counted bool
+}
 
 // GatewayTime is the time spent in the gateway before the upstream got the
 // request, split by stage.

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/stats"
 )
@@ -66,6 +67,18 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	num("prompt_tokens", s.PromptTokens)
 	num("completion_tokens", s.CompletionTokens)
 	str("token_source", s.TokenSource)
+	num("cached_tokens", s.CachedTokens)
+	if s.CacheWriteTokens > 0 {
+		num("cache_write_tokens", s.CacheWriteTokens)
+	}
+	if c := s.Cost; c.Currency != "" {
+		// An exact decimal (a JSON number written from the integer).
+		key("cost")
+		b = append(b, price.FormatCost(c.Amount)...)
+		str("currency", c.Currency)
+		str("price_source", c.Price)
+		boolean("cost_counted", c.Counted)
+	}
 	flt("ttft_ms", stats.Ms(s.TTFT))
 	flt("itl_p50_ms", stats.Ms(s.ITLP50))
 	flt("itl_p95_ms", stats.Ms(s.ITLP95))

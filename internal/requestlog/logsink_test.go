@@ -9,25 +9,35 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/stats"
 )
 
 // slogSink is what LogSink replaced: the stamp through slog's JSON handler.
 func slogSink(l *slog.Logger, s *request.Stamp) {
-	l.LogAttrs(context.Background(), slog.LevelInfo, "request",
+	attrs := []slog.Attr{
 		slog.String("request_id", s.RequestID), slog.String("trace_id", s.TraceID), slog.String("principal", s.Principal),
 		slog.String("tenant", s.Tenant), slog.String("model", s.Model), slog.String("api", string(s.API)), slog.String("response_model", s.ResponseModel),
 		slog.String("pool", s.Pool), slog.String("upstream", s.Upstream), slog.Int("status", s.Status),
 		slog.Int("attempts", s.Attempts), slog.Any("pools_tried", s.PoolsTried), slog.Bool("stream", s.Stream),
 		slog.Int("prompt_tokens", s.PromptTokens), slog.Int("completion_tokens", s.CompletionTokens),
-		slog.String("token_source", s.TokenSource), slog.Float64("ttft_ms", stats.Ms(s.TTFT)),
+		slog.String("token_source", s.TokenSource), slog.Int("cached_tokens", s.CachedTokens)}
+	if s.CacheWriteTokens > 0 {
+		attrs = append(attrs, slog.Int("cache_write_tokens", s.CacheWriteTokens))
+	}
+	if c := s.Cost; c.Currency != "" {
+		attrs = append(attrs, slog.Any("cost", json.Number(price.FormatCost(c.Amount))), slog.String("currency", c.Currency),
+			slog.String("price_source", c.Price), slog.Bool("cost_counted", c.Counted))
+	}
+	attrs = append(attrs, slog.Float64("ttft_ms", stats.Ms(s.TTFT)),
 		slog.Float64("itl_p50_ms", stats.Ms(s.ITLP50)), slog.Float64("itl_p95_ms", stats.Ms(s.ITLP95)), slog.Float64("itl_max_ms", stats.Ms(s.ITLMax)),
 		slog.Int("content_events", s.ContentEvents), slog.Int("unread_events", s.UnreadEvents), slog.Float64("e2e_ms", stats.Ms(s.E2E)), slog.Float64("total_ms", stats.Ms(s.Total)),
 		slog.Float64("gateway_ms", stats.Ms(s.Gateway.Total)), slog.Float64("gate_ms", stats.Ms(s.Gateway.Gate)),
 		slog.Float64("auth_ms", stats.Ms(s.Gateway.Auth)), slog.Float64("policy_ms", stats.Ms(s.Gateway.Policy)),
 		slog.Float64("ratelimit_ms", stats.Ms(s.Gateway.RateLimit)), slog.Float64("checks_ms", stats.Ms(s.Gateway.Checks)),
 		slog.String("decision", s.Decision), slog.String("reason", s.Reason), slog.Bool("complete", s.Complete))
+	l.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
 }
 
 var timeField = regexp.MustCompile(`^\{"time":"[^"]+",`)
@@ -45,6 +55,9 @@ func TestLogSinkMatchesSlog(t *testing.T) {
 			Gateway: request.GatewayTime{Total: 5650 * time.Microsecond, Gate: 171 * time.Microsecond,
 				Timings: request.Timings{Auth: 4 * time.Microsecond, Policy: 61 * time.Microsecond, RateLimit: 32 * time.Microsecond}},
 			Decision: "allow", Reason: "allowed on the premium tier", Complete: true},
+		{Model: "gpt-4o-mini", Pool: "premium", Status: 200, PromptTokens: 2006, CachedTokens: 1920, CacheWriteTokens: 6, CompletionTokens: 1,
+			TokenSource: "usage", Cost: request.Cost{Amount: 150_000, Currency: "USD", Price: "pool"}, Complete: true},
+		{Model: "m", TokenSource: "events", Cost: request.Cost{Amount: 3_000_000_000_000, Currency: "EUR", Price: "model", Counted: true}},
 		{Model: "quote\" back\\slash\n\r\t\x01 <html>&amp; \u2028\u2029 é 日本 \xff\xfe", PoolsTried: []string{}, Reason: "\x7f",
 			TTFT: 1, E2E: 1 << 62, Total: -5 * time.Microsecond, Status: -1},
 	}
@@ -62,6 +75,9 @@ func TestLogSinkMatchesSlog(t *testing.T) {
 		}
 		if _, err := time.Parse(time.RFC3339Nano, v["time"].(string)); err != nil {
 			t.Errorf("time: %v", err)
+		}
+		if st.Cost.Currency != "" && !bytes.Contains(got.Bytes(), []byte(`"cost":`+price.FormatCost(st.Cost.Amount)+`,`)) {
+			t.Errorf("cost not written exactly: %s", got.String())
 		}
 	}
 }

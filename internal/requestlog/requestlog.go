@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/stats"
 )
@@ -146,6 +147,9 @@ type Record struct {
 	Timing           string    `json:"timing,omitempty"` // request.Timing: "late_read" times are bounds; "late_stream" gaps and E2E are
 	PromptTokens     int       `json:"prompt_tokens"`
 	CompletionTokens int       `json:"completion_tokens"`
+	CachedTokens     int       `json:"cached_tokens,omitempty"`
+	Cost             string    `json:"cost,omitempty"` // an exact decimal of Currency
+	Currency         string    `json:"currency,omitempty"`
 	TotalMs          float64   `json:"total_ms"`
 	GatewayMs        float64   `json:"gateway_ms"`
 	GateMs           float64   `json:"gate_ms"`
@@ -173,6 +177,10 @@ func NewRecord(s *request.Stamp, withGaps bool) Record {
 		ModerationMs: stats.Ms(s.Gateway.Checks), ModelMs: stats.Ms(s.E2E), TTFTMs: stats.Ms(s.TTFT),
 		ITLP50Ms: stats.Ms(s.ITLP50), ITLP95Ms: stats.Ms(s.ITLP95), ITLMaxMs: stats.Ms(s.ITLMax),
 	}
+	if s.Cost.Currency != "" {
+		r.Cost, r.Currency = price.FormatCost(s.Cost.Amount), s.Cost.Currency
+	}
+	r.CachedTokens = s.CachedTokens
 	if withGaps {
 		r.GapsMs = make([]float64, len(s.Gaps))
 		for i, g := range s.Gaps {

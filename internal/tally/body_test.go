@@ -69,14 +69,17 @@ func TestJSONBodyReadsEachAPIAtAnySize(t *testing.T) {
 		body         string
 		api          openai.API
 		prompt, comp int
+		cached       int
 		content      bool
 	}{
 		{`{"object":"list","data":[{"object":"embedding","index":0,"embedding":"` + pad + `"}],"model":"e","usage":{"prompt_tokens":9,"total_tokens":9}}`,
-			openai.APIEmbeddings, 9, 0, false},
-		{`{"id":"resp_1","object":"response","model":"m","output":[{"type":"message","content":[{"type":"output_text","text":"` + pad + `"}]}],"usage":{"input_tokens":5,"output_tokens":7000,"total_tokens":7005},"metadata":{}}`,
-			openai.APIResponses, 5, 7000, true},
+			openai.APIEmbeddings, 9, 0, 0, false},
+		{`{"id":"resp_1","object":"response","model":"m","output":[{"type":"message","content":[{"type":"output_text","text":"` + pad + `"}]}],"usage":{"input_tokens":5,"input_tokens_details":{"cached_tokens":3},"output_tokens":7000,"total_tokens":7005},"metadata":{}}`,
+			openai.APIResponses, 5, 7000, 3, true},
 		{`{"id":"msg_1","type":"message","model":"m","content":[{"type":"text","text":"` + pad + `"}],"usage":{"input_tokens":5,"cache_read_input_tokens":2,"output_tokens":7000}}`,
-			openai.APIMessages, 7, 7000, true},
+			openai.APIMessages, 7, 7000, 2, true},
+		{`{"id":"c","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"` + pad + `"}}],"usage":{"prompt_tokens":1030,"completion_tokens":7000,"total_tokens":8030,"prompt_tokens_details":{"cached_tokens":1024}}}`,
+			openai.APIChat, 1030, 7000, 1024, true},
 	} {
 		for _, known := range []bool{true, false} {
 			api := tc.api
@@ -84,7 +87,7 @@ func TestJSONBodyReadsEachAPIAtAnySize(t *testing.T) {
 				api = "" // named from the response's start
 			}
 			u, model, content := feedJSON(tc.body, 16<<10).read(&api)
-			if api != tc.api || u == nil || u.PromptTokens != tc.prompt || u.CompletionTokens != tc.comp || model == "" || content != tc.content {
+			if api != tc.api || u == nil || u.PromptTokens != tc.prompt || u.CompletionTokens != tc.comp || u.CachedTokens != tc.cached || model == "" || content != tc.content {
 				t.Errorf("%s (known %v): read as %q, usage %+v, model %q, content %v", tc.api, known, api, u, model, content)
 			}
 		}

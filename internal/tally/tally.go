@@ -41,9 +41,11 @@ type Response struct {
 	// message_start), HasInput whether one was: it replaces the gate's
 	// estimate at once, so that a stream cut before its output's count
 	// still settles the real input.
-	Input     int
-	HasInput  bool
-	BadEvents int // events that could not be read
+	// InputCached and InputCacheWrite are its prompt-cache parts.
+	Input                        int
+	InputCached, InputCacheWrite int
+	HasInput                     bool
+	BadEvents                    int // events that could not be read
 
 	emit     func(sse.Event) // bound once: no closure per chunk
 	chunkAt  time.Time
@@ -167,14 +169,14 @@ func (r *Response) takeUsage(c *openai.Chunk) {
 	u := *c.Usage
 	switch {
 	case c.InputOnly:
-		r.Input, r.HasInput = u.PromptTokens, true
+		r.Input, r.InputCached, r.InputCacheWrite, r.HasInput = u.PromptTokens, u.CachedTokens, u.CacheWriteTokens, true
 		return
 	case c.OutputOnly:
 		switch {
 		case r.Usage != nil:
-			u.PromptTokens = r.Usage.PromptTokens
+			u.PromptTokens, u.CachedTokens, u.CacheWriteTokens = r.Usage.PromptTokens, r.Usage.CachedTokens, r.Usage.CacheWriteTokens
 		case r.HasInput:
-			u.PromptTokens, r.OutputOnly = r.Input, false
+			u.PromptTokens, u.CachedTokens, u.CacheWriteTokens, r.OutputOnly = r.Input, r.InputCached, r.InputCacheWrite, false
 		default:
 			u.PromptTokens, r.OutputOnly = 0, true
 		}

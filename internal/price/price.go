@@ -1,0 +1,161 @@
+// Package price is what a request costs: prices per million tokens as
+// exact decimal amounts, and the integer arithmetic that turns a request's
+// tokens into money without rounding.
+//
+// A price is in micro-units of its currency per million tokens (the
+// decimal "0.15", $0.15 per million tokens, is 150000). A token at that
+// price costs 150000 pico-units (10⁻¹² of the currency): tokens × price is
+// the cost in pico-units, exactly.
+package price
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Max is the highest price accepted: 1000 units of the currency per
+// million tokens, in micro-units. With MaxTokens it keeps one request's
+// cost within an int64 (2³¹ tokens × 10⁹ < 2⁶³).
+const Max = 1_000 * 1_000_000
+
+// MaxTokens bounds each count a cost is computed from.
+const MaxTokens = 1 << 30
+
+// Price is one model's (or one model on one pool's) price, in micro-units
+// of the currency per million tokens.
+type Price struct {
+	Input       int64 // input not read from or written to a prompt cache
+	CachedInput int64 // input read from the prompt cache
+	CacheWrite  int64 // input written to the prompt cache (Anthropic's cache_creation_input_tokens)
+	Output      int64
+}
+
+// Tokens are the counts a cost is computed from. Cached and CacheWrite are
+// parts of Prompt (the APIs' usage counts them in its input).
+type Tokens struct {
+	Prompt, Cached, CacheWrite, Completion int
+}
+
+// Cost is what t costs at p, in pico-units of the currency. Counts are
+// clamped to [0, MaxTokens], the cached parts to the prompt, so the
+// product never overflows whatever it is given.
+func (p Price) Cost(t Tokens) int64 {
+	prompt := clamp(t.Prompt, MaxTokens)
+	cached := clamp(t.Cached, prompt)
+	written := clamp(t.CacheWrite, prompt-cached)
+	return (prompt-cached-written)*p.Input + cached*p.CachedInput + written*p.CacheWrite +
+		clamp(t.Completion, MaxTokens)*p.Output
+}
+
+func clamp(n int, hi int64) int64 { return min(max(int64(n), 0), hi) }
+
+// Source says which price a request was charged at.
+type Source string
+
+const (
+	SourceModel Source = "model" // the model's price
+	SourcePool  Source = "pool"  // the model's price on the pool that served it
+)
+
+// Table is the prices of the models, by model name, each possibly
+// overridden per pool. The zero Table prices nothing. It is not changed
+// once built: share it freely.
+type Table struct {
+	// Currency is the ISO 4217 code every price is in.
+	Currency string
+	models   map[string]modelPrice
+}
+
+type modelPrice struct {
+	Price
+	pools map[string]Price
+}
+
+// Add sets model's price, and its prices on pools (by pool name).
+func (t *Table) Add(model string, p Price, pools map[string]Price) {
+	if t.models == nil {
+		t.models = map[string]modelPrice{}
+	}
+	t.models[model] = modelPrice{p, pools}
+}
+
+// Lookup is model's price on pool, and where it came from; ok is false
+// when model has none.
+func (t *Table) Lookup(model, pool string) (p Price, src Source, ok bool) {
+	if t == nil {
+		return Price{}, "", false
+	}
+	m, ok := t.models[model]
+	if !ok {
+		return Price{}, "", false
+	}
+	if pp, ok := m.pools[pool]; ok {
+		return pp, SourcePool, true
+	}
+	return m.Price, SourceModel, true
+}
+
+// Len is the number of models priced.
+func (t *Table) Len() int {
+	if t == nil {
+		return 0
+	}
+	return len(t.models)
+}
+
+// ErrDecimal is a price that is not a plain decimal in range.
+var ErrDecimal = errors.New("not a decimal amount")
+
+// Parse reads a price written as a plain decimal ("0.15", "3", "0.075"):
+// digits, at most one point, at most 6 decimal places, at most Max. It
+// returns micro-units. No sign, exponent or separator: money is read
+// exactly or refused.
+func Parse(s string) (int64, error) {
+	whole, frac, _ := strings.Cut(s, ".")
+	if whole == "" && frac == "" || !digits(whole) || !digits(frac) || len(frac) > 6 || len(whole) > 4 {
+		return 0, fmt.Errorf("%q: %w (digits, a point, at most 6 decimal places)", s, ErrDecimal)
+	}
+	var n int64
+	for _, c := range whole + frac + strings.Repeat("0", 6-len(frac)) {
+		n = n*10 + int64(c-'0')
+	}
+	if n > Max {
+		return 0, fmt.Errorf("%q: %w: above %s per million tokens", s, ErrDecimal, Format(Max, 6))
+	}
+	return n, nil
+}
+
+func digits(s string) bool {
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// Format writes n units of 10^-places as a decimal, trailing zeros
+// dropped: Format(150000, 12) is "0.00000015".
+func Format(n int64, places int) string {
+	neg := n < 0
+	if neg {
+		n = -n // never MinInt64: costs are bounded far below
+	}
+	s := strconv.FormatInt(n, 10)
+	if len(s) <= places {
+		s = strings.Repeat("0", places-len(s)+1) + s
+	}
+	whole, frac := s[:len(s)-places], strings.TrimRight(s[len(s)-places:], "0")
+	if frac != "" {
+		whole += "." + frac
+	}
+	if neg {
+		whole = "-" + whole
+	}
+	return whole
+}
+
+// FormatCost writes a cost in pico-units as a decimal of the currency.
+func FormatCost(pico int64) string { return Format(pico, 12) }

@@ -1,0 +1,106 @@
+package price
+
+import (
+	"errors"
+	"math"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		bad  bool
+	}{
+		{in: "0.15", want: 150_000},
+		{in: "0.075", want: 75_000},
+		{in: "3", want: 3_000_000},
+		{in: "2.5", want: 2_500_000},
+		{in: "0.000001", want: 1},
+		{in: ".5", want: 500_000},
+		{in: "0", want: 0},
+		{in: "1000", want: Max},
+		{in: "1000.000001", bad: true},
+		{in: "0.0000001", bad: true}, // 7 places: not exact in micro-units
+		{in: "-1", bad: true},
+		{in: "1e-3", bad: true},
+		{in: "", bad: true},
+		{in: ".", bad: true},
+		{in: "1.2.3", bad: true},
+		{in: "+1", bad: true},
+		{in: "1,5", bad: true},
+		{in: "99999999999999999999", bad: true},
+	} {
+		got, err := Parse(tc.in)
+		if tc.bad {
+			if !errors.Is(err, ErrDecimal) {
+				t.Errorf("Parse(%q) = %d, %v; want ErrDecimal", tc.in, got, err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("Parse(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestCost(t *testing.T) {
+	mini := Price{Input: 150_000, CachedInput: 75_000, CacheWrite: 150_000, Output: 600_000} // $0.15/$0.075/$0.60 per M
+	for _, tc := range []struct {
+		name string
+		p    Price
+		t    Tokens
+		want string // in the currency, exactly
+	}{
+		{"one input token at $0.15/M", mini, Tokens{Prompt: 1}, "0.00000015"},
+		{"one output token at $0.60/M", mini, Tokens{Completion: 1}, "0.0000006"},
+		{"a million of each", mini, Tokens{Prompt: 1_000_000, Completion: 1_000_000}, "0.75"},
+		{"cached input at the cached price", mini, Tokens{Prompt: 1000, Cached: 400, Completion: 10}, "0.000126"}, // 600×0.15+400×0.075+10×0.6 µ
+		{"cache writes at their own price", Price{Input: 3_000_000, CachedInput: 300_000, CacheWrite: 3_750_000, Output: 15_000_000},
+			Tokens{Prompt: 100, Cached: 50, CacheWrite: 30, Completion: 7}, "0.0002925"}, // 20×3 + 50×0.3 + 30×3.75 + 7×15 µ
+		{"sixth decimal place", Price{Input: 1}, Tokens{Prompt: 3}, "0.000000000003"},
+		{"cached beyond the prompt is clamped", mini, Tokens{Prompt: 10, Cached: 50}, "0.00000075"},
+		{"negative counts are zero", mini, Tokens{Prompt: -5, Completion: -1}, "0"},
+		{"nothing", mini, Tokens{}, "0"},
+	} {
+		if got := FormatCost(tc.p.Cost(tc.t)); got != tc.want {
+			t.Errorf("%s: cost %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	// The largest cost fits: no overflow at the bounds, whatever the counts.
+	top := Price{Input: Max, CachedInput: Max, CacheWrite: Max, Output: Max}
+	if c := top.Cost(Tokens{Prompt: math.MaxInt, Cached: math.MaxInt, CacheWrite: math.MaxInt, Completion: math.MaxInt}); c != 2*MaxTokens*Max {
+		t.Errorf("cost at the bounds %d, want %d", c, int64(2*MaxTokens*Max))
+	}
+}
+
+func TestFormat(t *testing.T) {
+	for _, tc := range []struct {
+		n      int64
+		places int
+		want   string
+	}{{150_000, 12, "0.00000015"}, {1_000_000_000_000, 12, "1"}, {1_500_000, 6, "1.5"}, {0, 12, "0"}, {-25, 2, "-0.25"}, {Max, 6, "1000"}} {
+		if got := Format(tc.n, tc.places); got != tc.want {
+			t.Errorf("Format(%d, %d) = %q, want %q", tc.n, tc.places, got, tc.want)
+		}
+	}
+}
+
+func TestLookup(t *testing.T) {
+	var tab Table
+	tab.Add("m", Price{Input: 1}, map[string]Price{"premium": {Input: 2}})
+	for _, tc := range []struct {
+		model, pool string
+		want        int64
+		src         Source
+		ok          bool
+	}{{"m", "standard", 1, SourceModel, true}, {"m", "premium", 2, SourcePool, true}, {"other", "premium", 0, "", false}} {
+		p, src, ok := tab.Lookup(tc.model, tc.pool)
+		if p.Input != tc.want || src != tc.src || ok != tc.ok {
+			t.Errorf("Lookup(%q, %q) = %v, %q, %v", tc.model, tc.pool, p, src, ok)
+		}
+	}
+	if _, _, ok := (*Table)(nil).Lookup("m", ""); ok {
+		t.Error("a nil table priced a model")
+	}
+}
