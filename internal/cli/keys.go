@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -46,6 +47,14 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flagset.New("keys "+sub, "", stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, keysUsage+"\nFlags:\n"); fs.PrintDefaults() }
 	file := fs.String("file", "keys.yaml", "the keys file (auth.keys) to edit; created when missing")
+	secret := fs.String("secret", "", "edit the keys in this Kubernetes Secret, NAMESPACE/NAME (the chart's apiKeys.existingSecret), instead of --file; created when missing; the cluster is KUBECONFIG's, ~/.kube/config's or the pod's")
+	secretKey := fs.String("secret-key", "keys.yaml", "the Secret's data key holding the keys file")
+	store := func() (keyStore, error) {
+		if *secret == "" {
+			return fileStore(*file), nil
+		}
+		return newSecretStore(*secret, *secretKey)
+	}
 	now := keysNow().UTC().Truncate(time.Second)
 	switch sub {
 	case "create":
@@ -83,7 +92,11 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			at := now.Add(d)
 			e.Expires = &at
 		}
-		return mint(*file, e, nil, stdout, stderr)
+		st, err := store()
+		if err != nil {
+			return err
+		}
+		return mint(ctx, st, e, nil, stdout, stderr)
 	case "rotate":
 		grace := fs.Duration("grace", 24*time.Hour, "how long the old key stays valid beside the new one")
 		if err := flagset.Parse(fs, rest); err != nil {
@@ -93,12 +106,20 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintln(stderr, "infergate keys rotate: --grace must not be negative")
 			return ErrUsage
 		}
-		return rotate(*file, id, now, *grace, stdout, stderr)
+		st, err := store()
+		if err != nil {
+			return err
+		}
+		return rotate(ctx, st, id, now, *grace, stdout, stderr)
 	case "revoke":
 		if err := flagset.Parse(fs, rest); err != nil {
 			return err
 		}
-		return revoke(*file, id, now, stderr)
+		st, err := store()
+		if err != nil {
+			return err
+		}
+		return revoke(ctx, st, id, now, stderr)
 	case "list":
 		var admins []string
 		fs.Func("admin", "an admin URL (http://HOST:9090) of a replica to read last use from (GET /debug/keys); repeat it for each replica", func(s string) error {
@@ -110,7 +131,11 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err := flagset.Parse(fs, rest); err != nil {
 			return err
 		}
-		return list(ctx, *file, admins, *tokenFile, *asJSON, stdout)
+		st, err := store()
+		if err != nil {
+			return err
+		}
+		return list(ctx, st, admins, *tokenFile, *asJSON, stdout)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, keysUsage)
 		return nil
@@ -119,53 +144,92 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return ErrUsage
 }
 
-// mint writes e with a new key into file (after edit, when given, changes
-// the file too) and prints the key, once, to stdout.
-func mint(file string, e identity.KeyEntry, edit func(*identity.KeyFileEdit), stdout, stderr io.Writer) error {
-	f, err := identity.OpenKeyFile(file)
+// keyStore is where the keys commands read and write a keys file.
+type keyStore interface {
+	// edit applies fn to the keys and writes them back, checked; fn may
+	// run again when the store changed meanwhile (nothing is written
+	// then), so it must not print.
+	edit(ctx context.Context, fn func(*identity.KeyFileEdit) error) error
+	read(ctx context.Context) (*identity.KeyFileEdit, error)
+	String() string
+}
+
+// fileStore is a keys file, replaced atomically (a gate may be reloading
+// it); two commands editing it at once: the last one wins.
+type fileStore string
+
+func (f fileStore) String() string { return string(f) }
+
+func (f fileStore) read(context.Context) (*identity.KeyFileEdit, error) {
+	return identity.OpenKeyFile(string(f))
+}
+
+func (f fileStore) edit(ctx context.Context, fn func(*identity.KeyFileEdit) error) error {
+	kf, err := f.read(ctx)
 	if err != nil {
 		return err
 	}
-	if _, i, err := f.Find(e.ID); err != nil {
-		return err
-	} else if i >= 0 {
-		return fmt.Errorf("%s: a key with id %q exists", file, e.ID)
+	if err := fn(kf); err != nil {
+		return noChange(err)
 	}
+	return kf.Save()
+}
+
+// errNoChange from an edit's fn: nothing to write.
+var errNoChange = errors.New("no change")
+
+func noChange(err error) error {
+	if errors.Is(err, errNoChange) {
+		return nil
+	}
+	return err
+}
+
+// mint adds e with a new key to the store (after edit, when given, has
+// changed it too) and prints the key, once, to stdout.
+func mint(ctx context.Context, st keyStore, e identity.KeyEntry, edit func(*identity.KeyFileEdit) error, stdout, stderr io.Writer) error {
 	key, sha := identity.NewKey()
 	e.SHA256 = sha
-	if edit != nil {
-		edit(f)
-	}
-	if err := f.Append(e); err != nil {
-		return err
-	}
-	if err := f.Save(); err != nil {
+	err := st.edit(ctx, func(f *identity.KeyFileEdit) error {
+		if _, i, err := f.Find(e.ID); err != nil {
+			return err
+		} else if i >= 0 {
+			return fmt.Errorf("%s: a key with id %q exists", st, e.ID)
+		}
+		if edit != nil {
+			if err := edit(f); err != nil {
+				return err
+			}
+		}
+		return f.Append(e)
+	})
+	if err != nil {
 		return err
 	}
 	fmt.Fprintln(stdout, key)
-	fmt.Fprintf(stderr, "key %s of tenant %s written to %s; the key above is shown this once\n", e.ID, e.Tenant, file)
+	fmt.Fprintf(stderr, "key %s of tenant %s written to %s; the key above is shown this once\n", e.ID, e.Tenant, st)
 	return nil
+}
+
+// find is the entry of id and its index in f.
+func find(st keyStore, f *identity.KeyFileEdit, id string) (identity.KeyEntry, int, error) {
+	e, i, err := f.Find(id)
+	if err == nil && i < 0 {
+		err = fmt.Errorf("%s: no key with id %q", st, id)
+	}
+	return e, i, err
 }
 
 // rotate mints a key with the attributes of id (and as long a lifetime,
 // if it had one) and ends id's validity grace from now.
-func rotate(file, id string, now time.Time, grace time.Duration, stdout, stderr io.Writer) error {
-	f, err := identity.OpenKeyFile(file)
+func rotate(ctx context.Context, st keyStore, id string, now time.Time, grace time.Duration, stdout, stderr io.Writer) error {
+	f, err := st.read(ctx)
 	if err != nil {
 		return err
 	}
-	old, i, err := f.Find(id)
-	switch {
-	case err != nil:
+	old, _, err := find(st, f, id)
+	if err != nil {
 		return err
-	case i < 0:
-		return fmt.Errorf("%s: no key with id %q", file, id)
-	case old.Revoked != nil:
-		return fmt.Errorf("key %s is revoked: create a new one", id)
-	case old.RotatedTo != "":
-		return fmt.Errorf("key %s was already rotated, to %s", id, old.RotatedTo)
-	case old.Expires != nil && !now.Before(*old.Expires):
-		return fmt.Errorf("key %s expired at %s: create a new one", id, old.Expires.UTC().Format(time.RFC3339))
 	}
 	e := identity.KeyEntry{ID: identity.NewKeyID(old.Tenant), Tenant: old.Tenant, Labels: old.Labels, Owner: old.Owner, Created: &now}
 	if old.Expires != nil && old.Created != nil {
@@ -176,34 +240,50 @@ func rotate(file, id string, now time.Time, grace time.Duration, stdout, stderr 
 	if old.Expires != nil && old.Expires.Before(end) {
 		end = *old.Expires
 	}
-	return mint(file, e, func(f *identity.KeyFileEdit) {
+	err = mint(ctx, st, e, func(f *identity.KeyFileEdit) error {
+		old, i, err := find(st, f, id) // again: the store may have changed
+		switch {
+		case err != nil:
+			return err
+		case old.Revoked != nil:
+			return fmt.Errorf("key %s is revoked: create a new one", id)
+		case old.RotatedTo != "":
+			return fmt.Errorf("key %s was already rotated, to %s", id, old.RotatedTo)
+		case old.Expires != nil && !now.Before(*old.Expires):
+			return fmt.Errorf("key %s expired at %s: create a new one", id, old.Expires.UTC().Format(time.RFC3339))
+		}
 		f.SetTime(i, "expires", end)
 		f.SetString(i, "rotatedTo", e.ID)
-		fmt.Fprintf(stderr, "key %s stays valid until %s\n", id, end.Format(time.RFC3339))
+		return nil
 	}, stdout, stderr)
+	if err == nil {
+		fmt.Fprintf(stderr, "key %s stays valid until %s\n", id, end.Format(time.RFC3339))
+	}
+	return err
 }
 
 // revoke marks id revoked from now.
-func revoke(file, id string, now time.Time, stderr io.Writer) error {
-	f, err := identity.OpenKeyFile(file)
-	if err != nil {
-		return err
-	}
-	old, i, err := f.Find(id)
+func revoke(ctx context.Context, st keyStore, id string, now time.Time, stderr io.Writer) error {
+	var already *time.Time
+	err := st.edit(ctx, func(f *identity.KeyFileEdit) error {
+		old, i, err := find(st, f, id)
+		if err != nil {
+			return err
+		}
+		if already = old.Revoked; already != nil {
+			return errNoChange
+		}
+		f.SetTime(i, "revoked", now)
+		return nil
+	})
 	switch {
 	case err != nil:
 		return err
-	case i < 0:
-		return fmt.Errorf("%s: no key with id %q", file, id)
-	case old.Revoked != nil:
-		fmt.Fprintf(stderr, "key %s was revoked at %s already\n", id, old.Revoked.UTC().Format(time.RFC3339))
-		return nil
+	case already != nil:
+		fmt.Fprintf(stderr, "key %s was revoked at %s already\n", id, already.UTC().Format(time.RFC3339))
+	default:
+		fmt.Fprintf(stderr, "key %s revoked in %s; the gate refuses it once it has reloaded the keys\n", id, st)
 	}
-	f.SetTime(i, "revoked", now)
-	if err := f.Save(); err != nil {
-		return err
-	}
-	fmt.Fprintf(stderr, "key %s revoked in %s; the gate refuses it once it has reloaded the file\n", id, file)
 	return nil
 }
 
@@ -212,8 +292,8 @@ const maxKeysStatus = 64 << 20
 
 // list prints the file's keys (never a key or a hash), with the latest
 // last use the admins report.
-func list(ctx context.Context, file string, admins []string, tokenFile string, asJSON bool, stdout io.Writer) error {
-	f, err := identity.OpenKeyFile(file)
+func list(ctx context.Context, st keyStore, admins []string, tokenFile string, asJSON bool, stdout io.Writer) error {
+	f, err := st.read(ctx)
 	if err != nil {
 		return err
 	}

@@ -44,10 +44,11 @@ func NewKeyID(tenant string) string {
 // comments, order and layout survive (a whole entry rewritten loses only
 // the comments inside it; fields are set in place).
 type KeyFileEdit struct {
-	path string
-	mode fs.FileMode
-	doc  *yaml.Node // the document node
-	seq  *yaml.Node // its keys: sequence
+	name string      // for errors
+	path string      // "" when not a file
+	mode fs.FileMode // of the file
+	doc  *yaml.Node  // the document node
+	seq  *yaml.Node  // its keys: sequence
 }
 
 // OpenKeyFile reads a keys file to edit (a missing one is empty). A
@@ -57,7 +58,7 @@ func OpenKeyFile(path string) (*KeyFileEdit, error) {
 	if ext := filepath.Ext(path); ext == ".json" {
 		return nil, fmt.Errorf("%s: keys files written by infergate are YAML; convert it (JSON is YAML) and rename it", path)
 	}
-	f := &KeyFileEdit{path: path, mode: 0o600}
+	mode := fs.FileMode(0o600)
 	b, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -65,30 +66,41 @@ func OpenKeyFile(path string) (*KeyFileEdit, error) {
 		return nil, err
 	default:
 		if st, err := os.Stat(path); err == nil {
-			f.mode = st.Mode().Perm()
-		}
-		if _, err := parseKeyFile(path, b); err != nil {
-			return nil, err
-		}
-		var doc yaml.Node
-		if err := yaml.Unmarshal(b, &doc); err != nil && !errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
-			f.doc = &doc
+			mode = st.Mode().Perm()
 		}
 	}
-	if f.doc == nil {
+	f, err := ParseKeyFile(path, b)
+	if err != nil {
+		return nil, err
+	}
+	f.path, f.mode = path, mode
+	return f, nil
+}
+
+// ParseKeyFile reads the content b of a keys file (empty: no keys) named
+// name to edit.
+func ParseKeyFile(name string, b []byte) (*KeyFileEdit, error) {
+	f := &KeyFileEdit{name: name}
+	if _, err := parseKeyFile(name, b); err != nil {
+		return nil, err
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+		f.doc = &doc
+	} else {
 		f.doc = &yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{{Kind: yaml.MappingNode, Tag: "!!map"}}}
 	}
 	root := f.doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("%s: not a mapping with keys:", path)
+		return nil, fmt.Errorf("%s: not a mapping with keys:", name)
 	}
 	if v := mapValue(root, "keys"); v != nil && v.Kind == yaml.SequenceNode {
 		f.seq = v
 	} else if v != nil && !(v.Kind == yaml.ScalarNode && v.Tag == "!!null") {
-		return nil, fmt.Errorf("%s: keys: is not a list", path)
+		return nil, fmt.Errorf("%s: keys: is not a list", name)
 	} else {
 		f.seq = &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
 		setValue(root, "keys", f.seq)
@@ -102,7 +114,7 @@ func (f *KeyFileEdit) Entries() ([]KeyEntry, error) {
 	out := make([]KeyEntry, len(f.seq.Content))
 	for i, n := range f.seq.Content {
 		if err := n.Decode(&out[i]); err != nil {
-			return nil, fmt.Errorf("%s: keys[%d]: %w", f.path, i, err)
+			return nil, fmt.Errorf("%s: keys[%d]: %w", f.name, i, err)
 		}
 	}
 	return out, nil
@@ -143,28 +155,40 @@ func (f *KeyFileEdit) SetString(i int, field, v string) {
 	setValue(f.seq.Content[i], field, &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: v})
 }
 
-// Save checks the edited file as the gate will load it, then replaces the
-// file atomically (a temporary file beside it, synced, then renamed), so
-// the gate's reload sees the old file or the new one, never a part.
-func (f *KeyFileEdit) Save() error {
+// Bytes is the edited file, checked as the gate will load it.
+func (f *KeyFileEdit) Bytes() ([]byte, error) {
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
 	if err := enc.Encode(f.doc); err != nil {
-		return err
+		return nil, err
 	}
 	if err := enc.Close(); err != nil {
-		return err
+		return nil, err
 	}
-	if err := newKeys().add(f.path, buf.Bytes(), map[string]string{}); err != nil {
-		return fmt.Errorf("the edited keys file would not load: %w", err)
+	if err := newKeys().add(f.name, buf.Bytes(), map[string]string{}); err != nil {
+		return nil, fmt.Errorf("the edited keys file would not load: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// Save writes the file OpenKeyFile read, checked (Bytes), atomically (a
+// temporary file beside it, synced, then renamed), so the gate's reload
+// sees the old file or the new one, never a part.
+func (f *KeyFileEdit) Save() error {
+	if f.path == "" {
+		return errors.New("identity: Save of a keys file not opened from a file")
+	}
+	b, err := f.Bytes()
+	if err != nil {
+		return err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(f.path), "."+filepath.Base(f.path)+".*")
 	if err != nil {
 		return err
 	}
 	defer os.Remove(tmp.Name()) // after the rename: nothing
-	if _, err := tmp.Write(buf.Bytes()); err != nil {
+	if _, err := tmp.Write(b); err != nil {
 		tmp.Close()
 		return err
 	}
