@@ -95,7 +95,7 @@ func ParseKeyFile(name string, b []byte) (*KeyFileEdit, error) {
 	}
 	root := f.doc.Content[0]
 	if root.Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("%s: not a mapping with keys:", name)
+		return nil, fmt.Errorf("%s: not a mapping of keys", name)
 	}
 	if v := mapValue(root, "keys"); v != nil && v.Kind == yaml.SequenceNode {
 		f.seq = v
