@@ -15,14 +15,17 @@ import (
 	"github.com/infergate/infergate/internal/identity"
 )
 
-const keysUsage = `Manage the API keys of a keys file (auth.keys): a key is printed once, at
-creation, and only its SHA-256 is written; the gate reloads the file.
+const keysUsage = `Manage the API keys of a keys file (auth.keys), or of a Kubernetes Secret
+holding one: a key is printed once, at creation, and only its SHA-256 is
+written; the gate reloads the keys without a restart.
 
 Usage:
-  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--id ID] [--file F]
-  infergate keys list   [--file F] [--admin URL]... [--admin-token-file F] [--json]
-  infergate keys revoke ID [--file F]
-  infergate keys rotate ID [--grace 24h] [--file F]
+  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--id ID] WHERE
+  infergate keys list   [--admin URL]... [--admin-token-file F] [--json] WHERE
+  infergate keys revoke ID WHERE
+  infergate keys rotate ID [--grace 24h] WHERE
+
+WHERE is --file F (default keys.yaml) or --secret NAMESPACE/NAME [--secret-key keys.yaml].
 `
 
 // keysNow is the clock of the keys subcommands (tests pin it).
