@@ -224,7 +224,8 @@ func find(st keyStore, f *identity.KeyFileEdit, id string) (identity.KeyEntry, i
 }
 
 // rotate mints a key with the attributes of id (and as long a lifetime,
-// if it had one) and ends id's validity grace from now.
+// when id had one and its creation time is known; else none) and ends id's
+// validity grace from now (or at its own expiry, if sooner).
 func rotate(ctx context.Context, st keyStore, id string, now time.Time, grace time.Duration, stdout, stderr io.Writer) error {
 	f, err := st.read(ctx)
 	if err != nil {
