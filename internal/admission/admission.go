@@ -249,10 +249,11 @@ func (c *Controller) identify(a *request.Admission) (identity.Principal, error) 
 	key := identity.KeyFromHeaders(a.Headers["authorization"], a.Headers["x-api-key"])
 	switch {
 	case keys != nil && key != "":
-		if p, ok := keys.Lookup(key); ok {
-			return *p, nil
+		p, err := keys.Authenticate(key, c.now())
+		if err != nil {
+			return identity.Anonymous, err
 		}
-		return identity.Anonymous, identity.ErrUnknown
+		return *p, nil
 	case keys != nil || c.JWT.Enabled:
 		return identity.Anonymous, identity.ErrMissing
 	}

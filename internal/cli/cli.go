@@ -35,6 +35,7 @@ Commands:
   extproc    run the ext_proc service alone (for scaled-out deployments)
   controller run the SLA controller and xDS server alone, fed through Redis
   validate   check a config file and exit
+  keys       create, list, revoke and rotate API keys in a keys file
   version    print the version
 
 Examples:
@@ -68,6 +69,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return ErrUsage
 	case "validate":
 		return runValidate(rest, stdout, stderr)
+	case "keys":
+		return runKeys(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "infergate %s (%s, Envoy API v3, tested with Envoy 1.40)\n", Version, runtime.Version())
 		return nil

@@ -294,6 +294,9 @@ func (s *Service) AdminHandler() http.Handler {
 	mux.Handle("GET /metrics", s.metrics.Handler())
 	debugPages(mux, s.cfg.Admin, func(debug *http.ServeMux) {
 		debug.HandleFunc("GET /debug/controller", s.routing.DebugHandler)
+		if keys := s.adm.controller.Keys; keys != nil {
+			debug.Handle("GET /debug/keys", keysHandler(keys))
+		}
 		if s.recent != nil {
 			pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
 			debug.Handle("GET /debug/requests", pages)

@@ -565,8 +565,9 @@ type Admin struct {
 	Debug Debug `yaml:"debug"`
 }
 
-// Debug turns on /debug/requests (tenants, principals, upstreams, reasons)
-// and /debug/controller (pools and weights).
+// Debug turns on /debug/requests (tenants, principals, upstreams, reasons),
+// /debug/controller (pools and weights) and, with auth.keys, /debug/keys
+// (the loaded keys' ids, expiry and last use; never a key or a hash).
 type Debug struct {
 	Enabled bool `yaml:"enabled"`
 	// TokenFile holds a bearer token every /debug/ request (pprof's too)

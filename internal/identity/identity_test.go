@@ -3,10 +3,12 @@ package identity
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func hash(key string) string {
@@ -27,11 +29,11 @@ func TestLoadKeysFileAndSecretMount(t *testing.T) {
 	if keys.Len() != 2 {
 		t.Fatalf("%d keys", keys.Len())
 	}
-	p, ok := keys.Lookup("sk-a")
-	if !ok || p.ID != "a" || p.Tenant != "acme" || p.Labels["tier"] != "premium" || p.Type != "api_key" {
-		t.Errorf("sk-a = %+v %v", p, ok)
+	p, err := keys.Authenticate("sk-a", time.Now())
+	if err != nil || p.ID != "a" || p.Tenant != "acme" || p.Labels["tier"] != "premium" || p.Type != "api_key" {
+		t.Errorf("sk-a = %+v %v", p, err)
 	}
-	if _, ok := keys.Lookup("sk-c"); ok {
+	if _, err := keys.Authenticate("sk-c", time.Now()); !errors.Is(err, ErrUnknown) {
 		t.Error("an unknown key was found")
 	}
 	single, err := LoadKeys(filepath.Join(dir, "b.json"))
@@ -81,5 +83,80 @@ func TestFromClaims(t *testing.T) {
 		map[string]any{"sub": "alice", "org": "acme", "tier": "free", "n": 1.0})
 	if p.ID != "alice" || p.Tenant != "acme" || p.Labels["tier"] != "free" || p.Type != "jwt" || p.Claims["n"] != 1.0 {
 		t.Errorf("%+v", p)
+	}
+}
+
+// A key is refused from its expiry or revocation on, read from the clock
+// the gate is given, with a 401 message saying which; a file without the
+// lifecycle fields (an old one) loads as before, and so does JSON.
+func TestKeyLifecycle(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keys.yaml")
+	os.WriteFile(path, []byte("keys:\n"+
+		"- {id: old, sha256: "+hash("sk-old")+", tenant: acme}\n"+
+		"- {id: exp, sha256: "+hash("sk-exp")+", tenant: acme, created: 2026-12-01T00:00:00Z, expires: 2026-12-02T00:00:00Z}\n"+
+		"- {id: rev, sha256: "+hash("sk-rev")+", tenant: acme, revoked: 2026-12-01T12:00:00Z}\n"+
+		"- {id: rot, sha256: "+hash("sk-rot")+", tenant: acme, expires: 2026-12-02T00:00:00Z, rotatedTo: acme-new}\n"), 0o600)
+	keys, err := LoadKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(s string) time.Time {
+		tm, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm
+	}
+	for _, c := range []struct {
+		key, now, err string // err "": accepted
+	}{
+		{"sk-old", "2099-01-01T00:00:00Z", ""},
+		{"sk-exp", "2026-12-01T23:59:59Z", ""},
+		{"sk-exp", "2026-12-02T00:00:00Z", "invalid API key: key exp expired at 2026-12-02T00:00:00Z"},
+		{"sk-rev", "2026-12-01T11:59:59Z", ""},
+		{"sk-rev", "2026-12-01T12:00:00Z", "invalid API key: key rev was revoked at 2026-12-01T12:00:00Z"},
+		{"sk-rot", "2026-12-01T23:00:00Z", ""},
+		{"sk-rot", "2026-12-02T01:00:00Z", "invalid API key: key rot expired at 2026-12-02T00:00:00Z (rotated: its successor is key acme-new)"},
+	} {
+		p, err := keys.Authenticate(c.key, at(c.now))
+		switch {
+		case c.err == "" && (err != nil || p.Tenant != "acme"):
+			t.Errorf("%s at %s: %v %+v", c.key, c.now, err, p)
+		case c.err != "" && (err == nil || err.Error() != c.err || !errors.Is(err, ErrUnknown)):
+			t.Errorf("%s at %s: %v, want %s", c.key, c.now, err, c.err)
+		}
+	}
+	js := filepath.Join(dir, "k.json")
+	os.WriteFile(js, []byte(`{"keys":[{"id":"j","sha256":"`+hash("sk-j")+`","tenant":"t","expires":"2026-12-02T00:00:00Z"}]}`), 0o600)
+	if k, err := LoadKeys(js); err != nil {
+		t.Error(err)
+	} else if _, err := k.Authenticate("sk-j", at("2026-12-03T00:00:00Z")); err == nil {
+		t.Error("an expired key of a JSON file was accepted")
+	}
+}
+
+// Last use is noted in memory on an accepted key (not a refused one),
+// survives a reload for the same id, and is shown without the hash.
+func TestLastUse(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	write := func(body string) *Keys {
+		os.WriteFile(path, []byte(body), 0o600)
+		k, err := LoadKeys(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	var set KeySet
+	set.Store(write("keys:\n- {id: a, sha256: " + hash("sk-a") + ", tenant: t}\n- {id: r, sha256: " + hash("sk-r") + ", tenant: t, revoked: 2000-01-01T00:00:00Z}\n"))
+	used := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	set.Load().Authenticate("sk-a", used)
+	set.Load().Authenticate("sk-r", used)
+	set.Store(write("keys:\n- {id: a, sha256: " + hash("sk-a") + ", tenant: t, owner: bob}\n- {id: r, sha256: " + hash("sk-r") + ", tenant: t, revoked: 2000-01-01T00:00:00Z}\n"))
+	st := set.Load().Status()
+	if len(st) != 2 || st[0].ID != "a" || st[0].Owner != "bob" || st[0].LastUsed == nil || !st[0].LastUsed.Equal(used) ||
+		st[1].LastUsed != nil || st[0].SHA256 != "" || st[1].SHA256 != "" {
+		t.Errorf("status after a reload: %+v", st)
 	}
 }
