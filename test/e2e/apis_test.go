@@ -44,7 +44,6 @@ type apiStream struct {
 	usage     func([]namedEvent) (input, output int)
 }
 
-
 // throughGateway streams a's request to pool-b directly, then through
 // Envoy and infergate in lock step, and fails unless the two bodies are
 // byte-identical. It returns the gateway's stream and pool-b's billing
