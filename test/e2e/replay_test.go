@@ -147,11 +147,12 @@ func TestReplayedSettlementRefundsOnce(t *testing.T) {
 		v, _ := rdb.Get(ctx, keys[0]).Int()
 		return v
 	}
-	var used int
+	// Read once all ten settled: a read before the last settlement landed
+	// would count its reservation, not its usage.
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		used = counter()
 		return metricSum(t, s.Gateway.AdminURL, "infergate_ratelimit_reservations_total", `state="settled"`) == 10
 	}, "the real requests' settlements")
+	used := counter()
 
 	conn, err := grpc.NewClient(s.Gateway.ExtProcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
