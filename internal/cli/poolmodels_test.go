@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // With poolModels.pools, infergate is not ready until every pool has
@@ -69,20 +70,12 @@ func TestNotReadyBeforePoolModels(t *testing.T) {
 	}
 
 	<-arrived // the first round is under way, held by the pool
-	for deadline := time.Now().Add(5 * time.Second); readyz() == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("admin never answered")
-		}
-	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return readyz() != 0 }, "the admin port to answer")
 	if code := readyz(); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz %d while the pool's list is pending, want 503", code)
 	}
 	release <- struct{}{}
-	for deadline := time.Now().Add(5 * time.Second); readyz() != http.StatusOK; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("not ready after the pool answered")
-		}
-	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return readyz() == http.StatusOK }, "ready after the pool answered")
 	if got := svc.models.Models(); len(got) != 1 || got[0] != "m" {
 		t.Errorf("listed %q, want the pool's [m]", got)
 	}
