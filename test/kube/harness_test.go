@@ -49,6 +49,10 @@ var crdSources = []struct{ module, glob string }{
 	{"istio.io/api@v1.32.0", "kubernetes/customresourcedefinitions.gen.yaml"},
 	{"github.com/prometheus-operator/prometheus-operator@v0.85.0", "example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml"},
 	{"github.com/cert-manager/cert-manager@v1.21.2", "deploy/crds/cert-manager.io_certificates.yaml"},
+	// InferencePool (v1) and the alpha InferenceObjective, as the Endpoint
+	// Picker the tests run was released with.
+	{"sigs.k8s.io/gateway-api-inference-extension@v1.4.0", "config/crd/bases/inference.networking.k8s.io_inferencepools.yaml"},
+	{"sigs.k8s.io/gateway-api-inference-extension@v1.4.0", "config/crd/bases/inference.networking.x-k8s.io_inferenceobjectives.yaml"},
 }
 
 // cluster is a real Kubernetes control plane without nodes: kube-apiserver
