@@ -32,8 +32,9 @@ queue (beyond --max-queue they get 429); the first token is due ttft +
 uncached_prompt_tokens*ttft-per-prompt-token after admission, each next one
 itl + (running-1)*itl-per-batch after the previous; --prefix-cache skips
 prefill for cached 16-token prompt blocks. /metrics adds vLLM's
-vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc
-and vllm:prefix_cache_{queries,hits}_total.
+vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc,
+vllm:prefix_cache_{queries,hits}_total, vllm:cache_config_info and
+vllm:lora_requests_info: what the Inference Extension's Endpoint Picker reads.
 
 Per-request overrides: x-mock-ttft-ms, x-mock-itl-ms, x-mock-tokens,
 x-mock-tokens-per-event, x-mock-status, x-mock-retry-after-ms,

@@ -63,7 +63,11 @@
 // vllm:num_requests_running, vllm:num_requests_waiting,
 // vllm:kv_cache_usage_perc (tokens held by running requests, prompt plus
 // output so far, over KVCacheTokens; reported, not enforced), and
-// vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total in tokens.
+// vllm:prefix_cache_queries_total / vllm:prefix_cache_hits_total in tokens,
+// and vLLM's info metrics vllm:cache_config_info (block_size 16,
+// num_gpu_blocks from KVCacheTokens) and vllm:lora_requests_info (no
+// adapters): every metric the Gateway API Inference Extension's Endpoint
+// Picker (v1.4.0) scrapes by default.
 //
 // # Faults
 //
@@ -824,7 +828,7 @@ func newMetrics(s *Server) *metrics {
 		}),
 	}
 	e := &s.engine
-	m.registry.MustRegister(m.requests, m.lateness, m.activeStreams, m.prefixQueries, m.prefixHits,
+	m.registry.MustRegister(m.requests, m.lateness, m.activeStreams, m.prefixQueries, m.prefixHits, vllmInfo{s: s, since: time.Now()},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "vllm:num_requests_running",
 			Help: "Number of requests in model execution batches.",
@@ -841,4 +845,30 @@ func newMetrics(s *Server) *metrics {
 		}),
 	)
 	return m
+}
+
+// vllmInfo is vLLM's two info metrics, whose labels carry the values: the
+// KV cache's geometry (vllm:cache_config_info, blocks of the prefix cache's
+// 16 tokens over KVCacheTokens) and the LoRA adapters loaded (none; the
+// value of vllm:lora_requests_info is when that last changed, in Unix
+// seconds, as vLLM reports it). The Inference Extension's Endpoint Picker
+// reads both on every scrape and logs an error when either is missing.
+type vllmInfo struct {
+	s     *Server
+	since time.Time
+}
+
+var (
+	cacheConfigInfo = prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig.",
+		[]string{"block_size", "num_gpu_blocks"}, nil)
+	loraRequestsInfo = prometheus.NewDesc("vllm:lora_requests_info", "Running stats on LoRA requests.",
+		[]string{"max_lora", "running_lora_adapters", "waiting_lora_adapters"}, nil)
+)
+
+func (v vllmInfo) Describe(ch chan<- *prometheus.Desc) { ch <- cacheConfigInfo; ch <- loraRequestsInfo }
+
+func (v vllmInfo) Collect(ch chan<- prometheus.Metric) {
+	blocks := v.s.cfg.Load().KVCacheTokens / blockTokens
+	ch <- prometheus.MustNewConstMetric(cacheConfigInfo, prometheus.GaugeValue, 1, strconv.Itoa(blockTokens), strconv.Itoa(blocks))
+	ch <- prometheus.MustNewConstMetric(loraRequestsInfo, prometheus.GaugeValue, float64(v.since.Unix()), "0", "", "")
 }
