@@ -25,6 +25,7 @@
 #           REDIS_SERVER=...       redis-server binary
 #           CHROME_BIN=...         chromium binary
 #           EG_BIN=...             envoy-gateway binary (Envoy Gateway standalone)
+#           EPP_BIN=...            the Inference Extension's Endpoint Picker (test/kube)
 #   stderr: progress messages.
 #
 # Environment:
@@ -232,6 +233,32 @@ else
   eg_ok || die "envoy-gateway $EG_VERSION not found at $EG_PATH after building it"
 fi
 
+# ---------------------------------------------------------------------------
+# The Gateway API Inference Extension's Endpoint Picker (cmd/epp), pinned,
+# built from the Go module proxy into <repo>/.tools/bin, for the test that puts
+# infergate in front of it (test/kube). v1.4.0: the last release line whose
+# InferencePool CRDs test/kube installs and that still ships the full picker
+# (queue, KV-cache and prefix-cache scorers) in this module; v1.6.0 ships only
+# the lightweight one. The proxy serves exact versions only (no version list,
+# so `go install ...@v1.4.0` stops at its deprecation check): the module is
+# downloaded and built with its own go.mod and go.sum. The version is in the
+# binary's name.
+# ---------------------------------------------------------------------------
+EPP_MODULE=sigs.k8s.io/gateway-api-inference-extension
+EPP_VERSION=v1.4.0
+EPP_PATH="$TOOLS/bin/epp-$EPP_VERSION"
+if [[ -x "$EPP_PATH" ]]; then
+  log "endpoint picker $EPP_VERSION at $EPP_PATH"
+else
+  command -v go >/dev/null 2>&1 || die "go not found: needed to build the endpoint picker"
+  log "building the endpoint picker $EPP_VERSION into $TOOLS/bin (first time: a few minutes)"
+  EPP_SRC="$(go mod download -json "$EPP_MODULE@$EPP_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')"
+  [[ -d "$EPP_SRC" ]] || die "go mod download $EPP_MODULE@$EPP_VERSION gave no directory"
+  mkdir -p "$TOOLS/bin"
+  GOWORK=off GOFLAGS=-mod=readonly CGO_ENABLED=0 go build -C "$EPP_SRC" -trimpath -o "$EPP_PATH.tmp" ./cmd/epp >&2
+  mv "$EPP_PATH.tmp" "$EPP_PATH"
+fi
+
 printf 'ENVOY_BIN=%q\n' "$ENVOY_PATH"
 printf 'TEST_PYTHON=%q\n' "$PY_VENV/bin/python"
 printf 'TEST_NODE=%q\n' "$NODE"
@@ -239,3 +266,4 @@ printf 'TEST_CLIENTS_DIR=%q\n' "$CLIENTS"
 printf 'REDIS_SERVER=%q\n' "$REDIS_PATH"
 printf 'CHROME_BIN=%q\n' "$CHROME_PATH"
 printf 'EG_BIN=%q\n' "$EG_PATH"
+printf 'EPP_BIN=%q\n' "$EPP_PATH"

@@ -28,7 +28,7 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 		Clusters             []map[string]any `yaml:"clusters"`
 	}
 	readYAML(t, "envoy/snippet.yaml", &snippet)
-	for _, bootstrap := range []string{"envoy/demo.yaml", "envoy/sla.yaml"} {
+	for _, bootstrap := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/inference-pool.yaml"} {
 		t.Run(bootstrap, func(t *testing.T) {
 			checkSnippet(t, bootstrap, snippet.HTTPFilters, snippet.LocalReplyConfig, snippet.Clusters)
 		})
@@ -111,7 +111,7 @@ func readDemo(t *testing.T, bootstrap string) bootstrapDoc {
 	t.Helper()
 	var demo bootstrapDoc
 	rendered := renderEnvoy(t, bootstrap, map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2",
-		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7"})
+		"EXTPROC_PORT": "3", "POOL_A_PORT": "4", "POOL_B_PORT": "5", "JWKS_FILE": "/jwks.json", "XDS_PORT": "6", "OTLP_PORT": "7", "EPP_PORT": "8"})
 	if err := yaml.Unmarshal([]byte(rendered), &demo); err != nil {
 		t.Fatalf("%s: %v", bootstrap, err)
 	}
@@ -165,7 +165,7 @@ func readYAML(t *testing.T, rel string, v any) {
 // sets x-infergate-*, under any spelling.
 func TestShippedConfigsDropUnderscoreHeaders(t *testing.T) {
 	t.Parallel()
-	for _, f := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/overhead.yaml", "envoy/overhead-plain.yaml", "envoy/xds-test.yaml"} {
+	for _, f := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/overhead.yaml", "envoy/overhead-plain.yaml", "envoy/xds-test.yaml", "envoy/inference-pool.yaml"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {
 			t.Fatal(err)
