@@ -1,0 +1,501 @@
+package kube
+
+// infergate in front of a real Endpoint Picker: the Gateway API Inference
+// Extension's EPP (built from the module proxy, pinned in
+// scripts/install-test-deps.sh) discovers three vLLM-speaking model servers
+// through the real kube-apiserver (Pod objects whose status the test sets,
+// an InferencePool), scrapes their metrics, and picks the pod of each request
+// that infergate's gate let through, in one plain Envoy rendered from
+// envoy/inference-pool.yaml.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/testutil"
+	"github.com/infergate/infergate/internal/testutil/envoytest"
+)
+
+const (
+	poolNS    = "inference"
+	poolName  = "vllm-llama"
+	poolModel = "llama-3-8b"
+	// The callers' API keys (the gate stores their hashes).
+	premiumKey = "sk-premium-acme"
+	freeKey    = "sk-free-initech"
+)
+
+// Each model server runs this: a bounded batch and a queue behind it, so
+// vllm:num_requests_running and vllm:num_requests_waiting are what a
+// request meets. Short times: the test counts, it does not time.
+var podConfig = mock.Config{TTFT: 20 * time.Millisecond, ITL: 2 * time.Millisecond, MaxTokens: 8, MaxBatch: 4, KVCacheTokens: 4096}
+
+func TestInfergateInFrontOfEndpointPicker(t *testing.T) {
+	eppBin := endpointPickerBin(t)
+	c := startCluster(t)
+	c.createNamespace(t, poolNS)
+	// Without a controller-manager nobody makes the namespace's default
+	// service account, which admitting a Pod needs.
+	applyYAML(t, c, "{apiVersion: v1, kind: ServiceAccount, metadata: {name: default, namespace: "+poolNS+"}}")
+	pods := startModelServers(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4"})
+	port := pods[0].port
+	for i, p := range pods {
+		c.createReadyPod(t, fmt.Sprintf("vllm-%d", i), p.ip)
+	}
+	applyYAML(t, c, fmt.Sprintf(`
+apiVersion: inference.networking.k8s.io/v1
+kind: InferencePool
+metadata: {name: %s, namespace: %s}
+spec:
+  selector: {matchLabels: {app: vllm}}
+  targetPorts: [{number: %d}]
+  endpointPickerRef: {name: %s-epp, port: {number: 9002}}
+`, poolName, poolNS, port, poolName))
+	eppPort := startEndpointPicker(t, c, eppBin)
+	gate := startGate(t)
+	envoy := envoytest.Start(t, envoytest.Render(t, "envoy/inference-pool.yaml", map[string]string{
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "EXTPROC_PORT": strconv.Itoa(gate.extproc), "EPP_PORT": strconv.Itoa(eppPort),
+	}))
+	// The picker knows every pod once it scrapes each.
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		return !slices.ContainsFunc(pods, func(p *modelServer) bool { return p.scrapes.Load() < 2 })
+	}, "the endpoint picker to scrape all three pods")
+
+	// The gate first: a request without a key goes nowhere.
+	before := servedBy(pods)
+	if code, body := sendChat(t, envoy.URL, "", "no key", nil); code != http.StatusUnauthorized {
+		t.Errorf("without a key: %d %s, want the gate's 401", code, body)
+	}
+	if after := servedBy(pods); !slices.Equal(before, after) {
+		t.Errorf("a request the gate refused reached a pod: served %v -> %v", before, after)
+	}
+
+	// One pod loaded: its batch full and a queue behind it, by requests
+	// sent to it directly (a first token ten minutes away). Once the
+	// picker has scraped it twice since, it knows.
+	loaded := pods[0]
+	hold, release := context.WithCancel(t.Context())
+	var held sync.WaitGroup
+	for i := range 2 * podConfig.MaxBatch {
+		held.Go(func() {
+			req, _ := http.NewRequestWithContext(hold, http.MethodPost, "http://"+loaded.addr()+"/v1/chat/completions",
+				strings.NewReader(chatRequest(fmt.Sprintf("held %d", i))))
+			req.Header.Set("x-mock-ttft-ms", "600000")
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				drain(resp)
+			}
+		})
+	}
+	t.Cleanup(func() { release(); held.Wait() })
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		g := loaded.gauges(t)
+		return g["vllm:num_requests_running"] == float64(podConfig.MaxBatch) && g["vllm:num_requests_waiting"] == float64(podConfig.MaxBatch)
+	}, "the loaded pod to run a full batch with a queue behind it")
+	since := loaded.scrapes.Load()
+	testutil.Eventually(t, 30*time.Second, func() bool { return loaded.scrapes.Load() >= since+2 },
+		"the endpoint picker to scrape the loaded pod")
+
+	// Through the whole chain, one after another, each with a client's
+	// forged Inference Extension headers: the pod that served is the one
+	// the stamp names, and the stream is the model server's, byte for byte.
+	const n = 24
+	forged := map[string]string{
+		"x-gateway-inference-fairness-id": "forged-by-client",
+		"x-gateway-inference-objective":   "forged-by-client",
+		"x-gateway-destination-endpoint":  loaded.addr(),
+	}
+	counts := map[string]int{}
+	for i := range n {
+		before := servedBy(pods)
+		rid := fmt.Sprintf("epp-%d", i)
+		hdr := map[string]string{"x-request-id": rid}
+		for k, v := range forged {
+			hdr[k] = v
+		}
+		code, body := sendChat(t, envoy.URL, premiumKey, prompt(i), hdr)
+		if code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+		after := servedBy(pods)
+		served := -1
+		for j := range pods {
+			if after[j] == before[j]+1 {
+				served = j
+			}
+		}
+		if served < 0 || sum(after)-sum(before) != 1 {
+			t.Fatalf("request %d: pods served %v -> %v, want one more at one pod", i, before, after)
+		}
+		counts[pods[served].ip]++
+		// The gate asks for usage in the stream (stream_options), so the
+		// reference is the pod's answer to the body it received.
+		if _, got := pods[served].mock.LastRequest(); body != referenceStream(t, got) {
+			t.Errorf("request %d: the stream differs from the model server's\n got %q\nwant %q", i, body, referenceStream(t, got))
+		}
+		st := gate.stampOf(t, rid)
+		if st.Upstream != pods[served].addr() || st.Tenant != "acme" || !st.Complete {
+			t.Errorf("request %d: stamp %+v, want upstream %s (the pod that served), tenant acme, complete", i, st, pods[served].addr())
+		}
+	}
+	t.Logf("distribution of %d requests with %s loaded (batch %d full, %d waiting): %v", n, loaded.ip, podConfig.MaxBatch, podConfig.MaxBatch, counts)
+	if counts[loaded.ip] >= n/len(pods) {
+		t.Errorf("the loaded pod served %d of %d requests, not fewer than round robin's %d: %v", counts[loaded.ip], n, n/len(pods), counts)
+	}
+	for _, p := range pods {
+		if seen := p.headerValues(); slices.Contains(seen, "forged-by-client") {
+			t.Errorf("pod %s received a client's forged Inference Extension header: %v", p.ip, seen)
+		}
+	}
+	release()
+	held.Wait()
+
+	reportTierTTFT(t, envoy.URL, gate, pods)
+}
+
+// reportTierTTFT measures, and does not assert (timing is the machine's),
+// the TTFT p95 of a premium caller's requests while the free tier's load
+// keeps every pod's batch full and queues behind it, from the stamps. The
+// gate sets no Inference Extension identity headers in this build, so the
+// picker sees both tiers alike: this is the "without" row.
+func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServer) {
+	t.Helper()
+	ctx, stop := context.WithCancel(t.Context())
+	var free sync.WaitGroup
+	var freeIDs sync.Map
+	var freeN atomic.Int64
+	workers := len(pods)*podConfig.MaxBatch + 2*len(pods)
+	for w := range workers {
+		free.Go(func() {
+			for i := 0; ctx.Err() == nil; i++ {
+				rid := fmt.Sprintf("free-%d-%d", w, i)
+				code, _, err := chatThrough(ctx, base, freeKey, fmt.Sprintf("free %d %d", w, i), map[string]string{"x-request-id": rid, "x-mock-tokens": "32"})
+				if err == nil && code == http.StatusOK {
+					freeIDs.Store(rid, true)
+					freeN.Add(1)
+				}
+			}
+		})
+	}
+	t.Cleanup(func() { stop(); free.Wait() })
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		waiting := 0.0
+		for _, p := range pods {
+			waiting += p.gauges(t)["vllm:num_requests_waiting"]
+		}
+		return waiting > 0 && freeN.Load() >= int64(workers)
+	}, "the free tier's load to queue at the pods")
+	var premium []float64
+	for i := range 12 {
+		rid := fmt.Sprintf("premium-%d", i)
+		if code, body := sendChat(t, base, premiumKey, fmt.Sprintf("premium %d", i), map[string]string{"x-request-id": rid}); code != http.StatusOK {
+			t.Fatalf("premium request %d under load: %d %s", i, code, body)
+		}
+		premium = append(premium, gate.stampOf(t, rid).TTFTms)
+	}
+	stop()
+	free.Wait()
+	var freeTTFT []float64
+	freeIDs.Range(func(k, _ any) bool {
+		freeTTFT = append(freeTTFT, gate.stampOf(t, k.(string)).TTFTms)
+		return true
+	})
+	t.Logf("TTFT p95 with the pool saturated by the free tier (%d workers over %d slots), no identity headers: premium %.1f ms (%d requests), free %.1f ms (%d requests)",
+		workers, len(pods)*podConfig.MaxBatch, p95(premium), len(premium), p95(freeTTFT), len(freeTTFT))
+}
+
+func p95(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	slices.Sort(v)
+	return v[(len(v)*95+99)/100-1]
+}
+
+// modelServer is one simulated vLLM pod: the lab's mock on its own loopback
+// address, counting what reaches it.
+type modelServer struct {
+	ip   string
+	port int
+	mock *mock.Server
+
+	completions atomic.Int64 // inference requests
+	scrapes     atomic.Int64 // GET /metrics
+	mu          sync.Mutex
+	ieHeaders   []string // values of every x-gateway-inference-* header received
+}
+
+func (m *modelServer) addr() string { return net.JoinHostPort(m.ip, strconv.Itoa(m.port)) }
+
+func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodGet && r.URL.Path == "/metrics":
+		m.scrapes.Add(1)
+	case r.Method == http.MethodPost:
+		m.completions.Add(1)
+		m.mu.Lock()
+		for k, vs := range r.Header {
+			if strings.HasPrefix(strings.ToLower(k), "x-gateway-inference-") && len(m.ieHeaders) < 1000 {
+				m.ieHeaders = append(m.ieHeaders, vs...)
+			}
+		}
+		m.mu.Unlock()
+	}
+	m.mock.Handler().ServeHTTP(w, r)
+}
+
+func (m *modelServer) headerValues() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.ieHeaders)
+}
+
+// gauges reads the mock's unlabelled vLLM gauges in process, without
+// counting as a scrape.
+func (m *modelServer) gauges(t *testing.T) map[string]float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	m.mock.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	out := map[string]float64{}
+	sc := bufio.NewScanner(rec.Body)
+	for sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) == 2 && strings.HasPrefix(f[0], "vllm:") {
+			out[f[0]], _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	return out
+}
+
+// startModelServers serves one mock per address, all on the same port (as
+// an InferencePool's targetPorts has them), stopped when the test ends.
+func startModelServers(t *testing.T, ips []string) []*modelServer {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		var lis []net.Listener
+		port := 0
+		for _, ip := range ips {
+			l, err := net.Listen("tcp4", net.JoinHostPort(ip, strconv.Itoa(port)))
+			if err != nil {
+				break
+			}
+			port = l.Addr().(*net.TCPAddr).Port
+			lis = append(lis, l)
+		}
+		if len(lis) < len(ips) {
+			for _, l := range lis {
+				l.Close()
+			}
+			if attempt == 5 {
+				t.Fatalf("no port free on all of %v", ips)
+			}
+			continue
+		}
+		var out []*modelServer
+		for i, l := range lis {
+			m := &modelServer{ip: ips[i], port: port, mock: mock.New(podConfig, nil)}
+			srv := &http.Server{Handler: m, ReadHeaderTimeout: 5 * time.Second}
+			go srv.Serve(l) //nolint:errcheck // Close ends it
+			t.Cleanup(func() { srv.Close() })
+			out = append(out, m)
+		}
+		return out
+	}
+}
+
+func servedBy(pods []*modelServer) []int64 {
+	out := make([]int64, len(pods))
+	for i, p := range pods {
+		out[i] = p.completions.Load()
+	}
+	return out
+}
+
+func sum(v []int64) int64 {
+	var s int64
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
+
+// createReadyPod stores a Pod of the pool with the status a kubelet would
+// have given it: Running, Ready, at ip. Nothing runs it; the mock at ip is
+// the pod.
+func (c *cluster) createReadyPod(t *testing.T, name, ip string) {
+	t.Helper()
+	pods := c.kube.CoreV1().Pods(poolNS)
+	pod, err := pods.Create(t.Context(), &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "vllm"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}},
+	}
+	if _, err := pods.UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("pod %s status: %v", name, err)
+	}
+}
+
+// endpointPickerBin is the pinned EPP scripts/install-test-deps.sh built.
+func endpointPickerBin(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("EPP_BIN")
+	if bin == "" {
+		bin = filepath.Join(repoRoot, ".tools", "bin", "epp-v1.4.0")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("the endpoint picker is not built (%v): run scripts/install-test-deps.sh, or set EPP_BIN", err)
+	}
+	return bin
+}
+
+// startEndpointPicker runs the EPP for the InferencePool against the API
+// server, plaintext gRPC (as envoy/inference-pool.yaml expects), and returns
+// its ext_proc port.
+func startEndpointPicker(t *testing.T, c *cluster, bin string) int {
+	t.Helper()
+	var grpcPort int
+	serveOnFreePorts(t, "epp", 3, 60*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
+		grpcPort = ports[0]
+		cmd := exec.Command(bin, "--pool-name", poolName, "--pool-namespace", poolNS,
+			"--grpc-port", strconv.Itoa(ports[0]), "--grpc-health-port", strconv.Itoa(ports[1]), "--metrics-port", strconv.Itoa(ports[2]),
+			"--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false", "--enable-pprof=false")
+		return withEnv(cmd, "KUBECONFIG="+c.kubeconfig), fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
+	})
+	return grpcPort
+}
+
+// gateProc is `infergate serve` with two callers' keys.
+type gateProc struct {
+	extproc, admin int
+	requests       *testutil.Buffer
+}
+
+func startGate(t *testing.T) *gateProc {
+	t.Helper()
+	dir := t.TempDir()
+	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
+	keys := fmt.Sprintf("keys:\n- {id: acme-prod, sha256: %s, tenant: acme, labels: {tier: premium}}\n- {id: initech-free, sha256: %s, tenant: initech, labels: {tier: free}}\n",
+		hash(premiumKey), hash(freeKey))
+	if err := os.WriteFile(filepath.Join(dir, "keys.yaml"), []byte(keys), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fmt.Sprintf("auth: {keys: %s}\nmodels: [%s]\n", filepath.Join(dir, "keys.yaml"), poolModel)
+	if err := os.WriteFile(filepath.Join(dir, "infergate.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	g := &gateProc{requests: &testutil.Buffer{}}
+	serveOnFreePorts(t, "infergate", 2, 20*time.Second, g.requests, func(ports []int) (*exec.Cmd, string) {
+		g.extproc, g.admin = ports[0], ports[1]
+		return exec.Command(infergateBin(t), "serve", "--config", filepath.Join(dir, "infergate.yaml"),
+				"--extproc-listen", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", ports[1])),
+			fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1])
+	})
+	return g
+}
+
+// podStamp is what a request-log line says about where a request went.
+type podStamp struct {
+	RequestID string  `json:"request_id"`
+	Tenant    string  `json:"tenant"`
+	Pool      string  `json:"pool"`
+	Upstream  string  `json:"upstream"`
+	Complete  bool    `json:"complete"`
+	TTFTms    float64 `json:"ttft_ms"`
+}
+
+// stampOf waits for the request-log line of request id rid.
+func (g *gateProc) stampOf(t *testing.T, rid string) podStamp {
+	t.Helper()
+	var st podStamp
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for line := range strings.Lines(g.requests.String()) {
+			if json.Unmarshal([]byte(line), &st) == nil && st.RequestID == rid {
+				return true
+			}
+		}
+		return false
+	}, "the request log line of "+rid)
+	return st
+}
+
+func prompt(i int) string { return fmt.Sprintf("tell me story number %d", i) }
+
+func chatRequest(p string) string {
+	return fmt.Sprintf(`{"model":%q,"stream":true,"messages":[{"role":"user","content":%q}]}`, poolModel, p)
+}
+
+// sendChat streams a chat completion through Envoy with key (none if
+// empty) and returns the status and the whole body.
+func sendChat(t *testing.T, base, key, p string, hdr map[string]string) (int, string) {
+	t.Helper()
+	code, body, err := chatThrough(t.Context(), base, key, p, hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code, body
+}
+
+func chatThrough(ctx context.Context, base, key, p string, hdr map[string]string) (int, string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second) // a hung chain fails, it does not stall
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatRequest(p)))
+	if err != nil {
+		return 0, "", err
+	}
+	req.Header.Set("content-type", "application/json")
+	if key != "" {
+		req.Header.Set("authorization", "Bearer "+key)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, "", fmt.Errorf("POST through Envoy: %w", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, "", fmt.Errorf("reading the stream: %w", err)
+	}
+	return resp.StatusCode, string(b), nil
+}
+
+// referenceStream is the bytes a model server answers body with, asked
+// directly (the mock's answer is a function of the request alone).
+func referenceStream(t *testing.T, body []byte) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	mock.New(podConfig, nil).Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", bytes.NewReader(body)))
+	if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte("[DONE]")) {
+		t.Fatalf("reference stream of %s: %d %s", body, rec.Code, rec.Body)
+	}
+	return rec.Body.String()
+}
