@@ -156,8 +156,8 @@ spec:
 			t.Errorf("request %d: the stream differs from the model server's\n got %q\nwant %q", i, body, referenceStream(t, got))
 		}
 		st := gate.stampOf(t, rid)
-		if st.Upstream != pods[served].addr() || st.Tenant != "acme" || !st.Complete {
-			t.Errorf("request %d: stamp %+v, want upstream %s (the pod that served), tenant acme, complete", i, st, pods[served].addr())
+		if st.Upstream != pods[served].addr() || st.Pool != "inference-pool" || st.Tenant != "acme" || !st.Complete {
+			t.Errorf("request %d: stamp %+v, want upstream %s (the pod that served), pool inference-pool, tenant acme, complete", i, st, pods[served].addr())
 		}
 	}
 	t.Logf("distribution of %d requests with %s loaded (batch %d full, %d waiting): %v", n, loaded.ip, podConfig.MaxBatch, podConfig.MaxBatch, counts)
