@@ -170,7 +170,7 @@ chart-test: ## Helm chart: lint, render, strict decode, golden files, Envoy Gate
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: kube-test
-kube-test: deps ## The chart, the weight sinks and Envoy Gateway (Kubernetes mode) against a real kube-apiserver (first run builds it: ~8 min)
+kube-test: deps ## The chart, the weight sinks, Envoy Gateway (Kubernetes mode) and the Inference Extension's Endpoint Picker against a real kube-apiserver (first run builds it: ~8 min)
 	@# Its own Go module (test/kube/go.mod): kube-apiserver and etcd built from the
 	@# module proxy, in-process. The version stamp is what the chart's kubeVersion checks.
 	cd test/kube && $(GO) test -count=1 -timeout 40m -ldflags '$(KUBE_LDFLAGS)' ./...
