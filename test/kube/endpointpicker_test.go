@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +34,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/infergate/infergate/bench/mock"
 	"github.com/infergate/infergate/internal/testutil"
@@ -164,6 +166,9 @@ spec:
 	if counts[loaded.ip] >= n/len(pods) {
 		t.Errorf("the loaded pod served %d of %d requests, not fewer than round robin's %d: %v", counts[loaded.ip], n, n/len(pods), counts)
 	}
+	// The picker passes these headers on to the pod unchanged (without the
+	// config's strip filter every pod receives them), so what no pod
+	// received, the picker did not read either.
 	for _, p := range pods {
 		if seen := p.headerValues(); slices.Contains(seen, "forged-by-client") {
 			t.Errorf("pod %s received a client's forged Inference Extension header: %v", p.ip, seen)
@@ -498,4 +503,63 @@ func referenceStream(t *testing.T, body []byte) string {
 		t.Fatalf("reference stream of %s: %d %s", body, rec.Code, rec.Body)
 	}
 	return rec.Body.String()
+}
+
+// Every header the pinned picker reads or trusts (pkg/epp/metadata of the
+// module the test runs) is removed from the client's request by
+// envoy/inference-pool.yaml before the gate and the picker: a new one in a
+// later release fails here, not in production.
+func TestInferencePoolConfigStripsThePickersHeaders(t *testing.T) {
+	src, err := os.ReadFile(filepath.Join(moduleDir(t, "sigs.k8s.io/gateway-api-inference-extension@v1.4.0"), "pkg/epp/metadata/consts.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := regexp.MustCompile(`"(x-gateway-[a-z0-9-]+)"`).FindAllStringSubmatch(string(src), -1)
+	if len(read) < 5 {
+		t.Fatalf("pkg/epp/metadata names %d x-gateway-* headers; the file changed shape", len(read))
+	}
+	var boot struct {
+		StaticResources struct {
+			Listeners []struct {
+				FilterChains []struct {
+					Filters []struct {
+						TypedConfig struct {
+							HTTPFilters []struct {
+								Name        string `json:"name"`
+								TypedConfig struct {
+									Mutations struct {
+										RequestMutations []struct {
+											Remove string `json:"remove"`
+										} `json:"request_mutations"`
+									} `json:"mutations"`
+								} `json:"typed_config"`
+							} `json:"http_filters"`
+						} `json:"typed_config"`
+					} `json:"filters"`
+				} `json:"filter_chains"`
+			} `json:"listeners"`
+		} `json:"static_resources"`
+	}
+	conf := envoytest.Render(t, "envoy/inference-pool.yaml", map[string]string{"LISTEN_PORT": "1", "ADMIN_PORT": "2", "EXTPROC_PORT": "3", "EPP_PORT": "4"})
+	if err := yaml.Unmarshal([]byte(conf), &boot); err != nil {
+		t.Fatal(err)
+	}
+	filters := boot.StaticResources.Listeners[0].FilterChains[0].Filters[0].TypedConfig.HTTPFilters
+	var names, removed []string
+	for _, f := range filters {
+		names = append(names, f.Name)
+		if f.Name == "strip-inference-headers" {
+			for _, m := range f.TypedConfig.Mutations.RequestMutations {
+				removed = append(removed, m.Remove)
+			}
+		}
+	}
+	if want := []string{"strip-inference-headers", "infergate.gate", "inference-pool.epp", "infergate.meter", "envoy.filters.http.router"}; !slices.Equal(names, want) {
+		t.Errorf("filters %v, want %v", names, want)
+	}
+	for _, m := range read {
+		if !slices.Contains(removed, m[1]) {
+			t.Errorf("the picker reads %s, which envoy/inference-pool.yaml does not remove from the client's request (removes %v)", m[1], removed)
+		}
+	}
 }
