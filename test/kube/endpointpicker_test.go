@@ -177,7 +177,69 @@ spec:
 	release()
 	held.Wait()
 
+	streamsInLockstep(t, envoy.URL, pods)
 	reportTierTTFT(t, envoy.URL, gate, pods)
+}
+
+// streamsInLockstep proves, by causality, that nothing in the chain (the
+// gate, the picker's FULL_DUPLEX_STREAMED response, the meter) holds events
+// back: the pod writes event k+1 only once the client has received event k
+// (mock's x-mock-lockstep), so a filter that buffered would stall the
+// stream at once, on any machine.
+func streamsInLockstep(t *testing.T, base string, pods []*modelServer) {
+	t.Helper()
+	const id = "epp-lockstep"
+	var gates []*mock.Lockstep // every pod's: the picker chooses which one serves
+	for _, p := range pods {
+		gates = append(gates, p.mock.Lockstep(id))
+		t.Cleanup(func() { p.mock.Forget(id) })
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatRequest("in lock step")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("content-type", "application/json")
+	req.Header.Set("authorization", "Bearer "+premiumKey)
+	req.Header.Set("x-mock-lockstep", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("lock-step stream: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("lock-step stream: %d", resp.StatusCode)
+	}
+	r := bufio.NewReader(resp.Body)
+	events := 0
+	var body strings.Builder
+	for {
+		line, err := r.ReadString('\n')
+		body.WriteString(line)
+		if line == "\n" { // an event's end: let the pod write the next
+			for _, g := range gates {
+				g.Ack(events)
+			}
+			events++
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("the lock-step stream stalled after %d events (something between the pod and the client holds events back): %v", events, err)
+		}
+	}
+	served := slices.IndexFunc(pods, func(p *modelServer) bool { return len(p.mock.Lockstep(id).Emitted()) > 0 })
+	if served < 0 {
+		t.Fatal("no pod wrote the lock-step stream")
+	}
+	if _, sent := pods[served].mock.LastRequest(); body.String() != referenceStream(t, sent) {
+		t.Errorf("the lock-step stream differs from the model server's\n got %q\nwant %q", body.String(), referenceStream(t, sent))
+	}
+	if n := len(pods[served].mock.Lockstep(id).Emitted()); events != n || n < 10 {
+		t.Errorf("the client read %d events, the pod wrote %d, want the same (at least 10)", events, n)
+	}
 }
 
 // reportTierTTFT measures, and does not assert (timing is the machine's),
