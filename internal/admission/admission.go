@@ -73,6 +73,8 @@ type Controller struct {
 	// DefaultMaxTokens is the effective max_tokens of a completion that
 	// sets none when the policy names no cap; 0: DefaultOutputReservation.
 	DefaultMaxTokens int
+	// Spend records what each settlement charged; nil: nothing does.
+	Spend SpendRecorder
 
 	sealsInit, settledInit sync.Once
 }
