@@ -47,7 +47,7 @@ func TestReportBucketsAtMidnightAndMonthEdge(t *testing.T) {
 		s, cost := settled("m1", prompt, completion)
 		l.Charged(ctx, "acme", s, cost, true)
 	}
-	charge(monthStart.Add(-25*time.Hour), 1_000_000, 0)  // Nov 29 23:00: outside a 24 h window
+	charge(monthStart.Add(-25*time.Hour), 1_000_000, 0)    // Nov 29 23:00: outside a 24 h window
 	charge(monthStart.Add(-time.Nanosecond), 1_000_000, 0) // Nov 30 23:59:59.999999999
 	charge(monthStart, 0, 1_000_000)                       // Dec 1 00:00
 	charge(monthStart.Add(59*time.Minute), 0, 1_000_000)   // the same hour
