@@ -105,15 +105,15 @@ func printSpend(w io.Writer, rep spend.Report) error {
 		fmt.Fprintf(w, ", in %s", rep.Currency)
 	}
 	fmt.Fprintln(w)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	var head []string
 	for _, d := range rep.By {
 		head = append(head, strings.ToUpper(string(d)))
 	}
 	head = append(head, "COST", "REQUESTS", "INPUT", "CACHED", "OUTPUT", "TODAY", "MONTH")
-	fmt.Fprintln(tw, strings.Join(head, "\t")+"\t")
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	line := func(labels []string, a spend.Amount, today, month string) {
-		fmt.Fprintf(tw, "%s%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", strings.Join(labels, ""), price.FormatCost(a.Cost),
+		fmt.Fprintf(tw, "%s%s\t%d\t%d\t%d\t%d\t%s\t%s\n", strings.Join(labels, ""), price.FormatCost(a.Cost),
 			a.Requests, a.InputTokens, a.CachedTokens, a.OutputTokens, today, month)
 	}
 	for _, r := range rep.Rows {
@@ -130,7 +130,7 @@ func printSpend(w io.Writer, rep spend.Report) error {
 	if len(total) > 0 {
 		total[0] = "TOTAL\t"
 	}
-	line(total, rep.Total, "", "")
+	line(total, rep.Total, "-", "-")
 	return tw.Flush()
 }
 

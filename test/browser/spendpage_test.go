@@ -29,7 +29,9 @@ func TestSpendPageInChromium(t *testing.T) {
 	now := time.Date(2026, 12, 2, 9, 30, 0, 0, time.UTC)
 	at := now
 	l := &spend.Ledger{Store: &spend.Memory{}, Prices: prices, Now: func() time.Time { return at },
-		Team: func(id string) string { return map[string]string{"acme-search": "search", "acme-chat": "chat", "globex-app": "app"}[id] }}
+		Team: func(id string) string {
+			return map[string]string{"acme-search": "search", "acme-chat": "chat", "globex-app": "app"}[id]
+		}}
 	keys := []struct{ tenant, key, model string }{
 		{"acme", "acme-search", "llama-3.1-70b"}, {"acme", "acme-chat", "gpt-4o"}, {"acme", "acme-search", "llama-3.1-8b"},
 		{"globex", "globex-app", "llama-3.1-70b"}, {"initech", "initech-dev", "llama-3.1-8b"},
