@@ -423,6 +423,9 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Reason = "ratelimit_unavailable"
 		return nil, true
 	}
+	if c.Spend != nil {
+		c.Spend.Reserved(v.Tenant, res.States)
+	}
 	headers := rateLimitHeaders(res.States)
 	if !res.Allowed {
 		c.Metrics.limited(ctx, res.Exceeded.Name)

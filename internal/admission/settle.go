@@ -147,8 +147,10 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 // SpendRecorder learns what each settlement charged (the spend ledger):
 // the tenant its seal named, the meter's facts, the charge, and whether
 // the charge is the response's proven cost (else: the reservation kept).
+// Reserved is told what the budgets a request reserved against have left.
 type SpendRecorder interface {
 	Charged(ctx context.Context, tenant string, s *request.Settlement, charged ratelimit.Cost, proved bool)
+	Reserved(tenant string, states []ratelimit.State)
 }
 
 func (c *Controller) spent(ctx context.Context, tenant string, s *request.Settlement, charged ratelimit.Cost, proved bool) {

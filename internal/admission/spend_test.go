@@ -11,8 +11,11 @@ import (
 	"github.com/infergate/infergate/internal/request"
 )
 
-// spendLog records what a Controller tells its SpendRecorder.
+// spendLog records what a Controller tells its SpendRecorder of
+// settlements.
 type spendLog []spendEntry
+
+func (l *spendLog) Reserved(string, []ratelimit.State) {}
 
 type spendEntry struct {
 	tenant, model string

@@ -21,6 +21,7 @@ var page = template.Must(template.New("page").Funcs(template.FuncMap{
 	"dash":   func(s string) string { return cmpStr(s, "-") },
 	"has":    func(by []Dimension, d string) bool { return slicesContains(by, Dimension(d)) },
 	"hour":   func(t time.Time) string { return t.UTC().Format("Jan 2 15:04") },
+	"hms":    func(t time.Time) string { return t.UTC().Format("Jan 2 15:04:05") },
 	"joinBy": joinBy,
 }).Parse(pageSource))
 

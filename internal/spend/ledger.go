@@ -19,6 +19,14 @@ type Ledger struct {
 	Team func(keyID string) string
 	Now  func() time.Time // nil: time.Now
 	Log  *slog.Logger
+
+	budgets budgets
+}
+
+// Reserved notes what the budgets a request of tenant's reserved against
+// have left (admission's SpendRecorder): the page's "budget left".
+func (l *Ledger) Reserved(tenant string, states []ratelimit.State) {
+	l.budgets.seen(tenant, states, l.now())
 }
 
 // Charged records a settlement of tenant's: s is what the meter saw,
@@ -63,6 +71,7 @@ func (l *Ledger) Report(ctx context.Context, q Query) (Report, error) {
 		return Report{}, err
 	}
 	r := Build(q, hours)
+	r.Budgets = l.budgets.left(q.Until)
 	if l.Prices != nil {
 		r.Currency = l.Prices.Currency
 	}

@@ -192,6 +192,9 @@ type Report struct {
 	TopModels []Row `json:"top_models"`
 	// Hours are the window's spend per hour, every hour of it, oldest first.
 	Hours []HourSpend `json:"hours"`
+	// Budgets are what each budget had left at this replica's last
+	// admission under it (Ledger.Reserved).
+	Budgets []BudgetLeft `json:"budgets"`
 }
 
 // Row is one group's spend.

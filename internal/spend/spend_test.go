@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -248,5 +249,36 @@ func TestHandler(t *testing.T) {
 		if w := get(bad); w.Code != http.StatusBadRequest {
 			t.Errorf("%s: %d, want 400", bad, w.Code)
 		}
+	}
+}
+
+// Budget left is the last state seen per (tenant, limit, key); once its
+// window has ended, the budget is full again; a full table takes no new
+// budget until one's window ends.
+func TestBudgetLeft(t *testing.T) {
+	c := &clock{t: monthStart.Add(30 * time.Second)}
+	l := &Ledger{Store: &Memory{}, Now: c.Now}
+	tpm := ratelimit.Limit{Name: "tpm", Key: "tenant=acme", Unit: ratelimit.TotalTokens, Amount: 1000, Window: time.Minute}
+	l.Reserved("acme", []ratelimit.State{{Limit: tpm, Remaining: 900, Reset: 30 * time.Second}})
+	l.Reserved("acme", []ratelimit.State{{Limit: tpm, Remaining: 700, Reset: 30 * time.Second}})
+	rep, _ := l.Report(context.Background(), Query{Since: c.t.Add(-time.Hour), Until: c.t})
+	want := BudgetLeft{Tenant: "acme", Name: "tpm", Key: "tenant=acme", Unit: "total_tokens", Amount: 1000, Window: time.Minute,
+		Remaining: 700, Resets: monthStart.Add(time.Minute), Seen: c.t}
+	if len(rep.Budgets) != 1 || rep.Budgets[0] != want {
+		t.Errorf("budgets %+v, want %+v", rep.Budgets, want)
+	}
+	c.t = monthStart.Add(150 * time.Second) // two windows on
+	rep, _ = l.Report(context.Background(), Query{Since: c.t.Add(-time.Hour), Until: c.t})
+	want.Remaining, want.Resets = 1000, monthStart.Add(3*time.Minute)
+	if len(rep.Budgets) != 1 || rep.Budgets[0] != want {
+		t.Errorf("after its window: budgets %+v, want %+v", rep.Budgets, want)
+	}
+
+	for i := range MaxBudgets + 10 {
+		l.Reserved("t", []ratelimit.State{{Limit: ratelimit.Limit{Name: "rpm", Key: strconv.Itoa(i), Amount: 5, Window: time.Minute},
+			Remaining: 4, Reset: time.Second}})
+	}
+	if n := len(l.budgets.left(c.t)); n != MaxBudgets {
+		t.Errorf("%d budgets remembered, want at most %d (the ended one made room)", n, MaxBudgets)
 	}
 }

@@ -49,6 +49,14 @@ func TestSpendPageInChromium(t *testing.T) {
 				ratelimit.Cost{Requests: 20 + int64(h%5), InputTokens: n, OutputTokens: n / 3}, true)
 		}
 	}
+	at = now.Add(-40 * time.Second)
+	day := func(name, key string, amount, left int64) []ratelimit.State {
+		return []ratelimit.State{{Limit: ratelimit.Limit{Name: name, Key: key, Unit: ratelimit.TotalTokens, Amount: amount, Window: 24 * time.Hour},
+			Remaining: left, Reset: 14*time.Hour + 30*time.Minute + 40*time.Second}}
+	}
+	l.Reserved("acme", day("tenant-tokens-per-day", "tenant=acme", 20_000_000, 12_840_000))
+	l.Reserved("globex", day("tenant-tokens-per-day", "tenant=globex", 5_000_000, 3_470_000))
+	l.Reserved("initech", day("tenant-tokens-per-day", "tenant=initech", 2_000_000, 425_000))
 	at = now
 	srv := httptest.NewServer(spend.Handler(l))
 	defer srv.Close()
@@ -104,6 +112,11 @@ func TestSpendPageInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitJS(t, ctx, `document.readyState === "complete"`)
+	left, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#budgets tr")).slice(1).map(
+		tr => tr.querySelector("td").textContent + " " + tr.querySelector("td:nth-child(4)").textContent)`))
+	if err != nil || strings.Join(left, ",") != "acme 12840000,globex 3470000,initech 425000" {
+		t.Errorf("budget left %v (%v)", left, err)
+	}
 	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 	if err != nil {
 		t.Fatal(err)

@@ -88,6 +88,18 @@ func TestSpendAgreesWithTheLedger(t *testing.T) {
 				rep := spendReport(t, g.AdminURL+"/debug/spend?format=json&since=2h&by=tenant,key,model")
 				checkSpend(t, "the page of "+g.AdminURL+" by tenant,key,model", rep, want)
 			}
+			// Budget left: the tenants' budgets as the gate last reserved against them.
+			left := map[string]bool{}
+			for _, g := range s.Replicas {
+				for _, b := range spendReport(t, g.AdminURL+"/debug/spend?format=json").Budgets {
+					if b.Remaining < b.Amount && b.Amount > 0 {
+						left[b.Tenant] = true
+					}
+				}
+			}
+			if !left["acme"] || !left["loadtest"] {
+				t.Errorf("budget left known for %v, want acme and loadtest", left)
+			}
 			// The command line reads the same report.
 			var out bytes.Buffer
 			args := []string{"spend", "--admin", s.Gateway.AdminURL, "--since", "2h", "--by", "model,tenant"}
