@@ -3,6 +3,7 @@ package spend
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/infergate/infergate/internal/price"
@@ -20,7 +21,8 @@ type Ledger struct {
 	Now  func() time.Time // nil: time.Now
 	Log  *slog.Logger
 
-	budgets budgets
+	budgets         budgets
+	misses, lastLog atomic.Int64
 }
 
 // Reserved notes what the budgets a request of tenant's reserved against
@@ -39,10 +41,22 @@ func (l *Ledger) Charged(ctx context.Context, tenant string, s *request.Settleme
 		k.Team = l.Team(s.Principal)
 	}
 	a := amountOf(s, charged, proved, l.Prices)
-	if err := l.Store.Add(ctx, Hour(l.now()), k, a); err != nil && l.Log != nil {
-		l.Log.Warn("spend ledger: a settlement was not recorded (the budgets were charged; the spend page misses it)",
-			"request_id", s.RequestID, "err", err)
+	if err := l.Store.Add(ctx, Hour(l.now()), k, a); err != nil {
+		l.missed(s.RequestID, err)
 	}
+}
+
+// missed logs a settlement the store did not take: at most every 10 s,
+// with how many were missed since (a Redis outage must not flood the log).
+func (l *Ledger) missed(requestID string, err error) {
+	n := l.misses.Add(1)
+	now := l.now().Unix()
+	if last := l.lastLog.Load(); now-last < 10 || !l.lastLog.CompareAndSwap(last, now) || l.Log == nil {
+		return
+	}
+	l.misses.Add(-n)
+	l.Log.Warn("spend ledger: settlements not recorded (the budgets were charged; the spend page misses them)",
+		"missed", n, "request_id", requestID, "err", err)
 }
 
 // amountOf is what a charge adds to the ledger: its requests and tokens,

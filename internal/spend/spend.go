@@ -211,6 +211,10 @@ type HourSpend struct {
 	Amount
 }
 
+// MaxRows bounds a report's rows: the smallest past it are summed into
+// one, (other) in every dimension.
+const MaxRows = 500
+
 // TopN bounds a report's top models.
 const TopN = 10
 
@@ -274,6 +278,13 @@ func Build(q Query, hours map[int64]Bucket) Report {
 		}
 	}
 	slices.SortFunc(r.Rows, byCost(func(r Row) Amount { return r.Window }))
+	if len(r.Rows) > MaxRows {
+		rest := Row{Key: project(OtherKey, q.By)}
+		for _, row := range r.Rows[MaxRows-1:] {
+			rest.Window, rest.Today, rest.Month = rest.Window.Add(row.Window), rest.Today.Add(row.Today), rest.Month.Add(row.Month)
+		}
+		r.Rows = append(r.Rows[:MaxRows-1], rest)
+	}
 	for _, m := range models {
 		if m.Window != (Amount{}) {
 			r.TopModels = append(r.TopModels, *m)

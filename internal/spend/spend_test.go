@@ -3,6 +3,8 @@ package spend
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -281,4 +283,47 @@ func TestBudgetLeft(t *testing.T) {
 	if n := len(l.budgets.left(c.t)); n != MaxBudgets {
 		t.Errorf("%d budgets remembered, want at most %d (the ended one made room)", n, MaxBudgets)
 	}
+}
+
+// A report's rows are bounded: the smallest fold into one (other) row,
+// and nothing is lost from the total.
+func TestReportRowsBounded(t *testing.T) {
+	b := Bucket{}
+	for i := range MaxRows + 50 {
+		b[Key{Tenant: "t", KeyID: strconv.Itoa(i)}] = Amount{Requests: 1, Cost: int64(i + 1)}
+	}
+	now := HourTime(10).Add(time.Minute)
+	rep := Build(Query{Since: now.Add(-time.Hour), Until: now, By: []Dimension{ByTenant, ByKey}}, map[int64]Bucket{10: b})
+	var sum Amount
+	for _, r := range rep.Rows {
+		sum = sum.Add(r.Window)
+	}
+	last := rep.Rows[len(rep.Rows)-1]
+	if len(rep.Rows) != MaxRows || sum != rep.Total || last.Key != (Key{Tenant: Other, KeyID: Other}) || last.Window.Requests != 51 {
+		t.Errorf("%d rows, last %+v, sum %+v, total %+v", len(rep.Rows), last, sum, rep.Total)
+	}
+}
+
+// A store that fails loses the record, not the settlement, and the log
+// says so at most every 10 s.
+func TestMissedRecordsAreLoggedSparingly(t *testing.T) {
+	var log strings.Builder
+	c := &clock{t: monthStart}
+	l := &Ledger{Store: failing{}, Now: c.Now, Log: slog.New(slog.NewTextHandler(&log, nil))}
+	s, cost := settled("m1", 1, 1)
+	for range 5 {
+		l.Charged(context.Background(), "acme", s, cost, true)
+	}
+	c.t = c.t.Add(10 * time.Second)
+	l.Charged(context.Background(), "acme", s, cost, true)
+	if n := strings.Count(log.String(), "not recorded"); n != 2 || !strings.Contains(log.String(), "missed=5") {
+		t.Errorf("log:\n%s\nwant two lines, the second counting 5", log.String())
+	}
+}
+
+type failing struct{}
+
+func (failing) Add(context.Context, int64, Key, Amount) error { return errors.New("down") }
+func (failing) Hours(context.Context, int64, int64) (map[int64]Bucket, error) {
+	return nil, errors.New("down")
 }
