@@ -3,6 +3,7 @@ package spend
 import (
 	"context"
 	"reflect"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -73,5 +74,28 @@ func TestRedisStore(t *testing.T) {
 	}
 	if len(got[600]) != 5 || got[600][OtherKey].Requests != 16 || total != 20 {
 		t.Errorf("capped bucket %v: want 4 keys and (other) with 16 of 20 requests", got[600])
+	}
+}
+
+// On a Redis Cluster the hours spread over slots: each Add touches one key,
+// and a report's read is one pipeline across the nodes.
+func TestRedisClusterStore(t *testing.T) {
+	ctx := context.Background()
+	c := redisserver.StartCluster(t, redisserver.ClusterOptions{NoReplicas: true})
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { rdb.Close() })
+	st := &Redis{Client: rdb}
+	want := map[int64]Bucket{}
+	for h := int64(1000); h < 1048; h++ { // 48 keys: every node holds some
+		k := Key{Tenant: "acme", Model: "m" + strconv.FormatInt(h%3, 10)}
+		a := Amount{Requests: h, Cost: 2 * h}
+		if err := st.Add(ctx, h, k, a); err != nil {
+			t.Fatal(err)
+		}
+		want[h] = Bucket{k: a}
+	}
+	got, err := st.Hours(ctx, 990, 1050)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("hours %v, %v: want %v", got, err, want)
 	}
 }
