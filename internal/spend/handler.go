@@ -1,10 +1,12 @@
 package spend
 
 import (
+	"cmp"
 	_ "embed"
 	"encoding/json"
 	"html/template"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,8 +20,8 @@ var pageSource string
 var page = template.Must(template.New("page").Funcs(template.FuncMap{
 	"cost":   price.FormatCost,
 	"n":      func(n int64) string { return strconv.FormatInt(n, 10) },
-	"dash":   func(s string) string { return cmpStr(s, "-") },
-	"has":    func(by []Dimension, d string) bool { return slicesContains(by, Dimension(d)) },
+	"dash":   func(s string) string { return cmp.Or(s, "-") },
+	"has":    func(by []Dimension, d string) bool { return slices.Contains(by, Dimension(d)) },
 	"hour":   func(t time.Time) string { return t.UTC().Format("Jan 2 15:04") },
 	"hms":    func(t time.Time) string { return t.UTC().Format("Jan 2 15:04:05") },
 	"joinBy": joinBy,
@@ -122,20 +124,4 @@ func joinBy(by []Dimension) string {
 		s[i] = string(d)
 	}
 	return strings.Join(s, ",")
-}
-
-func slicesContains(by []Dimension, d Dimension) bool {
-	for _, b := range by {
-		if b == d {
-			return true
-		}
-	}
-	return false
-}
-
-func cmpStr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

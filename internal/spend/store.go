@@ -1,9 +1,11 @@
 package spend
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,7 +59,7 @@ func (m *Memory) Add(_ context.Context, hour int64, k Key, a Amount) error {
 		b = Bucket{}
 		m.buckets[hour] = b
 	}
-	slot := b.Slot(k.Bounded(), cmpOr(m.MaxKeys, DefaultMaxKeys))
+	slot := b.Slot(k.Bounded(), cmp.Or(m.MaxKeys, DefaultMaxKeys))
 	b[slot] = b[slot].Add(a)
 	return nil
 }
@@ -69,21 +71,10 @@ func (m *Memory) Hours(_ context.Context, first, last int64) (map[int64]Bucket, 
 	out := map[int64]Bucket{}
 	for h, b := range m.buckets {
 		if h >= first && h <= last {
-			c := make(Bucket, len(b))
-			for k, a := range b {
-				c[k] = a
-			}
-			out[h] = c
+			out[h] = maps.Clone(b)
 		}
 	}
 	return out, nil
-}
-
-func cmpOr(n, def int) int {
-	if n > 0 {
-		return n
-	}
-	return def
 }
 
 // Redis is a Store in Redis, shared by the replicas that count their
@@ -139,7 +130,7 @@ func (r *Redis) key(hour int64) string {
 
 // Add implements Store.
 func (r *Redis) Add(ctx context.Context, hour int64, k Key, a Amount) error {
-	err := addScript.Run(ctx, r.Client, []string{r.key(hour)}, cmpOr(r.MaxKeys, DefaultMaxKeys),
+	err := addScript.Run(ctx, r.Client, []string{r.key(hour)}, cmp.Or(r.MaxKeys, DefaultMaxKeys),
 		encodeKey(k.Bounded()), encodeKey(OtherKey), int64(Retention/time.Second),
 		a.Requests, a.InputTokens, a.CachedTokens, a.OutputTokens, a.Cost).Err()
 	if err != nil {
