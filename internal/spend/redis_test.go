@@ -13,7 +13,7 @@ import (
 	"github.com/infergate/infergate/internal/testutil/redisserver"
 )
 
-func newRedis(t *testing.T) *redis.Client {
+func newRedis(t testing.TB) *redis.Client {
 	t.Helper()
 	srv := redisserver.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
