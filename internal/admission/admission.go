@@ -73,6 +73,8 @@ type Controller struct {
 	// DefaultMaxTokens is the effective max_tokens of a completion that
 	// sets none when the policy names no cap; 0: DefaultOutputReservation.
 	DefaultMaxTokens int
+	// Spend records what each settlement charged; nil: nothing does.
+	Spend SpendRecorder
 
 	sealsInit, settledInit sync.Once
 }
@@ -420,6 +422,9 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Headers = map[string]string{"retry-after": "1"}
 		v.Reason = "ratelimit_unavailable"
 		return nil, true
+	}
+	if c.Spend != nil {
+		c.Spend.Reserved(v.Tenant, res.States)
 	}
 	headers := rateLimitHeaders(res.States)
 	if !res.Allowed {

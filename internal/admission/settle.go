@@ -130,15 +130,33 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		c.Log.Debug("nothing proved the response's cost; reservation kept", "request_id", s.RequestID,
 			"end", s.End, "origin", s.Origin, "status", s.Status, "usage_read", s.UsageRead)
 		c.Metrics.settled(ctx, actual)
+		c.spent(ctx, tenant, s, actual, false)
 		return
 	}
 	if err := c.Limiter.Settle(ctx, r, actual); err != nil {
 		c.Log.Error("settling a reservation failed; it stays charged until its window ends",
 			"request_id", s.RequestID, "err", err)
 		c.Metrics.settleError(ctx)
+		c.spent(ctx, tenant, s, reserved, false)
 		return
 	}
 	c.Metrics.settled(ctx, actual)
+	c.spent(ctx, tenant, s, actual, true)
+}
+
+// SpendRecorder learns what each settlement charged (the spend ledger):
+// the tenant its seal named, the meter's facts, the charge, and whether
+// the charge is the response's proven cost (else: the reservation kept).
+// Reserved is told what the budgets a request reserved against have left.
+type SpendRecorder interface {
+	Charged(ctx context.Context, tenant string, s *request.Settlement, charged ratelimit.Cost, proved bool)
+	Reserved(tenant string, states []ratelimit.State)
+}
+
+func (c *Controller) spent(ctx context.Context, tenant string, s *request.Settlement, charged ratelimit.Cost, proved bool) {
+	if c.Spend != nil {
+		c.Spend.Charged(ctx, tenant, s, charged, proved)
+	}
 }
 
 // Release implements request.Policy: a request the gate admitted and then

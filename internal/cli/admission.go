@@ -22,6 +22,7 @@ import (
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/seal"
+	"github.com/infergate/infergate/internal/spend"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/internal/watch"
 )
@@ -34,6 +35,8 @@ type admissionParts struct {
 	keysFailed atomic.Int64 // refused reloads of the key file
 	// redis is a *redis.Client, or a *redis.ClusterClient (mode: cluster).
 	redis redis.UniversalClient
+	// spend is the spend ledger, where the budgets are counted.
+	spend *spend.Ledger
 	// watchKeys polls the API key file until its context is done (nil
 	// without one).
 	watchKeys func(context.Context)
@@ -131,6 +134,8 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{HashTag: cfg.RateLimit.Redis.HashTag}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
 	}
+	p.spend = newSpend(cfg, p.redis, c.Keys, log, clock)
+	c.Spend = p.spend
 	p.seals, c.Settled = newSeals(ctx, cfg, p.redis, log, time.Now)
 	c.Seals, c.LongestStream = p.seals, cfg.Reservations.LongestStream
 	p.fields = seal.Fields{Ring: p.seals, Once: c.Settled, Longest: cfg.Reservations.LongestStream}
@@ -323,4 +328,18 @@ func (p *admissionParts) close() {
 	if p.redis != nil {
 		p.redis.Close()
 	}
+}
+
+// newSpend is the spend ledger, kept where the budgets are counted: in
+// this process with the memory backend, in Redis (every replica's) with
+// Redis.
+func newSpend(cfg *config.Config, rdb redis.UniversalClient, keys *identity.KeySet, log *slog.Logger, clock func() time.Time) *spend.Ledger {
+	l := &spend.Ledger{Store: &spend.Memory{}, Prices: cfg.Prices.Table(), Now: clock, Log: log}
+	if rdb != nil {
+		l.Store = &spend.Redis{Client: rdb}
+	}
+	if keys != nil {
+		l.Team = func(id string) string { return keys.Load().Label(id, "team") }
+	}
+	return l
 }

@@ -36,6 +36,7 @@ Commands:
   controller run the SLA controller and xDS server alone, fed through Redis
   validate   check a config file and exit
   keys       create, list, revoke and rotate API keys in a keys file
+  spend      print what the budgets charged, by tenant, team, key or model
   version    print the version
 
 Examples:
@@ -71,6 +72,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runValidate(rest, stdout, stderr)
 	case "keys":
 		return runKeys(ctx, rest, stdout, stderr)
+	case "spend":
+		return runSpend(ctx, rest, stdout, stderr)
 	case "version", "--version":
 		fmt.Fprintf(stdout, "infergate %s (%s, Envoy API v3, tested with Envoy 1.40)\n", Version, runtime.Version())
 		return nil

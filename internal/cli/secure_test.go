@@ -199,7 +199,7 @@ func TestDebugPagesNeedTheSwitchAndTheToken(t *testing.T) {
 		resp.Body.Close()
 		return resp.StatusCode
 	}
-	pages := []string{"/debug/requests", "/debug/requests?format=json", "/debug/controller", "/debug/pprof/"}
+	pages := []string{"/debug/requests", "/debug/requests?format=json", "/debug/controller", "/debug/spend", "/debug/spend?format=json", "/debug/pprof/"}
 	off := startServe(t, "--extproc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
 	for _, p := range pages {
 		if code := get(off, p, ""); code != http.StatusNotFound {
@@ -211,7 +211,7 @@ func TestDebugPagesNeedTheSwitchAndTheToken(t *testing.T) {
 	open := filepath.Join(dir, "open.yaml")
 	os.WriteFile(open, []byte("admin: {debug: {enabled: true}}\n"), 0o644)
 	on := startServe(t, "--config", open, "--extproc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
-	for _, p := range pages[:3] {
+	for _, p := range pages[:len(pages)-1] {
 		if code := get(on, p, ""); code != http.StatusOK {
 			t.Errorf("admin.debug.enabled: GET %s: %d, want 200", p, code)
 		}

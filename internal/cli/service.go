@@ -31,6 +31,7 @@ import (
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
+	"github.com/infergate/infergate/internal/spend"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/internal/tlsreload"
 	"github.com/infergate/infergate/xds/feed"
@@ -297,6 +298,7 @@ func (s *Service) AdminHandler() http.Handler {
 		if keys := s.adm.controller.Keys; keys != nil {
 			debug.Handle("GET /debug/keys", keysHandler(keys))
 		}
+		debug.Handle("GET /debug/spend", spend.Handler(s.adm.spend))
 		if s.recent != nil {
 			pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
 			debug.Handle("GET /debug/requests", pages)

@@ -215,6 +215,15 @@ type KeyStatus struct {
 	LastUsed *time.Time `json:"lastUsed,omitempty"`
 }
 
+// Label is the label name of the key of id ("" when it has none, or no
+// key has that id).
+func (k *Keys) Label(id, name string) string {
+	if st, ok := k.byID[id]; ok {
+		return st.entry.Labels[name]
+	}
+	return ""
+}
+
 // Status lists the keys by id.
 func (k *Keys) Status() []KeyStatus {
 	out := make([]KeyStatus, 0, len(k.byID))

@@ -98,6 +98,12 @@ type Settlement struct {
 	InputReported bool
 	// Events is the content events the meter counted in a stream.
 	Events int
+	// Who and what, for the spend ledger (the stamp's, range-checked):
+	// the key id or JWT subject, the model the client asked for, the pool
+	// that answered, and the parts of PromptTokens the pool's usage says
+	// were read from and written to its prompt cache.
+	Principal, Model, Pool         string
+	CachedTokens, CacheWriteTokens int
 }
 
 // Origin is who wrote a response.

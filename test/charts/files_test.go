@@ -354,10 +354,12 @@ var exported = map[string]string{
 	"infergate_ratelimit_limited_total":           "infergate.ratelimit.limited",
 	"infergate_ratelimit_tokens_total":            "infergate.ratelimit.tokens",
 	"infergate_admission_errors_total":            "infergate.admission.errors",
+	"infergate_cost_total":                        "infergate.cost",
 	// labels
 	"gen_ai_request_model": "gen_ai.request.model",
 	"gen_ai_token_type":    "gen_ai.token.type",
 	"infergate_pool":       "infergate.pool",
+	"infergate_tenant":     "infergate.tenant",
 	"error_type":           "error.type",
 	"virtual_model":        "virtual_model",
 	"decision":             "decision",
@@ -441,6 +443,7 @@ func TestDashboard(t *testing.T) {
 		"gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
 		"gen_ai_client_token_usage", "infergate_gate_decisions_total", "infergate_pool_weight",
 		"infergate_sla_decisions_total", "gen_ai_request_model", "infergate_pool",
+		"infergate_cost_total", "infergate_tenant",
 	} {
 		if !used[want] {
 			t.Errorf("no panel queries %s", want)

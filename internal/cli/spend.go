@@ -1,0 +1,150 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/infergate/infergate/internal/flagset"
+	"github.com/infergate/infergate/internal/price"
+	"github.com/infergate/infergate/internal/spend"
+)
+
+// maxSpendReport bounds an admin's answer to GET /debug/spend.
+const maxSpendReport = 32 << 20
+
+// runSpend runs `infergate spend`: the spend page's report, read from an
+// admin port, as a table or JSON.
+func runSpend(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flagset.New("spend", "Print what the budgets charged (the admin port's /debug/spend), by tenant, team, key or model,\n"+
+		"over a window, with each row's spend today and this month (UTC).", stderr)
+	admin := fs.String("admin", "http://127.0.0.1:9090", "the admin URL of a replica (with the Redis backend every replica reports the same ledger)")
+	tokenFile := fs.String("admin-token-file", "", "the bearer token of admin.debug.tokenFile, when set")
+	since := fs.String("since", "24h", "the window: a duration (90m, 24h) or days (7d), at most 40d")
+	by := fs.String("by", "tenant,model", "group by any of tenant, team, key, model (comma-separated)")
+	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	if err := flagset.Parse(fs, args); err != nil {
+		return err
+	}
+	dims, err := spend.ParseBy(*by)
+	if err == nil {
+		_, err = spend.ParseSince(*since)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "infergate spend: %v\n", err)
+		return ErrUsage
+	}
+	q := url.Values{"format": {"json"}, "since": {*since}, "by": {byString(dims)}}
+	body, err := fetchSpend(ctx, strings.TrimRight(*admin, "/")+"/debug/spend?"+q.Encode(), *tokenFile)
+	if err != nil {
+		return err
+	}
+	var rep spend.Report
+	if err := json.Unmarshal(body, &rep); err != nil {
+		return fmt.Errorf("%s/debug/spend: %w", *admin, err)
+	}
+	if *asJSON {
+		_, err := stdout.Write(body)
+		return err
+	}
+	return printSpend(stdout, rep)
+}
+
+func byString(by []spend.Dimension) string {
+	s := make([]string, len(by))
+	for i, d := range by {
+		s[i] = string(d)
+	}
+	return strings.Join(s, ",")
+}
+
+// fetchSpend GETs url from an admin port, with the debug token if any.
+func fetchSpend(ctx context.Context, url, tokenFile string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if tokenFile != "" {
+		token, err := readToken(tokenFile)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+string(token))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSpendReport+1))
+	switch {
+	case err != nil:
+		return nil, err
+	case resp.StatusCode != http.StatusOK:
+		return nil, fmt.Errorf("GET %s: %s: %s (the admin port serves it with admin.debug.enabled)", req.URL.Path, resp.Status,
+			bytes.TrimSpace(body[:min(len(body), 512)]))
+	case len(body) > maxSpendReport:
+		return nil, fmt.Errorf("GET %s: longer than %d bytes", req.URL.Path, maxSpendReport)
+	}
+	return body, nil
+}
+
+// printSpend writes rep as a table: a row per group, then the total.
+func printSpend(w io.Writer, rep spend.Report) error {
+	fmt.Fprintf(w, "Spend from %s to %s (UTC)", rep.Since.UTC().Format(time.RFC3339), rep.Until.UTC().Format(time.RFC3339))
+	if rep.Currency != "" {
+		fmt.Fprintf(w, ", in %s", rep.Currency)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	var head []string
+	for _, d := range rep.By {
+		head = append(head, strings.ToUpper(string(d)))
+	}
+	head = append(head, "COST", "REQUESTS", "INPUT", "CACHED", "OUTPUT", "TODAY", "MONTH")
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	line := func(labels []string, a spend.Amount, today, month string) {
+		fmt.Fprintf(tw, "%s%s\t%d\t%d\t%d\t%d\t%s\t%s\n", strings.Join(labels, ""), price.FormatCost(a.Cost),
+			a.Requests, a.InputTokens, a.CachedTokens, a.OutputTokens, today, month)
+	}
+	for _, r := range rep.Rows {
+		var labels []string
+		for _, d := range rep.By {
+			labels = append(labels, dash(field(r.Key, d))+"\t")
+		}
+		line(labels, r.Window, price.FormatCost(r.Today.Cost), price.FormatCost(r.Month.Cost))
+	}
+	total := make([]string, len(rep.By))
+	for i := range total {
+		total[i] = "\t"
+	}
+	if len(total) > 0 {
+		total[0] = "TOTAL\t"
+	}
+	line(total, rep.Total, "-", "-")
+	return tw.Flush()
+}
+
+// field is k's value of dimension d.
+func field(k spend.Key, d spend.Dimension) string {
+	switch d {
+	case spend.ByTenant:
+		return k.Tenant
+	case spend.ByTeam:
+		return k.Team
+	case spend.ByKey:
+		return k.KeyID
+	case spend.ByModel:
+		return k.Model
+	}
+	return ""
+}

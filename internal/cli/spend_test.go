@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/infergate/infergate/internal/price"
+	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/spend"
+)
+
+// `infergate spend` reads the admin port's report behind its debug token
+// and prints it as a table; a bad window or grouping is a usage error
+// before anything is asked.
+func TestSpendCommand(t *testing.T) {
+	prices := &price.Table{Currency: "USD"}
+	prices.Add("m1", price.Price{Input: 1_000_000, Output: 2_000_000}, nil)
+	now := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	l := &spend.Ledger{Store: &spend.Memory{}, Prices: prices, Now: func() time.Time { return now }}
+	l.Charged(context.Background(), "acme", &request.Settlement{Model: "m1", Principal: "k1"},
+		ratelimit.Cost{Requests: 1, InputTokens: 1000, OutputTokens: 500}, true)
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("s3cret\n"), 0o600)
+	srv := httptest.NewServer(bearer(token, spend.Handler(l)))
+	defer srv.Close()
+
+	var out bytes.Buffer
+	run := func(args ...string) error {
+		out.Reset()
+		return Run(context.Background(), append([]string{"spend", "--admin", srv.URL}, args...), &out, &out)
+	}
+	if err := run("--admin-token-file", token, "--by", "tenant,model"); err != nil {
+		t.Fatalf("spend: %v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "acme    m1     0.002  1         1000   0       500     0.002  0.002\n") {
+		t.Errorf("table:\n%s", out.String())
+	}
+	if err := run("--by", "tenant"); err == nil || !strings.Contains(err.Error(), "401") {
+		t.Errorf("without the token: %v, want a 401", err)
+	}
+	for _, bad := range [][]string{{"--by", "pool"}, {"--since", "90d"}} {
+		if err := run(bad...); !errors.Is(err, ErrUsage) {
+			t.Errorf("%v: %v, want a usage error", bad, err)
+		}
+	}
+}

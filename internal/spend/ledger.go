@@ -1,0 +1,100 @@
+package spend
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/infergate/infergate/internal/price"
+	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/request"
+)
+
+// Ledger records what each settlement charged (admission's SpendRecorder)
+// and reports it.
+type Ledger struct {
+	Store  Store
+	Prices *price.Table // nil: every cost is 0
+	// Team is a key id's team ("" when none); nil: no teams.
+	Team func(keyID string) string
+	Now  func() time.Time // nil: time.Now
+	Log  *slog.Logger
+
+	budgets         budgets
+	misses, lastLog atomic.Int64
+}
+
+// Reserved notes what the budgets a request of tenant's reserved against
+// have left (admission's SpendRecorder): the page's "budget left".
+func (l *Ledger) Reserved(tenant string, states []ratelimit.State) {
+	l.budgets.seen(tenant, states, l.now())
+}
+
+// Charged records a settlement of tenant's: s is what the meter saw,
+// charged what the limiter was charged, proved whether that is the
+// response's proven usage (else: the reservation kept, whose input is
+// priced as uncached, as nothing proved a cache read).
+func (l *Ledger) Charged(ctx context.Context, tenant string, s *request.Settlement, charged ratelimit.Cost, proved bool) {
+	k := Key{Tenant: tenant, KeyID: s.Principal, Model: s.Model}
+	if l.Team != nil && s.Principal != "" {
+		k.Team = l.Team(s.Principal)
+	}
+	a := amountOf(s, charged, proved, l.Prices)
+	if err := l.Store.Add(ctx, Hour(l.now()), k, a); err != nil {
+		l.missed(s.RequestID, err)
+	}
+}
+
+// missed logs a settlement the store did not take: at most every 10 s,
+// with how many were missed since (a Redis outage must not flood the log).
+func (l *Ledger) missed(requestID string, err error) {
+	n := l.misses.Add(1)
+	now := l.now().Unix()
+	if last := l.lastLog.Load(); now-last < 10 || !l.lastLog.CompareAndSwap(last, now) || l.Log == nil {
+		return
+	}
+	l.misses.Add(-n)
+	l.Log.Warn("spend ledger: settlements not recorded (the budgets were charged; the spend page misses them)",
+		"missed", n, "request_id", requestID, "err", err)
+}
+
+// amountOf is what a charge adds to the ledger: its requests and tokens,
+// and their cost at the model's price on the pool that served it.
+func amountOf(s *request.Settlement, c ratelimit.Cost, proved bool, prices *price.Table) Amount {
+	t := price.Tokens{Prompt: tokens(c.InputTokens), Completion: tokens(c.OutputTokens)}
+	if proved {
+		t.Cached, t.CacheWrite = s.CachedTokens, s.CacheWriteTokens
+	}
+	a := Amount{Requests: c.Requests, InputTokens: int64(t.Prompt), OutputTokens: int64(t.Completion)}
+	if t.Prompt > 0 {
+		a.CachedTokens = int64(min(max(t.Cached, 0), t.Prompt))
+	}
+	if p, _, ok := prices.Lookup(s.Model, s.Pool); ok {
+		a.Cost = p.Cost(t)
+	}
+	return a
+}
+
+func tokens(n int64) int { return int(min(max(n, 0), price.MaxTokens)) }
+
+// Report answers q from the store.
+func (l *Ledger) Report(ctx context.Context, q Query) (Report, error) {
+	hours, err := l.Store.Hours(ctx, FirstHour(q), Hour(q.Until))
+	if err != nil {
+		return Report{}, err
+	}
+	r := Build(q, hours)
+	r.Budgets = l.budgets.left(q.Until)
+	if l.Prices != nil {
+		r.Currency = l.Prices.Currency
+	}
+	return r, nil
+}
+
+func (l *Ledger) now() time.Time {
+	if l.Now != nil {
+		return l.Now()
+	}
+	return time.Now()
+}

@@ -1,0 +1,348 @@
+// Package spend is the spend ledger: what the budgets charged, by hour,
+// tenant, team, key and model, and the reports the spend page and
+// `infergate spend` print.
+//
+// It is fed at settlement (Ledger.Charged, admission's SpendRecorder), with
+// what the limiter was charged: the settled usage when the meter had proof,
+// else the reservation kept. So the page agrees with the budgets by
+// construction. The aggregation (hour buckets, the cap on a bucket's
+// entries, rollups, top-N) is pure, here; a Store keeps the buckets where
+// the budgets are counted: in this process (Memory) or in Redis (Redis),
+// which every replica shares.
+package spend
+
+import (
+	"cmp"
+	"encoding/json"
+	"math"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/infergate/infergate/internal/price"
+)
+
+// Key is who spent, on what: the tenant the gate identified, the key's
+// team (its "team" label, "" when none), the key id or JWT subject, and the
+// model the client asked for.
+type Key struct {
+	Tenant string `json:"tenant,omitempty"`
+	Team   string `json:"team,omitempty"`
+	KeyID  string `json:"key,omitempty"`
+	Model  string `json:"model,omitempty"`
+}
+
+// Other stands for every key a full bucket had no room for.
+const Other = "(other)"
+
+// OtherKey is where a full bucket folds the keys it has no room for.
+var OtherKey = Key{Tenant: Other, Team: Other, KeyID: Other, Model: Other}
+
+// MaxField bounds each of a Key's fields, in bytes.
+const MaxField = 128
+
+// Bounded is k as it may be stored: each field valid UTF-8, without
+// control characters (a Store's separators), at most MaxField bytes. A
+// model name is the client's to choose: nothing of it is stored unbounded.
+func (k Key) Bounded() Key {
+	return Key{Tenant: boundField(k.Tenant), Team: boundField(k.Team), KeyID: boundField(k.KeyID), Model: boundField(k.Model)}
+}
+
+func boundField(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f || r == utf8.RuneError {
+			return '?'
+		}
+		return r
+	}, strings.ToValidUTF8(s, "?"))
+	if len(s) <= MaxField {
+		return s
+	}
+	cut := MaxField
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// Amount is what was charged: requests, tokens (InputTokens counts the
+// cached ones too, as the APIs' usage does) and the cost in pico-units of
+// the prices' currency (price.Price.Cost).
+type Amount struct {
+	Requests     int64 `json:"requests"`
+	InputTokens  int64 `json:"input_tokens"`
+	CachedTokens int64 `json:"cached_input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	Cost         int64 `json:"cost_pico"`
+}
+
+// Add is a + b, each part held to int64's range rather than wrapping.
+func (a Amount) Add(b Amount) Amount {
+	return Amount{Requests: sat(a.Requests, b.Requests), InputTokens: sat(a.InputTokens, b.InputTokens),
+		CachedTokens: sat(a.CachedTokens, b.CachedTokens), OutputTokens: sat(a.OutputTokens, b.OutputTokens),
+		Cost: sat(a.Cost, b.Cost)}
+}
+
+func sat(a, b int64) int64 {
+	s := a + b
+	switch {
+	case a > 0 && b > 0 && s < 0:
+		return math.MaxInt64
+	case a < 0 && b < 0 && s >= 0:
+		return math.MinInt64
+	}
+	return s
+}
+
+// MarshalJSON adds the cost as a decimal amount ("cost": "0.0012").
+func (a Amount) MarshalJSON() ([]byte, error) {
+	type plain Amount
+	return json.Marshal(struct {
+		plain
+		Cost string `json:"cost"`
+	}{plain(a), price.FormatCost(a.Cost)})
+}
+
+// Hour is the hour bucket t falls in: Unix hours, UTC.
+func Hour(t time.Time) int64 { return floorDiv(t.Unix(), 3600) }
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// HourTime is the start of hour h.
+func HourTime(h int64) time.Time { return time.Unix(h*3600, 0).UTC() }
+
+// Bucket is one hour's spend, by key.
+type Bucket map[Key]Amount
+
+// Slot is the key k is counted under in b: k itself when b holds it or
+// has room for it (fewer than max keys), else OtherKey (which may take b
+// to max+1 keys).
+func (b Bucket) Slot(k Key, max int) Key {
+	if _, ok := b[k]; ok || len(b) < max {
+		return k
+	}
+	return OtherKey
+}
+
+// Dimension is one of a Key's fields a report groups by.
+type Dimension string
+
+const (
+	ByTenant Dimension = "tenant"
+	ByTeam   Dimension = "team"
+	ByKey    Dimension = "key"
+	ByModel  Dimension = "model"
+)
+
+// Dimensions are every Dimension, in a report's column order.
+var Dimensions = []Dimension{ByTenant, ByTeam, ByKey, ByModel}
+
+// project keeps k's fields named in by, blanks the rest.
+func project(k Key, by []Dimension) Key {
+	var p Key
+	for _, d := range by {
+		switch d {
+		case ByTenant:
+			p.Tenant = k.Tenant
+		case ByTeam:
+			p.Team = k.Team
+		case ByKey:
+			p.KeyID = k.KeyID
+		case ByModel:
+			p.Model = k.Model
+		}
+	}
+	return p
+}
+
+// Query is what a report covers: the hours from Since's to Until's, grouped
+// by By (none: one row, the total).
+type Query struct {
+	Since, Until time.Time
+	By           []Dimension
+}
+
+// MaxSince is the longest window a report covers (a Redis bucket lives
+// Retention).
+const MaxSince = 40 * 24 * time.Hour
+
+// Retention is how long a bucket is kept.
+const Retention = 40 * 24 * time.Hour
+
+// Report is a Query's answer.
+type Report struct {
+	Since    time.Time   `json:"since"`
+	Until    time.Time   `json:"until"`
+	By       []Dimension `json:"by"`
+	Currency string      `json:"currency,omitempty"`
+	// Total is the window's spend.
+	Total Amount `json:"total"`
+	// Rows are the window's spend by the query's dimensions, the largest
+	// cost first, each with its spend today and this calendar month (UTC).
+	Rows []Row `json:"rows"`
+	// TopModels are the models that cost most over the window (at most
+	// TopN).
+	TopModels []Row `json:"top_models"`
+	// Hours are the window's spend per hour, every hour of it, oldest first.
+	Hours []HourSpend `json:"hours"`
+	// Budgets are what each budget had left at this replica's last
+	// admission under it (Ledger.Reserved).
+	Budgets []BudgetLeft `json:"budgets"`
+}
+
+// Row is one group's spend.
+type Row struct {
+	Key
+	Window Amount `json:"window"`
+	Today  Amount `json:"today"`
+	Month  Amount `json:"month"`
+}
+
+// HourSpend is one hour's spend.
+type HourSpend struct {
+	Hour time.Time `json:"hour"`
+	Amount
+}
+
+// MaxRows bounds a report's rows: the smallest past it are summed into
+// one, (other) in every dimension.
+const MaxRows = 500
+
+// TopN bounds a report's top models.
+const TopN = 10
+
+// FirstHour is the earliest hour a report of q needs: its window's, or the
+// month's start when that is earlier (Rows carry the month's spend).
+func FirstHour(q Query) int64 {
+	u := q.Until.UTC()
+	month := time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)
+	return min(Hour(q.Since), Hour(month))
+}
+
+// Build makes q's report from the buckets by hour (those from FirstHour(q)
+// to q.Until's hour; others are ignored).
+func Build(q Query, hours map[int64]Bucket) Report {
+	u := q.Until.UTC()
+	first, last := Hour(q.Since), Hour(u)
+	today := Hour(time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC))
+	month := Hour(time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC))
+	r := Report{Since: HourTime(first), Until: u, By: q.By, Rows: []Row{}, TopModels: []Row{}}
+	rows := map[Key]*Row{}
+	models := map[string]*Row{}
+	for h := first; h <= last; h++ {
+		var hs Amount
+		for _, a := range hours[h] {
+			hs = hs.Add(a)
+		}
+		r.Hours = append(r.Hours, HourSpend{Hour: HourTime(h), Amount: hs})
+		r.Total = r.Total.Add(hs)
+	}
+	for h, b := range hours {
+		if h > last || h < min(first, month) {
+			continue
+		}
+		for k, a := range b {
+			g := project(k, q.By)
+			row := rows[g]
+			if row == nil {
+				row = &Row{Key: g}
+				rows[g] = row
+			}
+			if h >= first {
+				row.Window = row.Window.Add(a)
+				m := models[k.Model]
+				if m == nil {
+					m = &Row{Key: Key{Model: k.Model}}
+					models[k.Model] = m
+				}
+				m.Window = m.Window.Add(a)
+			}
+			if h >= today {
+				row.Today = row.Today.Add(a)
+			}
+			if h >= month {
+				row.Month = row.Month.Add(a)
+			}
+		}
+	}
+	for _, row := range rows {
+		if row.Window != (Amount{}) || row.Today != (Amount{}) || row.Month != (Amount{}) {
+			r.Rows = append(r.Rows, *row)
+		}
+	}
+	slices.SortFunc(r.Rows, byCost(func(r Row) Amount { return r.Window }))
+	if len(r.Rows) > MaxRows {
+		rest := Row{Key: project(OtherKey, q.By)}
+		for _, row := range r.Rows[MaxRows-1:] {
+			rest.Window, rest.Today, rest.Month = rest.Window.Add(row.Window), rest.Today.Add(row.Today), rest.Month.Add(row.Month)
+		}
+		r.Rows = append(r.Rows[:MaxRows-1], rest)
+	}
+	for _, m := range models {
+		if m.Window != (Amount{}) {
+			r.TopModels = append(r.TopModels, *m)
+		}
+	}
+	slices.SortFunc(r.TopModels, byCost(func(r Row) Amount { return r.Window }))
+	r.TopModels = r.TopModels[:min(len(r.TopModels), TopN)]
+	return r
+}
+
+// byCost orders rows by cost, then requests, largest first, then by key.
+func byCost(of func(Row) Amount) func(a, b Row) int {
+	return func(a, b Row) int {
+		return cmp.Or(cmp.Compare(of(b).Cost, of(a).Cost), cmp.Compare(of(b).Requests, of(a).Requests),
+			cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.Team, b.Team),
+			cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Model, b.Model))
+	}
+}
+
+// ParseBy reads a comma-separated list of dimensions ("tenant,model").
+func ParseBy(s string) ([]Dimension, error) {
+	var by []Dimension
+	for f := range strings.SplitSeq(s, ",") {
+		d := Dimension(strings.TrimSpace(f))
+		switch {
+		case d == "":
+			continue
+		case !slices.Contains(Dimensions, d):
+			return nil, &QueryError{"by: " + string(d) + " is not one of tenant, team, key, model"}
+		case slices.Contains(by, d):
+			continue
+		}
+		by = append(by, d)
+	}
+	slices.SortFunc(by, func(a, b Dimension) int {
+		return cmp.Compare(slices.Index(Dimensions, a), slices.Index(Dimensions, b))
+	})
+	return by, nil
+}
+
+// ParseSince reads a window's length: a Go duration ("24h", "90m") or a
+// number of days ("7d"), positive, at most MaxSince.
+func ParseSince(s string) (time.Duration, error) {
+	var d time.Duration
+	var err error
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		d, err = time.ParseDuration(n + "h")
+		d *= 24
+	} else {
+		d, err = time.ParseDuration(s)
+	}
+	if err != nil || d <= 0 || d > MaxSince {
+		return 0, &QueryError{"since: " + s + " is not a duration between 1s and 40d (24h, 7d)"}
+	}
+	return d, nil
+}
+
+// QueryError is a query a report cannot answer.
+type QueryError struct{ msg string }
+
+func (e *QueryError) Error() string { return e.msg }
