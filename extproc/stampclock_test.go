@@ -8,6 +8,9 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -290,6 +293,8 @@ func TestMeterStampsThePicker(t *testing.T) {
 	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
 	for _, endpoint := range []string{"10.0.0.7:8000", ""} {
 		s, sink := newTestServer(t, "")
+		spans := tracetest.NewSpanRecorder()
+		s.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)).Tracer("test")
 		var now time.Time
 		s.now = func() time.Time { return now }
 		f := sampleField
@@ -321,6 +326,15 @@ func TestMeterStampsThePicker(t *testing.T) {
 				t.Errorf("no picker: endpoint %q, picker %v, timing %q; want none, 0, late_read", st.Endpoint, st.Gateway.Picker, st.Timing)
 			}
 			continue
+		}
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, sp := range spans.Ended() {
+			for _, a := range sp.Attributes() {
+				attrs[a.Key] = a.Value
+			}
+		}
+		if attrs["infergate.endpoint"].AsString() != endpoint || attrs["infergate.picker_ms"].AsFloat64() != 28 {
+			t.Errorf("span: endpoint %q, picker_ms %v; want %s, 28", attrs["infergate.endpoint"].AsString(), attrs["infergate.picker_ms"].AsFloat64(), endpoint)
 		}
 		if st.Endpoint != endpoint || st.Gateway.Picker != 28*time.Millisecond || st.Timing != request.TimingOK ||
 			!st.Sent.Equal(at(30)) || st.TTFT != 10*time.Millisecond || st.Gateway.Total != 30*time.Millisecond {
