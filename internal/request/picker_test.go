@@ -53,3 +53,25 @@ func TestTenantFairnessID(t *testing.T) {
 		}
 	}
 }
+
+// Whatever the tenant, its fairness id is header-safe and bounded.
+func FuzzTenantFairnessID(f *testing.F) {
+	for _, s := range []string{"acme", "", "Acme Corp", "a\r\nb", "sha256=00", strings.Repeat("x", 200)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, tenant string) {
+		got := TenantFairnessID(tenant)
+		switch {
+		case tenant == "":
+			if got != "" {
+				t.Fatalf("no tenant: %q", got)
+			}
+		case got == tenant:
+			if !ValidFairnessID(got) {
+				t.Fatalf("%q sent as it is, but not a valid fairness id", tenant)
+			}
+		case !strings.HasPrefix(got, "sha256=") || len(got) != 39 || ValidFairnessID(tenant):
+			t.Fatalf("TenantFairnessID(%q) = %q", tenant, got)
+		}
+	})
+}
