@@ -25,7 +25,7 @@ const (
 // boundStamp truncates every free-text field of st in place.
 func boundStamp(st *request.Stamp) {
 	for _, f := range []*string{&st.RequestID, &st.TraceID, &st.Principal, &st.Tenant, &st.Model,
-		&st.ResponseModel, &st.Pool, &st.Upstream, &st.TokenSource, &st.Decision} {
+		&st.ResponseModel, &st.Pool, &st.Upstream, &st.Endpoint, &st.TokenSource, &st.Decision} {
 		*f = truncate(*f, maxStampField)
 	}
 	st.Reason = truncate(st.Reason, maxStampReason)

@@ -3,6 +3,7 @@ package extproc
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -91,8 +92,8 @@ func TestGateEagerModeIsOneRoundTrip(t *testing.T) {
 	if set[request.ModelHeader] != "m1" {
 		t.Errorf("%s = %q, want m1", request.ModelHeader, set[request.ModelHeader])
 	}
-	if got := hr.GetHeaderMutation().GetRemoveHeaders(); len(got) != 1 || got[0] != "x-infergate-model" {
-		t.Errorf("removed %v, want the spoofed x-infergate-model", got)
+	if got := hr.GetHeaderMutation().GetRemoveHeaders(); !slices.Equal(got, append([]string{"x-infergate-model"}, request.PickerHeaders...)) {
+		t.Errorf("removed %v, want the spoofed x-infergate-model and the Inference Extension's headers", got)
 	}
 	first := out[1].GetRequestBody().GetResponse().GetBodyMutation().GetBody()
 	if !strings.Contains(string(first), `"stream_options":{"include_usage":true}`) {

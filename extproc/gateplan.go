@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -76,9 +77,14 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 	if v.Deny != nil { // shadow_deny: what would have been answered
 		p.code = v.Deny.Code
 	}
-	p.remove, p.reserved, p.metadata, p.maxTokens = removed, v.Reservation, v.Metadata, req.MaxTokens
+	p.reserved, p.metadata, p.maxTokens = v.Reservation, v.Metadata, req.MaxTokens
 	if req.Model != "" {
 		p.set = append(make([]headerValue, 0, 2), headerValue{request.ModelHeader, req.Model}) // room for content-length
+	}
+	var err error
+	if p.remove, p.set, err = pickerIdentity(removed, p.set, v); err != nil {
+		refused.fail = err // a Policy that did not validate them: never sent unchecked
+		return refused
 	}
 	// Usage on every stream: a client's include_usage: false would leave
 	// the charge to infergate's own count (see Options.HonourUsageOptOut).
@@ -112,6 +118,38 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 		p.set = append(p.set, headerValue{"content-length", strconv.Itoa(len(p.body))})
 	}
 	return p
+}
+
+// pickerIdentity adds to the request's header mutation what an Endpoint
+// Picker is told (request.PickerHeaders): a client's Inference Extension
+// headers are removed, always, present or not (the gate is not sent them:
+// see GateHeaders); when the policy names a fairness id or an objective,
+// both are set, the fairness id defaulting to the tenant's
+// (request.TenantFairnessID). Without, nothing is set: a hosted pool is
+// not told the tenant, and a picker queues the request in its default
+// flow at its default priority.
+func pickerIdentity(remove []string, set []headerValue, v request.Verdict) ([]string, []headerValue, error) {
+	remove = slices.Grow(slices.Clip(remove), len(request.PickerHeaders))
+	switch {
+	case v.FairnessID == "" && v.Objective == "":
+		return append(remove, request.PickerHeaders...), set, nil
+	case v.FairnessID != "" && !request.ValidFairnessID(v.FairnessID):
+		return nil, nil, errors.New("the policy's fairness_id is not a valid one")
+	case v.Objective != "" && !request.ValidObjective(v.Objective):
+		return nil, nil, errors.New("the policy's objective is not a valid one")
+	}
+	fairness := cmp.Or(v.FairnessID, request.TenantFairnessID(v.Tenant))
+	for _, h := range request.PickerHeaders {
+		switch {
+		case h == request.FairnessIDHeader && fairness != "":
+			set = append(set, headerValue{h, fairness})
+		case h == request.ObjectiveHeader && v.Objective != "":
+			set = append(set, headerValue{h, v.Objective})
+		default:
+			remove = append(remove, h)
+		}
+	}
+	return remove, set, nil
 }
 
 // mutation is the plan's header mutation.

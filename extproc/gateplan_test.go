@@ -34,7 +34,8 @@ func TestPlanGate(t *testing.T) {
 		decision  string
 		code      string
 		set       []headerValue
-		body      string // "": unchanged
+		remove    []string // nil: removed and every request.PickerHeaders
+		body      string   // "": unchanged
 		maxTokens int
 	}{
 		"policy denies": {adm: chat(`{"model":"m"}`, openai.Request{Model: "m"}), v: request.Verdict{Deny: denied, Decision: "deny"},
@@ -84,6 +85,18 @@ func TestPlanGate(t *testing.T) {
 			v: request.Verdict{MaxTokens: 20}, decision: "allow", code: "allowed"},
 		"a cap that cannot be written fails closed": {adm: chat(`[]`, openai.Request{Model: "m"}), v: request.Verdict{MaxTokens: 20},
 			fail: true},
+		"an objective: the picker told it, and the tenant as the fairness id": {adm: chat(`{"model":"m"}`, openai.Request{Model: "m"}),
+			removed: []string{"authorization"}, v: request.Verdict{Objective: "sheddable"}, decision: "allow", code: "allowed",
+			set:    []headerValue{{request.ModelHeader, "m"}, {request.FairnessIDHeader, "acme"}, {request.ObjectiveHeader, "sheddable"}},
+			remove: []string{"authorization", request.EndpointHeader, request.EndpointSubsetKey, request.EndpointServedKey, request.ModelRewriteHeader}},
+		"the policy's fairness id, no objective: the client's removed": {adm: chat(`{"model":"m"}`, openai.Request{Model: "m"}),
+			v: request.Verdict{FairnessID: "acme/search"}, decision: "allow", code: "allowed",
+			set:    []headerValue{{request.ModelHeader, "m"}, {request.FairnessIDHeader, "acme/search"}},
+			remove: []string{request.ObjectiveHeader, request.EndpointHeader, request.EndpointSubsetKey, request.EndpointServedKey, request.ModelRewriteHeader}},
+		"an objective the policy did not validate fails closed": {adm: chat(`{"model":"m"}`, openai.Request{Model: "m"}),
+			v: request.Verdict{Objective: "Critical\r\nx-evil: 1"}, fail: true},
+		"a fairness id the policy did not validate fails closed": {adm: chat(`{"model":"m"}`, openai.Request{Model: "m"}),
+			v: request.Verdict{FairnessID: strings.Repeat("a", request.MaxFairnessIDBytes+1)}, fail: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			v := c.v
@@ -111,10 +124,14 @@ func TestPlanGate(t *testing.T) {
 				st.Principal != want.Principal || st.Tenant != want.Tenant || st.Gateway != want.Gateway {
 				t.Errorf("stamp %+v\nwant  %+v", st, want)
 			}
-			if p.code != c.code || !slices.Equal(p.set, c.set) || !slices.Equal(p.remove, c.removed) ||
+			wantRemove := c.remove
+			if wantRemove == nil {
+				wantRemove = append(slices.Clone(c.removed), request.PickerHeaders...)
+			}
+			if p.code != c.code || !slices.Equal(p.set, c.set) || !slices.Equal(p.remove, wantRemove) ||
 				string(p.body) != c.body || p.maxTokens != c.maxTokens || p.reserved != "r-1" || p.metadata["note"] != "x" {
 				t.Errorf("plan: code %q, set %v, remove %v, body %q, max_tokens %d, reserved %q\nwant: code %q, set %v, remove %v, body %q, max_tokens %d",
-					p.code, p.set, p.remove, p.body, p.maxTokens, p.reserved, c.code, c.set, c.removed, c.body, c.maxTokens)
+					p.code, p.set, p.remove, p.body, p.maxTokens, p.reserved, c.code, c.set, wantRemove, c.body, c.maxTokens)
 			}
 			if (p.body == nil) != (c.body == "") {
 				t.Errorf("body %q, want it unchanged (nil): %v", p.body, c.body == "")

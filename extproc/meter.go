@@ -136,6 +136,7 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		hm := r.RequestHeaders.GetHeaders()
 		m.stamp.RequestID = header(hm, "x-request-id")
 		m.stamp.Model = header(hm, request.ModelHeader)
+		m.stamp.Endpoint = header(hm, request.EndpointHeader) // an Endpoint Picker's choice (bounded with the stamp)
 		m.fromGateOf(msg)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		hm := r.ResponseHeaders.GetHeaders()

@@ -86,8 +86,8 @@ func stampOf(m *meterRequest, e meterEnd) meterOutcome {
 	st.Timing = request.TimingOK
 	if !m.envoyTimed {
 		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: o.sent,
-			firstRead: t.First, endRead: o.end, stalls: e.stalls})
-		o.sent, st.Timing = v.sent, v.timing
+			picked: st.Endpoint != "", firstRead: t.First, endRead: o.end, stalls: e.stalls})
+		o.sent, st.Timing, st.Gateway.Picker = v.sent, v.timing, v.picker
 	}
 	st.E2E = o.end.Sub(o.sent)
 	if !t.First.IsZero() {

@@ -22,7 +22,11 @@ type clockFacts struct {
 	gateSent   time.Time // the gate answered (its field); zero: unknown
 	// departed is the meter's read of the request headers, or for a meter
 	// that skips them the gate's answer as departure bounds it.
-	departed  time.Time
+	departed time.Time
+	// picked: an Endpoint Picker sat between the gate and the meter (the
+	// request headers carried its choice): the read may come long after
+	// the gate's answer, the picker's time.
+	picked    bool
 	firstRead time.Time // the meter read the first content token (or the body's end); zero: none
 	endRead   time.Time // the meter read the response's end
 	stalls    []stall   // when infergate did not run (stallWatch)
@@ -33,6 +37,7 @@ type clockFacts struct {
 type clockVerdict struct {
 	sent   time.Time
 	timing request.Timing
+	picker time.Duration // the picker's time (clockFacts.picked); 0: not measured
 }
 
 // stampClock dates the request's departure and says whether the meter can
@@ -47,6 +52,12 @@ type clockVerdict struct {
 // at any time since. A gate's answer that runs ahead of the read, or
 // before Envoy had the request, or over an hour before, is another
 // replica's skewed clock or no gate's: not comparable, the read stands.
+//
+// With an Endpoint Picker between them (picked), the read comes after the
+// picker chose, as long after the gate's answer as the picker took: it is
+// the departure, and that span the picker's time, unless a stall of
+// infergate's overlapped it (then the picker's time is not measured and
+// the departure is the gate's answer, as for a late read).
 //
 // The response's reads have no Envoy time to be checked against (Envoy
 // stamps none on a message): a stall of infergate's that ended less than
@@ -64,7 +75,10 @@ func stampClock(f clockFacts) clockVerdict {
 	read, gate := f.departed, f.gateSent
 	comparable := !read.IsZero() && !gate.IsZero() && !gate.After(read) && read.Sub(gate) <= time.Hour &&
 		(f.envoyStart.IsZero() || !gate.Before(f.envoyStart))
-	if comparable && read.Sub(gate) > maxHandoff {
+	switch {
+	case comparable && f.picked && !stalled(f.stalls, gate, read):
+		v.picker = read.Sub(gate)
+	case comparable && read.Sub(gate) > maxHandoff:
 		v.sent = gate
 		if !next.After(read.Add(maxHandoff)) {
 			v.timing = request.TimingLateRead
@@ -84,4 +98,14 @@ func stampClock(f clockFacts) clockVerdict {
 		}
 	}
 	return v
+}
+
+// stalled reports whether a stall overlapped (from, to).
+func stalled(stalls []stall, from, to time.Time) bool {
+	for _, s := range stalls {
+		if s.to.After(from) && s.from.Before(to) {
+			return true
+		}
+	}
+	return false
 }

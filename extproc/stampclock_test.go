@@ -8,6 +8,9 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"go.opentelemetry.io/otel/attribute"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -29,69 +32,80 @@ func TestStampClock(t *testing.T) {
 	}{
 		{"read as the gate answered",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.5), firstRead: at(20), endRead: at(40)},
-			clockVerdict{at(2.5), ok}},
+			clockVerdict{sent: at(2.5), timing: ok}},
 		{"read just within the handoff",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(12), firstRead: at(12.1), endRead: at(40)},
-			clockVerdict{at(12), ok}},
+			clockVerdict{sent: at(12), timing: ok}},
 		{"read late, the first token in its backlog",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(176), firstRead: at(176.07), endRead: at(176.1)},
-			clockVerdict{at(2), late}},
+			clockVerdict{sent: at(2), timing: late}},
 		{"read late, no token, the end in its backlog",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(176), endRead: at(180)},
-			clockVerdict{at(2), late}},
+			clockVerdict{sent: at(2), timing: late}},
 		{"read late, the first token read after the backlog",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(15), firstRead: at(40.1), endRead: at(60)},
-			clockVerdict{at(2), ok}},
+			clockVerdict{sent: at(2), timing: ok}},
 		{"no gate answer to compare with",
 			clockFacts{envoyStart: at(0), departed: at(176), firstRead: at(176.07), endRead: at(176.1)},
-			clockVerdict{at(176), ok}},
+			clockVerdict{sent: at(176), timing: ok}},
 		{"a gate clock ahead of the read",
 			clockFacts{envoyStart: at(0), gateSent: at(80), departed: at(50), firstRead: at(60), endRead: at(70)},
-			clockVerdict{at(50), ok}},
+			clockVerdict{sent: at(50), timing: ok}},
 		{"a gate clock behind Envoy's",
 			clockFacts{envoyStart: at(0), gateSent: at(-30), departed: at(3), firstRead: at(4), endRead: at(5)},
-			clockVerdict{at(3), ok}},
+			clockVerdict{sent: at(3), timing: ok}},
 		{"a gate answer over an hour old",
 			clockFacts{gateSent: at(-3_600_001), departed: at(3), firstRead: at(4), endRead: at(5)},
-			clockVerdict{at(3), ok}},
+			clockVerdict{sent: at(3), timing: ok}},
 		{"request headers skipped: departed at the gate's answer",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2), firstRead: at(176), endRead: at(180)},
-			clockVerdict{at(2), ok}},
+			clockVerdict{sent: at(2), timing: ok}},
 		{"stalled while the first token passed",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(160.02), endRead: at(160.1),
 				stalls: []stall{{at(10), at(160)}}},
-			clockVerdict{at(2.6), late}},
+			clockVerdict{sent: at(2.6), timing: late}},
 		{"stalled, then drained just before the first token's read",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(39), endRead: at(60),
 				stalls: []stall{{at(10), at(30)}}},
-			clockVerdict{at(2.6), late}},
+			clockVerdict{sent: at(2.6), timing: late}},
 		{"a stall over before the first token",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(60),
 				stalls: []stall{{at(10), at(30)}}},
-			clockVerdict{at(2.6), ok}},
+			clockVerdict{sent: at(2.6), timing: ok}},
 		{"a stall between tokens",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
 				stalls: []stall{{at(50), at(120)}}},
-			clockVerdict{at(2.6), lateStream}},
+			clockVerdict{sent: at(2.6), timing: lateStream}},
 		{"a stall between tokens, and one as the first token passed",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
 				stalls: []stall{{at(50), at(120)}, {at(20), at(35)}}},
-			clockVerdict{at(2.6), late}},
+			clockVerdict{sent: at(2.6), timing: late}},
 		{"a stall ending just after the first token's read",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
 				stalls: []stall{{at(40), at(60)}}},
-			clockVerdict{at(2.6), late}},
+			clockVerdict{sent: at(2.6), timing: late}},
 		{"a stall before the request or after its end",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
 				stalls: []stall{{at(-50), at(-30)}, {at(131), at(300)}}},
-			clockVerdict{at(2.6), ok}},
+			clockVerdict{sent: at(2.6), timing: ok}},
 		{"no token, a stall ending as the end was read",
 			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), endRead: at(130),
 				stalls: []stall{{at(50), at(125)}}},
-			clockVerdict{at(2.6), late}},
+			clockVerdict{sent: at(2.6), timing: late}},
+		{"a picker between the gate and the meter: its time, the read the departure",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(40), picked: true, firstRead: at(40.5), endRead: at(60)},
+			clockVerdict{sent: at(40), timing: ok, picker: 38 * time.Millisecond}},
+		{"a picker, and a stall while it chose: not measured, read late",
+			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(40), picked: true, firstRead: at(40.5), endRead: at(60),
+				stalls: []stall{{at(5), at(39)}}},
+			clockVerdict{sent: at(2), timing: late}},
+		{"a picker, no gate answer to compare with: not measured",
+			clockFacts{envoyStart: at(0), departed: at(40), picked: true, firstRead: at(41), endRead: at(60)},
+			clockVerdict{sent: at(40), timing: ok}},
 	} {
-		if got := stampClock(tc.f); !got.sent.Equal(tc.want.sent) || got.timing != tc.want.timing {
-			t.Errorf("%s: sent %v %s; want %v %s", tc.name, got.sent.Sub(t0), got.timing, tc.want.sent.Sub(t0), tc.want.timing)
+		if got := stampClock(tc.f); !got.sent.Equal(tc.want.sent) || got.timing != tc.want.timing || got.picker != tc.want.picker {
+			t.Errorf("%s: sent %v %s picker %v; want %v %s picker %v", tc.name, got.sent.Sub(t0), got.timing, got.picker,
+				tc.want.sent.Sub(t0), tc.want.timing, tc.want.picker)
 		}
 	}
 }
@@ -265,5 +279,67 @@ func TestEnvoyTimedStampIgnoresStalls(t *testing.T) {
 	}
 	if n := meterErrors(t, reader, "late_read"); n != 0 {
 		t.Errorf("%d counted late_read", n)
+	}
+}
+
+// With an Endpoint Picker between the gate and the meter, the stamp names
+// the endpoint it chose and times it as a stage of its own: the gate
+// answered at 2 ms, the picker chose (the meter read the headers) at
+// 30 ms, the first token passed at 40 ms. Without the picker's endpoint
+// on the headers, the same late read is a late_read whose departure is the
+// gate's answer.
+func TestMeterStampsThePicker(t *testing.T) {
+	t0 := time.Unix(1_796_000_000, 0)
+	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
+	for _, endpoint := range []string{"10.0.0.7:8000", ""} {
+		s, sink := newTestServer(t, "")
+		spans := tracetest.NewSpanRecorder()
+		s.tracer = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)).Tracer("test")
+		var now time.Time
+		s.now = func() time.Time { return now }
+		f := sampleField
+		f.sent = at(2).UnixMicro()
+		kv := []string{"x-request-id", "r1"}
+		if endpoint != "" {
+			kv = append(kv, request.EndpointHeader, endpoint)
+		}
+		hdrs := headersMsg(false, kv...)
+		hdrs.ObservabilityMode = true
+		hdrs.Attributes = map[string]*structpb.Struct{attributesKey: {Fields: map[string]*structpb.Value{
+			request.MeterAttribute: structpb.NewStringValue(sealed(&f)),
+			"request.time":         structpb.NewStringValue(t0.UTC().Format(time.RFC3339Nano))}}}
+		stream := &scriptedStream{now: &now, runUntil: func(to time.Time) {
+			for beat := t0; !beat.After(to); beat = beat.Add(stallTick) {
+				s.stalls.beat(beat) // infergate ran throughout
+			}
+		}, msgs: []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(contentChunk, false),
+			respBody(usageChunk+"data: [DONE]\n\n", true)}}
+		for _, ms := range []float64{30, 31, 40, 50} {
+			stream.reads = append(stream.reads, at(ms))
+		}
+		if err := s.Process(stream); err != nil {
+			t.Fatal(err)
+		}
+		st := sink.stamps[0]
+		if endpoint == "" {
+			if st.Endpoint != "" || st.Gateway.Picker != 0 || st.Timing != request.TimingLateRead {
+				t.Errorf("no picker: endpoint %q, picker %v, timing %q; want none, 0, late_read", st.Endpoint, st.Gateway.Picker, st.Timing)
+			}
+			continue
+		}
+		attrs := map[attribute.Key]attribute.Value{}
+		for _, sp := range spans.Ended() {
+			for _, a := range sp.Attributes() {
+				attrs[a.Key] = a.Value
+			}
+		}
+		if attrs["infergate.endpoint"].AsString() != endpoint || attrs["infergate.picker_ms"].AsFloat64() != 28 {
+			t.Errorf("span: endpoint %q, picker_ms %v; want %s, 28", attrs["infergate.endpoint"].AsString(), attrs["infergate.picker_ms"].AsFloat64(), endpoint)
+		}
+		if st.Endpoint != endpoint || st.Gateway.Picker != 28*time.Millisecond || st.Timing != request.TimingOK ||
+			!st.Sent.Equal(at(30)) || st.TTFT != 10*time.Millisecond || st.Gateway.Total != 30*time.Millisecond {
+			t.Errorf("endpoint %q, picker %v, timing %q, sent %v, TTFT %v, gateway %v; want %s, 28ms, ok, 30ms, 10ms, 30ms",
+				st.Endpoint, st.Gateway.Picker, st.Timing, st.Sent.Sub(t0), st.TTFT, st.Gateway.Total, endpoint)
+		}
 	}
 }

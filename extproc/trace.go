@@ -167,6 +167,10 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 		attribute.Bool("infergate.complete", st.Complete),
 		attribute.String("infergate.timing", string(st.Timing)),
 	)
+	if st.Endpoint != "" { // an Endpoint Picker chose the pod
+		span.SetAttributes(attribute.String("infergate.endpoint", st.Endpoint),
+			attribute.Float64("infergate.picker_ms", stats.Ms(st.Gateway.Picker)))
+	}
 	if c := st.Cost; c.Currency != "" {
 		span.SetAttributes(attribute.String("infergate.cost", price.FormatCost(c.Amount)),
 			attribute.String("infergate.cost.currency", c.Currency), attribute.String("infergate.price_source", c.Price))

@@ -402,3 +402,26 @@ test_premium_tier_accepts_stored_input_not_background if {
 test_no_unbounded_cost_on_a_denial if {
 	count(authz.allow_unbounded) == 0 with input as responses("acme", {"path": "/v1/nope"})
 }
+
+# What an Endpoint Picker is told: the tier's objective, only when allowed.
+
+test_free_tier_is_sheddable if {
+	authz.objective == "sheddable" with input as chat("initech", "llama-3.1-8b-instruct")
+}
+
+test_premium_tier_is_critical if {
+	authz.objective == "critical" with input as chat("acme", "llama-3.1-70b-instruct")
+}
+
+test_a_premium_key_labelled_free_is_sheddable if {
+	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}})
+	authz.objective == "sheddable" with input as inp
+}
+
+test_a_denied_request_has_no_objective if {
+	not authz.objective with input as chat("initech", "llama-3.1-70b-instruct")
+}
+
+test_no_fairness_id_the_gate_uses_the_tenant if {
+	not authz.fairness_id with input as chat("acme", "llama-3.1-70b-instruct")
+}

@@ -135,6 +135,7 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 	now := c.now()
 	v.Timings.Policy, mark = now.Sub(mark), now
 	v.Reason = d.Reason
+	v.FairnessID, v.Objective = d.FairnessID, d.Objective // for an Endpoint Picker
 	if !d.Allow {
 		v.Deny = policyError(d, a)
 		if c.Shadow {

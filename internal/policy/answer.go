@@ -12,6 +12,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/ast"
 
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/request"
 )
 
 // Defaults for what a policy leaves undefined.
@@ -132,7 +133,32 @@ func (e *Engine) decisionAnswers(b *bindings) (Decision, error) {
 	if d.Limits, err = parseLimits(v); err != nil {
 		return d, err
 	}
-	return d, nil
+	if v, err = e.answer(b, ansFairnessID); err != nil {
+		return d, err
+	}
+	if d.FairnessID, err = pickerString(v, "fairness_id", request.ValidFairnessID,
+		fmt.Sprintf("1 to %d letters, digits or -._~:/@+", request.MaxFairnessIDBytes)); err != nil {
+		return d, err
+	}
+	if v, err = e.answer(b, ansObjective); err != nil {
+		return d, err
+	}
+	d.Objective, err = pickerString(v, "objective", request.ValidObjective,
+		"an InferenceObjective's name (lower-case RFC 1123 subdomain)")
+	return d, err
+}
+
+// pickerString reads an answer that goes to the Endpoint Picker as a
+// header: a string that valid accepts, or undefined ("").
+func pickerString(v ast.Value, name string, valid func(string) bool, want string) (string, error) {
+	if v == nil {
+		return "", nil
+	}
+	s, ok := v.(ast.String)
+	if !ok || !valid(string(s)) {
+		return "", fmt.Errorf("infergate.authz.%s must be %s, got %v", name, want, v)
+	}
+	return string(s), nil
 }
 
 // elems returns the elements of a set or an array.

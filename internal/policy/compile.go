@@ -18,6 +18,8 @@ var answers = [...]struct{ name, ref string }{
 	{"limits", "data.infergate.ratelimit.limits"},
 	{"reserve", "data.infergate.ratelimit.reserve"},
 	{"allow_unbounded", "data.infergate.authz.allow_unbounded"},
+	{"fairness_id", "data.infergate.authz.fairness_id"},
+	{"objective", "data.infergate.authz.objective"},
 }
 
 const (
@@ -29,6 +31,8 @@ const (
 	ansLimits
 	ansReserve
 	ansAllowUnbounded
+	ansFairnessID
+	ansObjective
 )
 
 // buildQuery returns the one query Decide evaluates, which binds every

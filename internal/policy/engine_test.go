@@ -124,7 +124,9 @@ checks := data.infergate.authz.checks
 max_tokens := [x | x := data.infergate.authz.max_tokens]
 limits := data.infergate.ratelimit.limits
 reserve := [x | x := data.infergate.ratelimit.reserve]
-allow_unbounded := data.infergate.authz.allow_unbounded`
+allow_unbounded := data.infergate.authz.allow_unbounded
+fairness_id := [x | x := data.infergate.authz.fairness_id]
+objective := [x | x := data.infergate.authz.objective]`
 	if got := loadDefault(t).Query(); got != want {
 		t.Errorf("query:\n%s\nwant:\n%s", got, want)
 	}
@@ -343,6 +345,35 @@ func TestDecideAllowUnbounded(t *testing.T) {
 	}
 }
 
+// objective and fairness_id, for an Endpoint Picker: the default policies
+// name each tier's objective and leave the fairness id to the gate (the
+// tenant); a policy's own are read as they are.
+func TestDecidePickerIdentity(t *testing.T) {
+	e := loadDefault(t)
+	for tenant, want := range map[string]string{"initech": "sheddable", "globex": "standard", "acme": "critical"} {
+		d, err := e.Decide(context.Background(), chat(tenant, "llama-3.1-8b-instruct"))
+		if err != nil || !d.Allow || d.Objective != want || d.FairnessID != "" {
+			t.Errorf("%s: %+v, %v; want objective %q and no fairness id", tenant, d, err, want)
+		}
+	}
+	if d, err := e.Decide(context.Background(), chat("initech", "llama-3.1-70b-instruct")); err != nil || d.Allow || d.Objective != "" {
+		t.Errorf("denied: %+v, %v; want no objective", d, err)
+	}
+	e, err := Load(context.Background(), policyDir(t, map[string]string{"authz.rego": allowAll +
+		"fairness_id := concat(\"/\", [input.tenant, input.principal.id])\nobjective := \"batch.low\"\n"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"key-1", "key-2", "key-1"} { // memoized on what the answers read
+		in := chat("acme", "m")
+		in.Principal.ID = id
+		d, err := e.Decide(context.Background(), in)
+		if err != nil || d.FairnessID != "acme/"+id || d.Objective != "batch.low" {
+			t.Errorf("principal %s: Decide = %+v, %v", id, d, err)
+		}
+	}
+}
+
 func TestDecideChecks(t *testing.T) {
 	dir := copyPolicies(t)
 	data, err := os.ReadFile(filepath.Join(dir, "data.yaml"))
@@ -511,6 +542,12 @@ func TestDecideFailsClosed(t *testing.T) {
 		{"allow_unbounded unknown field", "allow := true\nallow_unbounded := {\"previous_response\"}", "", "allow_unbounded: want one of"},
 		{"allow_unbounded not strings", "allow := true\nallow_unbounded := {true}", "", "allow_unbounded: want one of"},
 		{"allow_unbounded not set", "allow := true\nallow_unbounded := \"background\"", "", "allow_unbounded must be a set"},
+		{"objective not a name", "allow := true\nobjective := \"Critical\"", "", "objective must be an InferenceObjective's name"},
+		{"objective a header", "allow := true\nobjective := \"critical\\r\\nx-evil: 1\"", "", "objective must be"},
+		{"objective not string", "allow := true\nobjective := 10", "", "objective must be"},
+		{"fairness_id empty", "allow := true\nfairness_id := \"\"", "", "fairness_id must be 1 to 128"},
+		{"fairness_id a list", "allow := true\nfairness_id := \"a,b\"", "", "fairness_id must be"},
+		{"fairness_id too long", "allow := true\nfairness_id := concat(\"\", [\"a\" | some _ in numbers.range(0, 128)])", "", "fairness_id must be"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -529,7 +566,8 @@ func TestDecideFailsClosed(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Errorf("err = %v, want %q", err, tt.wantErr)
 			}
-			if d.Allow || d.Status != 500 || d.Limits != nil || d.Reserve != nil || d.Checks != nil || d.MaxTokens != 0 {
+			if d.Allow || d.Status != 500 || d.Limits != nil || d.Reserve != nil || d.Checks != nil || d.MaxTokens != 0 ||
+				d.FairnessID != "" || d.Objective != "" {
 				t.Errorf("decision = %+v, want a bare denial", d)
 			}
 		})

@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/infergate/infergate/internal/request"
 )
 
 const schemaFile = "../../docs/policy-input.schema.json"
@@ -120,5 +123,43 @@ func checkSchema(t *testing.T, path string, typ reflect.Type, n *schemaNode) {
 		}
 	default:
 		t.Errorf("%s: Go type %s has no schema check; extend this test", path, typ)
+	}
+}
+
+// The schema's bounds of the picker's answers are the gate's: a value
+// either accepts, the other does too.
+func TestSchemaPickerOutputsMatchTheGate(t *testing.T) {
+	b, err := os.ReadFile(schemaFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type prop struct {
+		MinLength, MaxLength int
+		Pattern              string
+	}
+	var root struct {
+		Defs struct {
+			PickerOutputs struct {
+				Properties map[string]prop `json:"properties"`
+			} `json:"pickerOutputs"`
+		} `json:"$defs"`
+	}
+	if err := json.Unmarshal(b, &root); err != nil {
+		t.Fatal(err)
+	}
+	samples := []string{"", "a", "acme", "Acme", "a/b@c:d+e~f_g", "sheddable", "batch.low", "-x", "x-", "a b", "a,b",
+		"a\r\nx: 1", "é", strings.Repeat("a", 128), strings.Repeat("a", 129), strings.Repeat("a", 253), strings.Repeat("a", 254)}
+	for name, valid := range map[string]func(string) bool{"objective": request.ValidObjective, "fairness_id": request.ValidFairnessID} {
+		p, ok := root.Defs.PickerOutputs.Properties[name]
+		if !ok || p.Pattern == "" {
+			t.Fatalf("$defs.pickerOutputs.%s: no pattern", name)
+		}
+		re := regexp.MustCompile(p.Pattern)
+		for _, s := range samples {
+			schema := re.MatchString(s) && len(s) >= p.MinLength && len(s) <= p.MaxLength
+			if schema != valid(s) {
+				t.Errorf("%s %q: the schema says %v, the gate %v", name, s, schema, valid(s))
+			}
+		}
 	}
 }

@@ -95,6 +95,12 @@ type Decision struct {
 	// UnboundedFields), sorted, without duplicates; nil if none. The gate
 	// refuses a request carrying any other (openai.Request.Unbounded).
 	AllowUnbounded []string
+	// FairnessID and Objective are what the gate tells an Endpoint Picker
+	// (infergate.authz.fairness_id and .objective): the flow the request
+	// is queued in, and the InferenceObjective (its priority) it runs
+	// under. "" when the policy names none; validated
+	// (request.ValidFairnessID, request.ValidObjective).
+	FairnessID, Objective string
 }
 
 // UnboundedFields are the request fields that make a cost the gate cannot

@@ -54,7 +54,12 @@ type Verdict struct {
 	// the body carries it and the pool cannot write more. 0 leaves the
 	// body's max_tokens as the client sent it.
 	MaxTokens int
-	Timings   Timings
+	// FairnessID and Objective are the policy's fairness_id and objective
+	// for an Endpoint Picker ("" when it names none), validated
+	// (ValidFairnessID, ValidObjective). With either, the gate sends both
+	// to the picker, the fairness id defaulting to the tenant's.
+	FairnessID, Objective string
+	Timings               Timings
 }
 
 // Timings split the gate's time by stage. Checks (e.g. moderation) are

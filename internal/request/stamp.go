@@ -28,8 +28,13 @@ type Stamp struct {
 	// (the one that answered, on Pool): Envoy retries only before any
 	// response reached the client, and a failed attempt charges nothing
 	// (see extproc's meter).
-	PoolsTried       []string
-	Upstream         string // upstream host:port
+	PoolsTried []string
+	Upstream   string // upstream host:port: the one that served
+	// Endpoint is what an Endpoint Picker (Gateway API Inference
+	// Extension) chose for the request: its x-gateway-destination-endpoint
+	// (ip:port, or the list tried in order) as the request left it; ""
+	// with no picker in the chain. Upstream is the one that served.
+	Endpoint         string
 	Status           int
 	Attempts         int
 	Stream           bool
@@ -124,6 +129,11 @@ type GatewayTime struct {
 	// gateway nor model time.
 	Total time.Duration
 	Gate  time.Duration // the gate's decision: auth, policy, rate limits, mutations (not checks)
+	// Picker is an Endpoint Picker's, when one sat between the gate and
+	// the meter (Stamp.Endpoint set): from the gate's answer to the meter
+	// reading the request's headers after the picker chose, both on
+	// infergate's clock (0: no picker, or not measured). Part of Total.
+	Picker time.Duration
 	Timings
 }
 

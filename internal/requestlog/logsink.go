@@ -48,6 +48,9 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	str("response_model", s.ResponseModel)
 	str("pool", s.Pool)
 	str("upstream", s.Upstream)
+	if s.Endpoint != "" { // an Endpoint Picker's choice
+		str("endpoint", s.Endpoint)
+	}
 	num("status", s.Status)
 	num("attempts", s.Attempts)
 	b = append(b, `,"pools_tried":`...)
@@ -93,6 +96,9 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	flt("policy_ms", stats.Ms(s.Gateway.Policy))
 	flt("ratelimit_ms", stats.Ms(s.Gateway.RateLimit))
 	flt("checks_ms", stats.Ms(s.Gateway.Checks))
+	if s.Endpoint != "" {
+		flt("picker_ms", stats.Ms(s.Gateway.Picker))
+	}
 	str("decision", s.Decision)
 	str("reason", s.Reason)
 	boolean("complete", s.Complete)

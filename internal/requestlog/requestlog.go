@@ -137,6 +137,7 @@ type Record struct {
 	PoolsTried       []string  `json:"pools_tried,omitempty"`
 	Attempts         int       `json:"attempts,omitempty"`
 	Upstream         string    `json:"upstream,omitempty"`
+	Endpoint         string    `json:"endpoint,omitempty"` // an Endpoint Picker's choice
 	Tenant           string    `json:"tenant,omitempty"`
 	Principal        string    `json:"principal,omitempty"`
 	Status           int       `json:"status"`
@@ -153,6 +154,7 @@ type Record struct {
 	TotalMs          float64   `json:"total_ms"`
 	GatewayMs        float64   `json:"gateway_ms"`
 	GateMs           float64   `json:"gate_ms"`
+	PickerMs         float64   `json:"picker_ms,omitempty"`
 	AuthMs           float64   `json:"auth_ms"`
 	PolicyMs         float64   `json:"policy_ms"`
 	RateLimitMs      float64   `json:"ratelimit_ms"`
@@ -169,10 +171,10 @@ type Record struct {
 func NewRecord(s *request.Stamp, withGaps bool) Record {
 	r := Record{
 		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, API: string(s.API), Pool: s.Pool,
-		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Tenant: s.Tenant,
+		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Endpoint: s.Endpoint, Tenant: s.Tenant,
 		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason,
 		Stream: s.Stream, Complete: s.Complete, Timing: string(s.Timing), PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,
-		TotalMs: stats.Ms(s.Total), GatewayMs: stats.Ms(s.Gateway.Total), GateMs: stats.Ms(s.Gateway.Gate),
+		TotalMs: stats.Ms(s.Total), GatewayMs: stats.Ms(s.Gateway.Total), GateMs: stats.Ms(s.Gateway.Gate), PickerMs: stats.Ms(s.Gateway.Picker),
 		AuthMs: stats.Ms(s.Gateway.Auth), PolicyMs: stats.Ms(s.Gateway.Policy), RateLimitMs: stats.Ms(s.Gateway.RateLimit),
 		ModerationMs: stats.Ms(s.Gateway.Checks), ModelMs: stats.Ms(s.E2E), TTFTMs: stats.Ms(s.TTFT),
 		ITLP50Ms: stats.Ms(s.ITLP50), ITLP95Ms: stats.Ms(s.ITLP95), ITLMaxMs: stats.Ms(s.ITLMax),

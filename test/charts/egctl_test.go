@@ -284,3 +284,48 @@ func keys(m map[string]any) []string {
 func equal(got []string, want ...string) bool {
 	return strings.Join(got, ",") == strings.Join(want, ",")
 }
+
+// Envoy Gateway v1.9.1's verdict on the chart's InferencePool route, from
+// its own translator: it has no InferencePool backend of its own (it
+// routes to one only through an extension server that declares the kind
+// in extensionManager.backendResources and builds the pool's cluster and
+// picker filter), so it accepts the route and leaves its InferencePool
+// references unresolved (InvalidKind), while the Service-backed route and
+// the gate's policy stay accepted and resolved.
+func TestEnvoyGatewayTranslateInferencePools(t *testing.T) {
+	r := mustRender(t, variant{"inferencepools", filepath.Join(chartDir, "ci", "inferencepools-values.yaml")})
+	var status struct {
+		HTTPRoutes []struct {
+			Metadata struct{ Name string }
+			Status   struct {
+				Parents []struct {
+					Conditions []struct{ Type, Status, Reason, Message string }
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal(runEgctl(t, egInput(t, r), "--to", "gateway-api", "-o", "json"), &status); err != nil {
+		t.Fatal(err)
+	}
+	verdicts := map[string]map[string]string{} // route → condition type → status/reason
+	for _, rt := range status.HTTPRoutes {
+		verdicts[rt.Metadata.Name] = map[string]string{}
+		for _, p := range rt.Status.Parents {
+			for _, c := range p.Conditions {
+				verdicts[rt.Metadata.Name][c.Type] = c.Status + "/" + c.Reason
+				t.Logf("%s: %s=%s %s: %s", rt.Metadata.Name, c.Type, c.Status, c.Reason, c.Message)
+			}
+		}
+	}
+	want := map[string]map[string]string{
+		releaseName:                {"Accepted": "True/Accepted", "ResolvedRefs": "True/ResolvedRefs"},
+		releaseName + "-inference": {"Accepted": "True/Accepted", "ResolvedRefs": "False/InvalidKind"},
+	}
+	for name, conds := range want {
+		for typ, v := range conds {
+			if got := verdicts[name][typ]; got != v {
+				t.Errorf("HTTPRoute %s: %s = %q, want %q", name, typ, got, v)
+			}
+		}
+	}
+}

@@ -544,6 +544,24 @@ func TestValuesRejected(t *testing.T) {
 			v["envoyGateway"].(map[string]any)["route"].(map[string]any)["models"] = models
 			return v
 		}, "models"},
+		{"InferencePools without a gateway", func() map[string]any {
+			return map[string]any{"istio": map[string]any{"enabled": true}, "inferencePools": map[string]any{"models": []any{
+				map[string]any{"name": "m", "pools": []any{map[string]any{"name": "p", "weight": 1}}}}}}
+		}, "inferencePools.route.parentRefs"},
+		{"InferencePools without the gate", func() map[string]any {
+			return map[string]any{"inferencePools": map[string]any{"route": map[string]any{"parentRefs": []any{map[string]any{"name": "gw"}}},
+				"models": []any{map[string]any{"name": "m", "pools": []any{map[string]any{"name": "p", "weight": 1}}}}}}
+		}, "envoyGateway.enabled or istio.enabled"},
+		{"a model on Services and on InferencePools", func() map[string]any {
+			v := eg()
+			v["inferencePools"] = map[string]any{"models": []any{map[string]any{"name": "llama-3-70b", "pools": []any{map[string]any{"name": "p", "weight": 1}}}}}
+			return v
+		}, "in both envoyGateway.route.models and inferencePools.models"},
+		{"an InferencePool with a port", func() map[string]any {
+			v := eg()
+			v["inferencePools"] = map[string]any{"models": []any{map[string]any{"name": "m", "pools": []any{map[string]any{"name": "p", "port": 8000, "weight": 1}}}}}
+			return v
+		}, "port"},
 		{"istio sidecar without selector", func() map[string]any {
 			return map[string]any{"istio": map[string]any{"enabled": true, "sidecar": map[string]any{"enabled": true}}}
 		}, "istio.sidecar.workloadSelector"},

@@ -152,6 +152,7 @@ type Stamp struct {
 	TraceID          string   `json:"trace_id"`
 	Totalms          float64  `json:"total_ms"`
 	Upstream         string   `json:"upstream"`
+	Endpoint         string   `json:"endpoint"`
 	Status           int      `json:"status"`
 	Attempts         int      `json:"attempts"`
 	Stream           bool     `json:"stream"`
@@ -166,6 +167,7 @@ type Stamp struct {
 	E2Ems            float64  `json:"e2e_ms"`
 	Gatewayms        float64  `json:"gateway_ms"`
 	Gatems           float64  `json:"gate_ms"`
+	Pickerms         float64  `json:"picker_ms"`
 	Policyms         float64  `json:"policy_ms"`
 	RateLimitms      float64  `json:"ratelimit_ms"`
 	Checksms         float64  `json:"checks_ms"`

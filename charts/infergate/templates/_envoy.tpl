@@ -71,6 +71,7 @@ typed_config:
       patterns:
       - {exact: x-request-id}
       - {exact: x-infergate-model}
+      - {exact: x-gateway-destination-endpoint} # an Endpoint Picker's choice, for the stamp
       - {exact: ":status"}
       - {exact: content-type}
       - {exact: x-infergate-pool}

@@ -2,8 +2,8 @@
 # tokens. An example to copy and adapt: tenants and tiers live in data.yaml;
 # the input is described in docs/policy-input.schema.json.
 #
-# The gate reads allow, reason, status, checks, max_tokens and
-# allow_unbounded from this package. The denials below are tried in order
+# The gate reads allow, reason, status, checks, max_tokens,
+# allow_unbounded, objective and fairness_id from this package. The denials below are tried in order
 # and the first that matches is the answer; a request that matches none is
 # allowed.
 #
@@ -53,6 +53,16 @@ allow_unbounded contains field if {
 	some field in tier.allow_unbounded
 	allow
 }
+
+# What an Endpoint Picker (Gateway API Inference Extension) is told of an
+# allowed request: the InferenceObjective it runs under, i.e. its priority
+# when the pool saturates (data.yaml: free and search sheddable, standard,
+# premium critical). The gate sends it as x-gateway-inference-objective,
+# with the tenant as x-gateway-inference-fairness-id (define fairness_id
+# to queue by something else, e.g. the principal), and removes whatever the
+# client sent under those names. Leave both undefined for a request that
+# goes to a hosted API: the headers, and the tenant's name, then stay home.
+objective := tier.objective if allow
 
 # The endpoints served, by path and method. model: true marks the
 # inference endpoints, which name a model (input.request.api says which
