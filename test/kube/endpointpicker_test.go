@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -77,7 +78,7 @@ spec:
   endpointPickerRef: {name: %s-epp, port: {number: 9002}}
 `, poolName, poolNS, port, poolName))
 	eppPort := startEndpointPicker(t, c, eppBin)
-	gate := startGate(t)
+	gate := startGate(t, "")
 	envoy := envoytest.Start(t, envoytest.Render(t, "envoy/inference-pool.yaml", map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "EXTPROC_PORT": strconv.Itoa(gate.extproc), "EPP_PORT": strconv.Itoa(eppPort),
 	}))
@@ -178,8 +179,46 @@ spec:
 	held.Wait()
 
 	streamsInLockstep(t, envoy.URL, pods)
-	reportTierTTFT(t, envoy.URL, gate, pods)
+	reportTierTTFT(t, envoy.URL, gate, pods, "no identity headers")
+
+	// The same pool and picker behind a gate whose policy tells the picker
+	// who is calling: premium critical, free sheddable (the objectives
+	// exist in the pool's namespace, as an install would create them).
+	applyYAML(t, c, fmt.Sprintf(`
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceObjective
+metadata: {name: critical, namespace: %[1]s}
+spec: {priority: 10, poolRef: {name: %[2]s}}
+`, poolNS, poolName))
+	applyYAML(t, c, fmt.Sprintf(`
+apiVersion: inference.networking.x-k8s.io/v1alpha2
+kind: InferenceObjective
+metadata: {name: sheddable, namespace: %[1]s}
+spec: {priority: -1, poolRef: {name: %[2]s}}
+`, poolNS, poolName))
+	tiered := startGate(t, tierObjectives)
+	tieredEnvoy := envoytest.Start(t, envoytest.Render(t, "envoy/inference-pool.yaml", map[string]string{
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "EXTPROC_PORT": strconv.Itoa(tiered.extproc), "EPP_PORT": strconv.Itoa(eppPort),
+	}))
+	reportTierTTFT(t, tieredEnvoy.URL, tiered, pods, "identity headers from the gate")
+	// What the picker was told reached the pods too (it passes the headers
+	// on): the gate's objectives, each tier's own.
+	for _, want := range []string{"critical", "sheddable"} {
+		if !slices.ContainsFunc(pods, func(p *modelServer) bool { return slices.Contains(p.headerValues(), want) }) {
+			t.Errorf("no pod received the gate's objective %q", want)
+		}
+	}
 }
+
+// tierObjectives is the smallest policy that tells an Endpoint Picker who
+// is calling: the key's tier picks the InferenceObjective, and the fairness
+// id defaults to the tenant.
+const tierObjectives = `package infergate.authz
+
+default allow := true
+
+objective := {"premium": "critical", "free": "sheddable"}[input.labels.tier]
+`
 
 // streamsInLockstep proves, by causality, that nothing in the chain (the
 // gate, the picker's FULL_DUPLEX_STREAMED response, the meter) holds events
@@ -244,24 +283,34 @@ func streamsInLockstep(t *testing.T, base string, pods []*modelServer) {
 
 // reportTierTTFT measures, and does not assert (timing is the machine's),
 // the TTFT p95 of a premium caller's requests while the free tier's load
-// keeps every pod's batch full and queues behind it, from the stamps. The
-// gate sets no Inference Extension identity headers in this build, so the
-// picker sees both tiers alike: this is the "without" row.
-func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServer) {
+// keeps every pod's batch full and queues behind it, from the stamps, and
+// how many free requests the picker shed (429). Without identity headers
+// the picker sees both tiers alike; with them, it sheds the sheddable tier
+// while the pool is saturated.
+func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServer, variant string) {
 	t.Helper()
 	ctx, stop := context.WithCancel(t.Context())
 	var free sync.WaitGroup
 	var freeIDs sync.Map
-	var freeN atomic.Int64
+	var freeN, shed atomic.Int64
 	workers := len(pods)*podConfig.MaxBatch + 2*len(pods)
 	for w := range workers {
 		free.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
 				rid := fmt.Sprintf("free-%d-%d", w, i)
 				code, _, err := chatThrough(ctx, base, freeKey, fmt.Sprintf("free %d %d", w, i), map[string]string{"x-request-id": rid, "x-mock-tokens": "32"})
-				if err == nil && code == http.StatusOK {
+				switch {
+				case err == nil && code == http.StatusOK:
 					freeIDs.Store(rid, true)
 					freeN.Add(1)
+				case err == nil && code == http.StatusTooManyRequests:
+					// Shed by the picker: back off a little, as a client
+					// would, rather than spin.
+					shed.Add(1)
+					select {
+					case <-ctx.Done():
+					case <-time.After(20 * time.Millisecond):
+					}
 				}
 			}
 		})
@@ -289,8 +338,8 @@ func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServ
 		freeTTFT = append(freeTTFT, gate.stampOf(t, k.(string)).TTFTms)
 		return true
 	})
-	t.Logf("TTFT p95 with the pool saturated by the free tier (%d workers over %d slots), no identity headers: premium %.1f ms (%d requests), free %.1f ms (%d requests)",
-		workers, len(pods)*podConfig.MaxBatch, p95(premium), len(premium), p95(freeTTFT), len(freeTTFT))
+	t.Logf("TTFT p95 with the pool saturated by the free tier (%d workers over %d slots), %s: premium %.1f ms (%d requests), free %.1f ms (%d requests, %d shed)",
+		workers, len(pods)*podConfig.MaxBatch, variant, p95(premium), len(premium), p95(freeTTFT), len(freeTTFT), shed.Load())
 }
 
 func p95(v []float64) float64 {
@@ -311,7 +360,7 @@ type modelServer struct {
 	completions atomic.Int64 // inference requests
 	scrapes     atomic.Int64 // GET /metrics
 	mu          sync.Mutex
-	ieHeaders   []string // values of every x-gateway-inference-* header received
+	ieHeaders   map[string]bool // the distinct values of the x-gateway-inference-* headers received
 }
 
 func (m *modelServer) addr() string { return net.JoinHostPort(m.ip, strconv.Itoa(m.port)) }
@@ -324,8 +373,15 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.completions.Add(1)
 		m.mu.Lock()
 		for k, vs := range r.Header {
-			if strings.HasPrefix(strings.ToLower(k), "x-gateway-inference-") && len(m.ieHeaders) < 1000 {
-				m.ieHeaders = append(m.ieHeaders, vs...)
+			if strings.HasPrefix(strings.ToLower(k), "x-gateway-inference-") {
+				if m.ieHeaders == nil {
+					m.ieHeaders = map[string]bool{}
+				}
+				for _, v := range vs {
+					if len(m.ieHeaders) < 1000 {
+						m.ieHeaders[v] = true
+					}
+				}
 			}
 		}
 		m.mu.Unlock()
@@ -336,7 +392,7 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (m *modelServer) headerValues() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return slices.Clone(m.ieHeaders)
+	return slices.Sorted(maps.Keys(m.ieHeaders))
 }
 
 // gauges reads the mock's unlabelled vLLM gauges in process, without
@@ -453,7 +509,10 @@ func startEndpointPicker(t *testing.T, c *cluster, bin string) int {
 		cmd := exec.Command(bin, "--pool-name", poolName, "--pool-namespace", poolNS,
 			"--grpc-port", strconv.Itoa(ports[0]), "--grpc-health-port", strconv.Itoa(ports[1]), "--metrics-port", strconv.Itoa(ports[2]),
 			"--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false", "--enable-pprof=false")
-		return withEnv(cmd, "KUBECONFIG="+c.kubeconfig), fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
+		// A pod with one request waiting counts as saturated (the default is
+		// five): the pods here have four slots, and the tiers' test needs
+		// the picker to shed the sheddable tier at that load.
+		return withEnv(cmd, "KUBECONFIG="+c.kubeconfig, "SD_QUEUE_DEPTH_THRESHOLD=1"), fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
 	})
 	return grpcPort
 }
@@ -464,7 +523,8 @@ type gateProc struct {
 	requests       *testutil.Buffer
 }
 
-func startGate(t *testing.T) *gateProc {
+// startGate starts infergate; policy, when set, is its authz.rego.
+func startGate(t *testing.T, policy string) *gateProc {
 	t.Helper()
 	dir := t.TempDir()
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
@@ -474,6 +534,16 @@ func startGate(t *testing.T) *gateProc {
 		t.Fatal(err)
 	}
 	cfg := fmt.Sprintf("auth: {keys: %s}\nmodels: [%s]\n", filepath.Join(dir, "keys.yaml"), poolModel)
+	if policy != "" {
+		pdir := filepath.Join(dir, "policy")
+		if err := os.MkdirAll(pdir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(pdir, "authz.rego"), []byte(policy), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg += fmt.Sprintf("policy: {dir: %s}\n", pdir)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "infergate.yaml"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
