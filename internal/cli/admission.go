@@ -215,8 +215,12 @@ func redisClientReloading(r config.Redis, reload time.Duration) (redis.Universal
 		followFailovers(c)
 		return c, nil
 	}
+	// No retries: a budget script Redis ran but whose answer was lost (EOF,
+	// a read timeout) would run again, and a settlement applied twice
+	// refunds twice. A failed call errs on the accounting rule's side (the
+	// reservation stays); dials are still retried, as nothing was sent.
 	return redis.NewClient(&redis.Options{Addr: r.Address, Username: r.Username, Password: password, DB: r.DB,
-		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: 1}), nil
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: -1, DialerRetries: 2}), nil
 }
 
 // clusterStateReload is how stale a cluster client's slot map may get
