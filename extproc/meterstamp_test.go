@@ -43,7 +43,7 @@ func TestStampOf(t *testing.T) {
 	settled := func(end request.End, edit func(*request.Settlement)) *request.Settlement {
 		s := &request.Settlement{RequestID: "req-1", Tenant: "acme", Reservation: "r-1", API: openai.APIChat, Status: 200,
 			Origin: request.OriginPool, SSE: true, End: end, Terminal: true, UsageRead: true, PromptTokens: 7, CompletionTokens: 3,
-			InputReported: true, Events: 3}
+			InputReported: true, Events: 3, Model: "m", Pool: "pool-b"}
 		if edit != nil {
 			edit(s)
 		}
@@ -138,9 +138,11 @@ func TestStampOf(t *testing.T) {
 		"no decision reads allow": {events: stream, end: 142, facts: func(m *meterRequest) { m.stamp.Decision = "" },
 			want: timed, settles: settled(request.EndComplete, nil)},
 		"bounded before it is used": {events: stream, end: 142,
-			facts:   func(m *meterRequest) { m.stamp.Model = strings.Repeat("m", 2*maxStampField) },
-			want:    with(timed, func(v *stampView) { v.model = truncate(strings.Repeat("m", 2*maxStampField), maxStampField) }),
-			settles: settled(request.EndComplete, nil)},
+			facts: func(m *meterRequest) { m.stamp.Model = strings.Repeat("m", 2*maxStampField) },
+			want:  with(timed, func(v *stampView) { v.model = truncate(strings.Repeat("m", 2*maxStampField), maxStampField) }),
+			settles: settled(request.EndComplete, func(s *request.Settlement) {
+				s.Model = truncate(strings.Repeat("m", 2*maxStampField), maxStampField)
+			})},
 		"Envoy's start after the departure: no gateway time": {events: stream, end: 142,
 			facts: func(m *meterRequest) { m.envoyStart = at(0.064) },
 			want:  with(timed, func(v *stampView) { v.start, v.gw, v.total = 0, 0, 142 }), settles: settled(request.EndComplete, nil)},

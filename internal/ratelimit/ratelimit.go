@@ -105,6 +105,15 @@ const (
 // duration (a month lasts 28 to 31 days): only the limiters read it.
 const Month time.Duration = -1
 
+// WindowName is w as a policy writes it: "month" for Month, else its
+// duration ("1m0s").
+func WindowName(w time.Duration) string {
+	if w == Month {
+		return "month"
+	}
+	return w.String()
+}
+
 // Limit is one budget that applies to a request, as a policy states it.
 type Limit struct {
 	// Name labels the limit in headers, metrics and errors, e.g. "tenant-tokens".

@@ -98,6 +98,13 @@ type Settlement struct {
 	InputReported bool
 	// Events is the content events the meter counted in a stream.
 	Events int
+	// Model and Pool are the request's model and the pool that answered,
+	// as the stamp names them: the price the cost is settled at.
+	Model, Pool string
+	// CachedTokens and CacheWriteTokens are the parts of the pool's
+	// PromptTokens read from and written to its prompt cache (0 without
+	// UsageRead), priced as such.
+	CachedTokens, CacheWriteTokens int
 }
 
 // Origin is who wrote a response.
