@@ -235,3 +235,79 @@ func TestMoneyBudgetUnderConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// A key's monthly budget lives in Redis, where a calendar month's counter
+// is kept past the month's end: it survives a restart of infergate (a
+// new process reads the month's spend so far) and, with persistence on
+// (appendonly, as docs/reliability.md asks), a crash of Redis. Each
+// request's x-ratelimit-remaining-money is the budget less what the month
+// has settled, less its own reservation.
+func TestMoneyMonthSurvivesRestarts(t *testing.T) {
+	const (
+		budget  = int64(1e12) // the key's budgetMonth: one dollar
+		worst   = 17*100e6 + 32*400e6
+		cached  = 3
+		counter = "*principal=moneyc-key}:money:month:*"
+	)
+	srv := redisserver.StartDurable(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	defer rdb.Close()
+	ctx := context.Background()
+	inOneWindow(t)
+	config := policyConfig(moneyKeys(t), moneyPolicies(t), "ratelimit: {backend: redis, redis: {address: "+srv.Addr()+"}}\n"+moneyPrices)
+	hdr := map[string]string{"authorization": "Bearer sk-moneyc", "x-mock-ttft-ms": "0", "x-mock-itl-ms": "0",
+		"x-mock-cached-tokens": strconv.Itoa(cached)}
+	var spent int64 // settled so far this month, in pico-dollars
+	spend := func(s *stack, when string) {
+		t.Helper()
+		before := s.PoolA.Usage()
+		var r streamResult
+		testutil.Eventually(t, 30*time.Second, func() bool { // Redis may still be coming back
+			r = stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 32, false, ""), hdr)
+			return r.Status != 503
+		}, when+": a request past the rate limiter")
+		if r.Status != 200 {
+			t.Fatalf("%s: status %d: %s", when, r.Status, r.Body)
+		}
+		if got, want := r.Header.Get("x-ratelimit-remaining-money"), price.FormatCost(budget-spent-worst); got != want {
+			t.Errorf("%s: x-ratelimit-remaining-money %q, want %s ($1 less $%s settled this month, less $%s reserved)",
+				when, got, want, price.FormatCost(spent), price.FormatCost(worst))
+		}
+		after := s.PoolA.Usage()
+		spent += (after.PromptTokens-before.PromptTokens-cached)*100e6 + cached*10e6 + (after.CompletionTokens-before.CompletionTokens)*400e6
+		var last string
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("%s: last read of the month's counter: %s", when, last)
+			}
+		})
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			keys, err := rdb.Keys(ctx, counter).Result()
+			if err != nil || len(keys) != 1 {
+				last = fmt.Sprint(keys, err)
+				return false
+			}
+			v, err := rdb.Get(ctx, keys[0]).Int64()
+			last = fmt.Sprint(keys, v, err)
+			return v == spent
+		}, fmt.Sprintf("%s: the month's counter to hold %d pico-dollars", when, spent))
+	}
+
+	s := startStackWith(t, config, 1)
+	spend(s, "first process")
+	keys, err := rdb.Keys(ctx, counter).Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("month counters %v, %v", keys, err)
+	}
+	if ttl, err := rdb.PTTL(ctx, keys[0]).Result(); err != nil || ttl < 28*24*time.Hour {
+		t.Errorf("the month's counter expires in %v (%v): want at least the month's length", ttl, err)
+	}
+	spend(s, "first process, again")
+
+	s.Gateway.Stop(t)
+	s = startStackWith(t, config, 1)
+	spend(s, "after an infergate restart")
+
+	srv.Restart() // SIGKILL, then the append-only file
+	spend(s, "after a Redis restart")
+}
