@@ -20,6 +20,7 @@ import (
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/policy"
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/seal"
@@ -75,6 +76,10 @@ type Controller struct {
 	DefaultMaxTokens int
 	// Spend records what each settlement charged; nil: nothing does.
 	Spend SpendRecorder
+	// Prices are the models' prices: money limits reserve a request's
+	// worst-case cost at them and settle its real cost. nil prices
+	// nothing (a money limit then denies).
+	Prices *price.Table
 
 	sealsInit, settledInit sync.Once
 }
@@ -280,7 +285,7 @@ func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.
 		claims = map[string]any{}
 	}
 	return &policy.Input{
-		Principal: policy.Principal{ID: p.ID, Type: p.Type, Claims: claims},
+		Principal: policy.Principal{ID: p.ID, Type: p.Type, Claims: claims, BudgetMonth: p.BudgetMonth},
 		Tenant:    p.Tenant,
 		Labels:    labels,
 		Request: policy.Request{
@@ -301,7 +306,34 @@ func (c *Controller) input(a *request.Admission, p *identity.Principal) *policy.
 			Store:                 a.Request.Store,
 		},
 		Usage: c.Metrics.usage(p.Tenant),
+		Cost:  c.inputCost(a),
 	}
+}
+
+// inputCost is the request's price and its default reservation, priced
+// at the worst, for the policy.
+func (c *Controller) inputCost(a *request.Admission) policy.Cost {
+	r := reservationCost(reservedPrompt(a), c.effectiveMaxTokens(a, 0), choices(a), nil)
+	out := policy.Cost{Reservation: policy.Reservation{InputTokens: r.InputTokens, OutputTokens: r.OutputTokens}}
+	if c.Prices != nil {
+		out.Currency = c.Prices.Currency
+	}
+	if p, ok := c.Prices.Worst(a.Request.Model); ok {
+		out.Priced = true
+		out.Price = policy.Price{Input: p.Input, CachedInput: p.CachedInput, CacheWriteInput: p.CacheWrite, Output: p.Output}
+		out.Reservation.Cost = p.Worst(r.InputTokens, r.OutputTokens)
+	}
+	return out
+}
+
+// reservedPrompt is the prompt a request reserves: its estimate, or none
+// for count_tokens (counting runs the tokenizer, not the model: the
+// request is the cost).
+func reservedPrompt(a *request.Admission) int {
+	if a.API == openai.APICountTokens {
+		return 0
+	}
+	return a.PromptTokens
 }
 
 // unboundedWhy says, for each of openai.Request.Unbounded's fields, why
@@ -409,11 +441,22 @@ func choices(a *request.Admission) int { return max(a.Request.Choices, 1) }
 // reserve charges the request's budgets. It returns what was reserved
 // (nil if nothing) and whether the request is denied (v.Deny set).
 func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *policy.Decision, maxTokens int, v *request.Verdict) (*ratelimit.Reservation, bool) {
-	prompt := a.PromptTokens
-	if a.API == openai.APICountTokens {
-		prompt = 0 // counting runs the tokenizer, not the model: the request is the cost
+	cost := reservationCost(reservedPrompt(a), maxTokens, choices(a), d.Reserve)
+	if hasMoney(d.Limits) {
+		p, ok := c.Prices.Worst(a.Request.Model)
+		if !ok {
+			// A budget in money cannot bound what an unpriced model
+			// costs: refused, not admitted for free.
+			c.Log.Error("a money limit applies to a model without a price; denying", "request_id", a.RequestID, "model", a.Request.Model)
+			v.Deny = openai.NewError(http.StatusForbidden, openai.TypePermission, "model_not_priced", "model",
+				"this gateway budgets in money and the model has no price")
+			v.Reason = "model_not_priced"
+			return nil, true
+		}
+		if a.API != openai.APICountTokens {
+			cost.Money = p.Worst(cost.InputTokens, cost.OutputTokens)
+		}
 	}
-	cost := reservationCost(prompt, maxTokens, choices(a), d.Reserve)
 	res, err := c.Limiter.Reserve(ctx, d.Limits, cost)
 	if err != nil {
 		c.Log.Error("rate limit backend unavailable; denying", "request_id", a.RequestID, "err", err)
@@ -434,8 +477,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		headers["retry-after"] = strconv.FormatInt(max(retry, 1), 10)
 		v.Deny = openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "rate_limit_exceeded", "",
 			fmt.Sprintf("Rate limit reached for %s (%s per %s). Please try again in %s.",
-				res.Exceeded.Name, strconv.FormatInt(res.Exceeded.Amount, 10)+" "+string(res.Exceeded.Unit),
-				res.Exceeded.Window, res.RetryAfter.Round(time.Millisecond)))
+				res.Exceeded.Name, c.amount(res.Exceeded), ratelimit.WindowName(res.Exceeded.Window), res.RetryAfter.Round(time.Millisecond)))
 		v.Headers = headers
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return nil, true
@@ -449,27 +491,57 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 	return &res.Reservation, false
 }
 
+// amount is a limit's amount as a client reads it: money as a decimal of
+// the currency, the rest as a count of its unit.
+func (c *Controller) amount(l *ratelimit.Limit) string {
+	if l.Unit == ratelimit.Money {
+		cur := ""
+		if c.Prices != nil {
+			cur = " " + c.Prices.Currency
+		}
+		return price.FormatCost(l.Amount) + cur
+	}
+	return strconv.FormatInt(l.Amount, 10) + " " + string(l.Unit)
+}
+
+// hasMoney reports whether a limit counts money.
+func hasMoney(limits []ratelimit.Limit) bool {
+	return slices.ContainsFunc(limits, func(l ratelimit.Limit) bool { return l.Unit == ratelimit.Money })
+}
+
 // rateLimitHeaders renders OpenAI's x-ratelimit-* headers from the most
-// constrained request limit and token limit.
+// constrained request limit and token limit, and the same for money
+// (x-ratelimit-*-money, decimals of the prices' currency).
 func rateLimitHeaders(states []ratelimit.State) map[string]string {
 	h := map[string]string{}
-	var req, tok *ratelimit.State
+	var req, tok, money *ratelimit.State
 	for i := range states {
 		s := &states[i]
-		if s.Limit.Unit == ratelimit.Requests {
+		switch s.Limit.Unit {
+		case ratelimit.Requests:
 			if req == nil || s.Remaining < req.Remaining {
 				req = s
 			}
-		} else if tok == nil || s.Remaining < tok.Remaining {
-			tok = s
+		case ratelimit.Money:
+			if money == nil || s.Remaining < money.Remaining {
+				money = s
+			}
+		default:
+			if tok == nil || s.Remaining < tok.Remaining {
+				tok = s
+			}
 		}
 	}
-	for suffix, s := range map[string]*ratelimit.State{"requests": req, "tokens": tok} {
+	for suffix, s := range map[string]*ratelimit.State{"requests": req, "tokens": tok, "money": money} {
 		if s == nil {
 			continue
 		}
-		h["x-ratelimit-limit-"+suffix] = strconv.FormatInt(s.Limit.Amount, 10)
-		h["x-ratelimit-remaining-"+suffix] = strconv.FormatInt(s.Remaining, 10)
+		format := func(n int64) string { return strconv.FormatInt(n, 10) }
+		if s.Limit.Unit == ratelimit.Money {
+			format = price.FormatCost
+		}
+		h["x-ratelimit-limit-"+suffix] = format(s.Limit.Amount)
+		h["x-ratelimit-remaining-"+suffix] = format(s.Remaining)
 		h["x-ratelimit-reset-"+suffix] = s.Reset.Round(time.Millisecond).String()
 	}
 	return h

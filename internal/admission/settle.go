@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/internal/openai"
+	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
 )
@@ -78,14 +79,16 @@ func bound(c, reserved ratelimit.Cost) ratelimit.Cost {
 }
 
 // reservedCost is what a reservation charged, read from its counters:
-// one request, and per token unit the most any counter of it reserved (a
-// total-tokens counter counts as input, past what the input counters
-// say, as its split is not recorded).
+// one request, and per token unit, and in money, the most any counter of
+// it reserved (a total-tokens counter counts as input, past what the
+// input counters say, as its split is not recorded).
 func reservedCost(r ratelimit.Reservation) ratelimit.Cost {
 	c := ratelimit.Cost{Requests: 1}
 	var total int64
 	for _, e := range r.Entries {
 		switch e.Unit {
+		case ratelimit.Money:
+			c.Money = max(c.Money, e.Reserved)
 		case ratelimit.InputTokens:
 			c.InputTokens = max(c.InputTokens, e.Reserved)
 		case ratelimit.OutputTokens:
@@ -98,6 +101,28 @@ func reservedCost(r ratelimit.Reservation) ratelimit.Cost {
 		c.InputTokens = total - c.OutputTokens
 	}
 	return c
+}
+
+// moneyOf is the cost of the tokens charge proved, at the price of the
+// model on the pool that answered, the pool's cached input at the cached
+// price (read only from its usage): the same proof as the tokens, the
+// same bound (the tokens are bounded, and so is a price). A model with no
+// price now (prices reloaded since the reservation) proves no cost: the
+// reservation stays, whole (keep).
+func (c *Controller) moneyOf(s *request.Settlement, charged, reserved ratelimit.Cost) (money int64, keep bool) {
+	if charged.InputTokens == 0 && charged.OutputTokens == 0 {
+		return 0, false // the request alone (count_tokens, a pool's error, the gate's answer)
+	}
+	p, _, ok := c.Prices.Lookup(s.Model, s.Pool)
+	if !ok {
+		return reserved.Money, true
+	}
+	cached, written := 0, 0
+	if s.UsageRead {
+		cached, written = s.CachedTokens, s.CacheWriteTokens
+	}
+	return p.Cost(price.Tokens{Prompt: int(charged.InputTokens), Cached: cached, CacheWrite: written,
+		Completion: int(charged.OutputTokens)}), false
 }
 
 // Settle implements request.Policy: the reservation is lowered to what the
@@ -123,6 +148,11 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 	}
 	reserved := reservedCost(r)
 	actual, keep := charge(s, reserved)
+	if !keep && reserved.Money > 0 {
+		if actual.Money, keep = c.moneyOf(s, actual, reserved); keep {
+			actual = reserved
+		}
+	}
 	c.Metrics.track(tenant, 0, actual.InputTokens+actual.OutputTokens)
 	if keep {
 		// Nothing proved a lower charge: the reservation stays charged

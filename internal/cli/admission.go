@@ -70,6 +70,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 			"forward_rules.allowed_headers (the Helm chart does), or no policy sees them", "headers", extra)
 	}
 	c.DefaultMaxTokens = cfg.RateLimit.DefaultMaxTokens
+	c.Prices = cfg.Prices.Table() // money limits reserve and settle at the prices the meter stamps
 	if cfg.Auth.Keys != "" {
 		last, _ := watch.Fingerprint(cfg.Auth.Keys, nil) // before loading: a change meanwhile is seen
 		keys, err := identity.LoadKeys(cfg.Auth.Keys)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/price"
 )
 
 const keysUsage = `Manage the API keys of a keys file (auth.keys), or of a Kubernetes Secret
@@ -20,7 +21,7 @@ holding one: a key is printed once, at creation, and only its SHA-256 is
 written; the gate reloads the keys without a restart.
 
 Usage:
-  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--id ID] WHERE
+  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--budget-usd-month 500] [--id ID] WHERE
   infergate keys list   [--admin URL]... [--admin-token-file F] [--json] WHERE
   infergate keys revoke ID WHERE
   infergate keys rotate ID [--grace 24h] WHERE
@@ -67,14 +68,21 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		owner := fs.String("owner", "", "who holds the key (shown by list)")
 		expires := fs.String("expires", "", "lifetime, e.g. 30d or 12h (default: none)")
 		keyID := fs.String("id", "", "the key's id (default: TENANT-<8 random hex digits>)")
+		budget := fs.String("budget-usd-month", "", "the key's own budget per calendar month (UTC), a decimal amount of the prices' currency, e.g. 500; policies see it as input.principal.budget_month")
 		if err := flagset.Parse(fs, rest); err != nil {
 			return err
+		}
+		if *budget != "" {
+			if _, err := price.ParseAmount(*budget); err != nil {
+				fmt.Fprintf(stderr, "infergate keys create: --budget-usd-month %v\n", err)
+				return ErrUsage
+			}
 		}
 		if *tenant == "" {
 			fmt.Fprintln(stderr, "infergate keys create: --tenant is required")
 			return ErrUsage
 		}
-		e := identity.KeyEntry{ID: *keyID, Tenant: *tenant, Owner: *owner, Created: &now}
+		e := identity.KeyEntry{ID: *keyID, Tenant: *tenant, Owner: *owner, Created: &now, BudgetMonth: *budget}
 		if e.ID == "" {
 			e.ID = identity.NewKeyID(*tenant)
 		}
@@ -235,7 +243,8 @@ func rotate(ctx context.Context, st keyStore, id string, now time.Time, grace ti
 	if err != nil {
 		return err
 	}
-	e := identity.KeyEntry{ID: identity.NewKeyID(old.Tenant), Tenant: old.Tenant, Labels: old.Labels, Owner: old.Owner, Created: &now}
+	e := identity.KeyEntry{ID: identity.NewKeyID(old.Tenant), Tenant: old.Tenant, Labels: old.Labels, Owner: old.Owner, Created: &now,
+		BudgetMonth: old.BudgetMonth}
 	if old.Expires != nil && old.Created != nil {
 		at := now.Add(old.Expires.Sub(*old.Created))
 		e.Expires = &at

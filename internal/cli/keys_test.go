@@ -208,3 +208,34 @@ func TestKeysUsageErrors(t *testing.T) {
 		t.Error("a refused command wrote the file")
 	}
 }
+
+// create --budget-usd-month writes the key's monthly budget, which the
+// gate's loader reads in pico-units and rotate carries over; a budget
+// that is no amount is refused before anything is written.
+func TestKeysCreateBudget(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	t0 := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	key, err := keysCmd(t, t0, "create", "--tenant", "acme", "--budget-usd-month", "500", "--file", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(path); !bytes.Contains(b, []byte(`budgetMonth: "500"`)) {
+		t.Errorf("file after create:\n%s", b)
+	}
+	p, err := loadKeys(t, path).Authenticate(strings.TrimSpace(key), t0)
+	if err != nil || p.BudgetMonth != 500_000_000_000_000 {
+		t.Fatalf("created key: %+v %v", p, err)
+	}
+	newKey, err := keysCmd(t, t0, "rotate", p.ID, "--file", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if np, err := loadKeys(t, path).Authenticate(strings.TrimSpace(newKey), t0); err != nil || np.BudgetMonth != p.BudgetMonth {
+		t.Errorf("rotated key: %+v %v", np, err)
+	}
+	for _, bad := range []string{"-5", "1e3", "five", "10000000"} {
+		if _, err := keysCmd(t, t0, "create", "--tenant", "acme", "--budget-usd-month", bad, "--file", path); !errors.Is(err, ErrUsage) {
+			t.Errorf("--budget-usd-month %s: %v, want a usage error", bad, err)
+		}
+	}
+}

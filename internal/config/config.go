@@ -60,7 +60,8 @@ type Config struct {
 	PoolModels PoolModels `yaml:"poolModels"`
 
 	// Prices are what the models cost: the stamp, the request log and
-	// infergate.cost carry each request's cost at them. Read at start
+	// infergate.cost carry each request's cost at them, and a policy's
+	// money limits reserve and settle at them. Read at start
 	// (a change needs a restart, like the rest of this file).
 	Prices Prices `yaml:"prices"`
 }

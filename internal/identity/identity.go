@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/infergate/infergate/internal/price"
 )
 
 // Principal is an authenticated caller.
@@ -26,6 +28,9 @@ type Principal struct {
 	Tenant string            // whose budget it spends
 	Labels map[string]string // e.g. tier
 	Claims map[string]any    // verified JWT claims
+	// BudgetMonth is an API key's own monthly budget (its entry's
+	// budgetMonth) in pico-units of the prices' currency; 0: none.
+	BudgetMonth int64
 }
 
 // Anonymous is the principal of a request without credentials.
@@ -49,6 +54,7 @@ var (
 //	  expires: 2026-12-31T09:00:00Z  # refused from then on
 //	  revoked: 2026-12-02T10:00:00Z  # refused from then on
 //	  rotatedTo: acme-7f3a9c01       # the key that replaced this one
+//	  budgetMonth: "500"             # the key's own budget per calendar month, in the prices' currency
 //
 // `infergate keys create|list|revoke|rotate` writes these entries.
 type KeyFile struct {
@@ -66,6 +72,10 @@ type KeyEntry struct {
 	Expires   *time.Time        `yaml:"expires,omitempty" json:"expires,omitempty"`
 	Revoked   *time.Time        `yaml:"revoked,omitempty" json:"revoked,omitempty"`
 	RotatedTo string            `yaml:"rotatedTo,omitempty" json:"rotatedTo,omitempty"`
+	// BudgetMonth is the key's own budget per calendar month (UTC), a
+	// decimal amount of the prices' currency ("500", "12.50"): the policy
+	// reads it as input.principal.budget_month and may apply it.
+	BudgetMonth string `yaml:"budgetMonth,omitempty" json:"budgetMonth,omitempty"`
 }
 
 // Keys is an immutable set of API keys by hash.
@@ -152,8 +162,14 @@ func (k *Keys) add(f string, b []byte, ids map[string]string) error {
 		if _, dup := k.byHash[h]; dup {
 			return fmt.Errorf("%s (%s): the same key is listed twice", where, e.ID)
 		}
+		var budget int64
+		if e.BudgetMonth != "" {
+			if budget, err = price.ParseAmount(e.BudgetMonth); err != nil {
+				return fmt.Errorf("%s (%s): budgetMonth: %w", where, e.ID, err)
+			}
+		}
 		e.SHA256 = ""
-		st := &keyState{principal: Principal{ID: e.ID, Type: "api_key", Tenant: e.Tenant, Labels: e.Labels},
+		st := &keyState{principal: Principal{ID: e.ID, Type: "api_key", Tenant: e.Tenant, Labels: e.Labels, BudgetMonth: budget},
 			entry: e, lastUsed: new(atomic.Int64)}
 		k.byHash[h], k.byID[e.ID] = st, st
 	}

@@ -259,7 +259,7 @@ func parseLimits(v ast.Value) ([]ratelimit.Limit, error) {
 		for _, o := range out {
 			if o.Key == l.Key && o.Unit == l.Unit && o.Window == l.Window {
 				return nil, fmt.Errorf("infergate.ratelimit.limits: %q and %q share key %q, unit %s and window %s",
-					o.Name, l.Name, l.Key, l.Unit, l.Window)
+					o.Name, l.Name, l.Key, l.Unit, ratelimit.WindowName(l.Window))
 			}
 		}
 		out = append(out, l)
@@ -288,9 +288,9 @@ func parseLimit(v ast.Value) (ratelimit.Limit, error) {
 		return l, err
 	}
 	switch l.Unit = ratelimit.Unit(unit); l.Unit {
-	case ratelimit.Requests, ratelimit.InputTokens, ratelimit.OutputTokens, ratelimit.TotalTokens:
+	case ratelimit.Requests, ratelimit.InputTokens, ratelimit.OutputTokens, ratelimit.TotalTokens, ratelimit.Money:
 	default:
-		return l, fmt.Errorf("unknown unit %q (want requests, input_tokens, output_tokens or total_tokens)", unit)
+		return l, fmt.Errorf("unknown unit %q (want requests, input_tokens, output_tokens, total_tokens or money)", unit)
 	}
 	amount := obj.Get(keyAmount)
 	if amount == nil {
@@ -304,6 +304,10 @@ func parseLimit(v ast.Value) (ratelimit.Limit, error) {
 	window, err := nonEmptyString(obj, keyWindow)
 	if err != nil {
 		return l, err
+	}
+	if window == "month" {
+		l.Window = ratelimit.Month // the calendar month, UTC: no duration
+		return l, nil
 	}
 	if l.Window, err = time.ParseDuration(window); err != nil {
 		return l, fmt.Errorf("window: %w", err)

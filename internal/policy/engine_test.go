@@ -757,3 +757,41 @@ func TestDecideConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Money limits per calendar month, and the request's price and worst-case
+// cost in the input, from Rego: a policy can budget in money.
+func TestDecideMoneyLimits(t *testing.T) {
+	dir := policyDir(t, map[string]string{
+		"authz.rego": allowAll,
+		"ratelimit.rego": `package infergate.ratelimit
+
+usd := 1000000000000
+
+limits contains {"name": "month", "key": "k", "unit": "money", "amount": 500 * usd, "window": "month"}
+
+limits contains {"name": "key-month", "key": "key", "unit": "money", "amount": input.principal.budget_month, "window": "month"} if input.principal.budget_month > 0
+
+limits contains {"name": "day", "key": "k", "unit": "money", "amount": input.cost.reservation.cost * 3, "window": "24h"} if input.cost.priced
+`,
+	})
+	e, err := Load(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := chat("acme", "m")
+	in.Principal.BudgetMonth = 7_000_000
+	in.Cost = Cost{Currency: "USD", Priced: true, Price: Price{Input: 1, Output: 2}, Reservation: Reservation{InputTokens: 40, OutputTokens: 10, Cost: 60}}
+	d, err := e.Decide(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []ratelimit.Limit{
+		{Name: "day", Key: "k", Unit: ratelimit.Money, Amount: 180, Window: 24 * time.Hour},
+		{Name: "key-month", Key: "key", Unit: ratelimit.Money, Amount: 7_000_000, Window: ratelimit.Month},
+		{Name: "month", Key: "k", Unit: ratelimit.Money, Amount: 500_000_000_000_000, Window: ratelimit.Month},
+	}
+	slices.SortFunc(d.Limits, func(a, b ratelimit.Limit) int { return strings.Compare(a.Name, b.Name) })
+	if !slices.Equal(d.Limits, want) {
+		t.Errorf("limits = %+v, want %+v", d.Limits, want)
+	}
+}

@@ -39,6 +39,18 @@ var (
 	keyUsage                 = ast.StringTerm("usage")
 	keyRequests              = ast.StringTerm("requests")
 	keyTokens                = ast.StringTerm("tokens")
+	keyBudgetMonth           = ast.StringTerm("budget_month")
+	keyCost                  = ast.StringTerm("cost")
+	keyCurrency              = ast.StringTerm("currency")
+	keyPriced                = ast.StringTerm("priced")
+	keyPrice                 = ast.StringTerm("price")
+	keyInput                 = ast.StringTerm("input")
+	keyCachedInput           = ast.StringTerm("cached_input")
+	keyCacheWriteInput       = ast.StringTerm("cache_write_input")
+	keyOutput                = ast.StringTerm("output")
+	keyReservation           = ast.StringTerm("reservation")
+	keyInputTokensIn         = ast.StringTerm("input_tokens")
+	keyOutputTokensIn        = ast.StringTerm("output_tokens")
 )
 
 // Value returns the input as the policy sees it, built directly as an OPA
@@ -62,6 +74,25 @@ func (in *Input) Value() ast.Value {
 			ast.Item(keyRequests, ast.InternedTerm(in.Usage.Requests)),
 			ast.Item(keyTokens, ast.InternedTerm(in.Usage.Tokens)),
 		)),
+		ast.Item(keyCost, in.Cost.term()),
+	)
+}
+
+func (c *Cost) term() *ast.Term {
+	return ast.ObjectTerm(
+		ast.Item(keyCurrency, stringTerm(c.Currency)),
+		ast.Item(keyPriced, ast.InternedTerm(c.Priced)),
+		ast.Item(keyPrice, ast.ObjectTerm(
+			ast.Item(keyInput, ast.InternedTerm(c.Price.Input)),
+			ast.Item(keyCachedInput, ast.InternedTerm(c.Price.CachedInput)),
+			ast.Item(keyCacheWriteInput, ast.InternedTerm(c.Price.CacheWriteInput)),
+			ast.Item(keyOutput, ast.InternedTerm(c.Price.Output)),
+		)),
+		ast.Item(keyReservation, ast.ObjectTerm(
+			ast.Item(keyInputTokensIn, ast.InternedTerm(c.Reservation.InputTokens)),
+			ast.Item(keyOutputTokensIn, ast.InternedTerm(c.Reservation.OutputTokens)),
+			ast.Item(keyCost, ast.InternedTerm(c.Reservation.Cost)),
+		)),
 	)
 }
 
@@ -70,6 +101,7 @@ func (p *Principal) term() *ast.Term {
 		ast.Item(keyID, stringTerm(p.ID)),
 		ast.Item(keyType, stringTerm(p.Type)),
 		ast.Item(keyClaims, anyMapTerm(p.Claims, 0)),
+		ast.Item(keyBudgetMonth, ast.InternedTerm(p.BudgetMonth)),
 	)
 }
 

@@ -193,10 +193,10 @@ func readable(p []string) bool {
 	switch p[0] {
 	case "tenant":
 		return len(p) == 1
-	case "labels", "usage":
+	case "labels", "usage", "cost":
 		return true
 	case "principal":
-		return len(p) == 1 || slices.Contains([]string{"id", "type", "claims"}, p[1])
+		return len(p) == 1 || slices.Contains([]string{"id", "type", "claims", "budget_month"}, p[1])
 	case "request":
 		return len(p) == 1 || slices.Contains([]string{"method", "path", "api", "headers", "model", "virtual_model",
 			"stream", "max_tokens", "choices", "estimated_prompt_tokens", "previous_response_id",
@@ -261,6 +261,21 @@ func appendKey(b []byte, in *Input, paths [][]string) []byte {
 				j, _ := json.Marshal(v) // map keys sorted: deterministic
 				str(string(j))
 			}
+			if len(p) == 1 || p[1] == "budget_month" {
+				num(pr.BudgetMonth)
+			}
+		case "cost":
+			// The whole of it, whatever part was read: a few numbers.
+			c := &in.Cost
+			str(c.Currency)
+			b = append(b, boolByte(c.Priced))
+			num(c.Price.Input)
+			num(c.Price.CachedInput)
+			num(c.Price.CacheWriteInput)
+			num(c.Price.Output)
+			num(c.Reservation.InputTokens)
+			num(c.Reservation.OutputTokens)
+			num(c.Reservation.Cost)
 		case "request":
 			r := &in.Request
 			all := len(p) == 1

@@ -20,7 +20,7 @@ func TestMemoKeysOnWhatThePolicyReads(t *testing.T) {
 	for _, p := range e.memo.paths {
 		got = append(got, strings.Join(p, "."))
 	}
-	want := []string{"labels.tier", "principal.id", "principal.type",
+	want := []string{"labels.team", "labels.tier", "principal.budget_month", "principal.id", "principal.type",
 		"request.api", "request.max_tokens", "request.method", "request.model", "request.path", "tenant"}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("memo keys on %q, want %q", got, want)
@@ -37,11 +37,12 @@ func TestMemoMatchesEvaluation(t *testing.T) {
 	pick := func(s ...string) string { return s[rng.IntN(len(s))] }
 	var inputs []*Input
 	for range 400 {
-		in := chat(pick("acme", "globex", "initech", "playground", "vandelay", "nobody"),
+		in := chat(pick("acme", "globex", "initech", "playground", "vandelay", "soylent", "nobody"),
 			pick("llama-3.1-8b-instruct", "llama-3.1-70b-instruct", "mixtral-8x22b-instruct", "bge-m3", "", "gpt-x"))
 		in.Principal.ID = pick("key-1", "key-2", "")
 		in.Principal.Type = pick("api_key", "jwt", "anonymous")
-		in.Labels = map[string]string{"team": pick("a", "b")}
+		in.Labels = map[string]string{"team": pick("a", "search")}
+		in.Principal.BudgetMonth = []int64{0, 500e12}[rng.IntN(2)]
 		if rng.IntN(2) == 0 {
 			in.Labels["tier"] = pick("free", "standard", "premium", "gold")
 		}
@@ -77,7 +78,8 @@ func TestMemoMatchesEvaluation(t *testing.T) {
 	h0, _ := memoized.MemoStats()
 	in.Request.Headers["x-request-id"] = "other"
 	in.Usage = Usage{Requests: 1e6}
-	in.Labels["team"] = "other"
+	in.Labels["region"] = "other"
+	in.Cost.Reservation.Cost = 1e9
 	memoized.Decide(ctx, in)
 	if h1, _ := memoized.MemoStats(); h1 != h0+1 {
 		t.Error("a field the policy does not read missed the memo")

@@ -20,6 +20,42 @@ type Input struct {
 	Request   Request           `json:"request"`
 	// Usage is the caller's current usage as this replica last saw it.
 	Usage Usage `json:"usage"`
+	// Cost is the request's price and what its reservation may cost.
+	Cost Cost `json:"cost"`
+}
+
+// Cost is what a request may cost, in the prices' currency: its model's
+// price and the gate's default reservation, priced at the worst.
+type Cost struct {
+	Currency string `json:"currency"`
+	// Priced is whether the model has a price (config prices:); without
+	// one, Price and Reservation.Cost are 0 and a money limit denies.
+	Priced bool  `json:"priced"`
+	Price  Price `json:"price"`
+	// Reservation is what the gate reserves unless the policy caps
+	// max_tokens or sets reserve (the gate then reserves, and prices, its
+	// own figures).
+	Reservation Reservation `json:"reservation"`
+}
+
+// Price is a model's price per million tokens, in micro-units of the
+// currency (0.15 is 150000): the dearest, field by field, of the model's
+// own price and its prices on pools, as the pool is not chosen yet.
+type Price struct {
+	Input           int64 `json:"input"`
+	CachedInput     int64 `json:"cached_input"`
+	CacheWriteInput int64 `json:"cache_write_input"`
+	Output          int64 `json:"output"`
+}
+
+// Reservation is the tokens a request reserves and their worst-case cost.
+type Reservation struct {
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	// Cost is in pico-units of the currency (10⁻¹²), the unit of money
+	// limits: every input token at the dearest input price, every output
+	// token at the output price.
+	Cost int64 `json:"cost"`
 }
 
 // Principal is who is calling.
@@ -27,6 +63,9 @@ type Principal struct {
 	ID     string         `json:"id"`     // key id or JWT subject; never the key itself
 	Type   string         `json:"type"`   // "api_key", "jwt" or "anonymous"
 	Claims map[string]any `json:"claims"` // verified JWT claims (empty for API keys)
+	// BudgetMonth is the API key's own monthly budget (its entry's
+	// budgetMonth), in pico-units of the currency; 0 when it has none.
+	BudgetMonth int64 `json:"budget_month"`
 }
 
 // Request is what is being asked for.

@@ -11,6 +11,7 @@ package price
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -50,6 +51,30 @@ func (p Price) Cost(t Tokens) int64 {
 }
 
 func clamp(n int, hi int64) int64 { return min(max(int64(n), 0), hi) }
+
+// Worst is the most input and output tokens can cost at p, whatever part
+// of the input a pool reads from or writes to its cache: input at the
+// dearest of its three prices. The products saturate at math.MaxInt64
+// (a cost no money budget admits) instead of overflowing, as a
+// reservation's tokens are not bounded by MaxTokens.
+func (p Price) Worst(input, output int64) int64 {
+	in := max(p.Input, p.CachedInput, p.CacheWrite)
+	return satAdd(satMul(max(input, 0), in), satMul(max(output, 0), p.Output))
+}
+
+func satMul(a, b int64) int64 { // a, b >= 0
+	if a != 0 && b > math.MaxInt64/a {
+		return math.MaxInt64
+	}
+	return a * b
+}
+
+func satAdd(a, b int64) int64 { // a, b >= 0
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
 
 // Source says which price a request was charged at.
 type Source string
@@ -95,6 +120,26 @@ func (t *Table) Lookup(model, pool string) (p Price, src Source, ok bool) {
 		return pp, SourcePool, true
 	}
 	return m.Price, SourceModel, true
+}
+
+// Worst is the dearest of model's prices, field by field, over the model's
+// own and its pools': what the gate reserves at before a pool is chosen,
+// so that no pool's price can exceed a reservation. ok is false when
+// model has none.
+func (t *Table) Worst(model string) (p Price, ok bool) {
+	if t == nil {
+		return Price{}, false
+	}
+	m, ok := t.models[model]
+	if !ok {
+		return Price{}, false
+	}
+	p = m.Price
+	for _, pp := range m.pools {
+		p = Price{Input: max(p.Input, pp.Input), CachedInput: max(p.CachedInput, pp.CachedInput),
+			CacheWrite: max(p.CacheWrite, pp.CacheWrite), Output: max(p.Output, pp.Output)}
+	}
+	return p, true
 }
 
 // Len is the number of models priced.
@@ -155,6 +200,29 @@ func Format(n int64, places int) string {
 		whole = "-" + whole
 	}
 	return whole
+}
+
+// MaxAmount is the largest amount of money ParseAmount reads: an amount
+// is counted in pico-units in an int64 (ratelimit's Money unit), which
+// holds 9.2 million units of the currency.
+const MaxAmount = 9_000_000
+
+// ParseAmount reads an amount of money written as a plain decimal ("500",
+// "12.50"): digits, at most one point, at most 6 decimal places, at most
+// MaxAmount. It returns pico-units.
+func ParseAmount(s string) (int64, error) {
+	whole, frac, _ := strings.Cut(s, ".")
+	if whole == "" && frac == "" || !digits(whole) || !digits(frac) || len(frac) > 6 || len(strings.TrimLeft(whole, "0")) > 7 {
+		return 0, fmt.Errorf("%q: %w (digits, a point, at most 6 decimal places)", s, ErrDecimal)
+	}
+	var n int64
+	for _, c := range whole + frac + strings.Repeat("0", 6-len(frac)) {
+		n = n*10 + int64(c-'0')
+	}
+	if n > MaxAmount*1_000_000 {
+		return 0, fmt.Errorf("%q: %w: above %d", s, ErrDecimal, MaxAmount)
+	}
+	return n * 1_000_000, nil
 }
 
 // FormatCost writes a cost in pico-units as a decimal of the currency.

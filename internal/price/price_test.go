@@ -104,3 +104,37 @@ func TestLookup(t *testing.T) {
 		t.Error("a nil table priced a model")
 	}
 }
+
+func TestWorst(t *testing.T) {
+	var tb Table
+	tb.Add("m", Price{Input: 3, CachedInput: 1, CacheWrite: 4, Output: 10}, map[string]Price{
+		"a": {Input: 5, CachedInput: 1, CacheWrite: 2, Output: 9},
+		"b": {Input: 1, CachedInput: 2, CacheWrite: 1, Output: 12},
+	})
+	p, ok := tb.Worst("m")
+	if want := (Price{Input: 5, CachedInput: 2, CacheWrite: 4, Output: 12}); !ok || p != want {
+		t.Errorf("Worst = %+v, %v; want %+v", p, ok, want)
+	}
+	if _, ok := tb.Worst("other"); ok {
+		t.Error("an unpriced model has a worst price")
+	}
+	if got := p.Worst(10, 3); got != 10*5+3*12 {
+		t.Errorf("Worst(10, 3) = %d, want %d", got, 10*5+3*12)
+	}
+	if got := (Price{Input: Max, Output: Max}).Worst(1<<48, 1<<48); got != math.MaxInt64 {
+		t.Errorf("an overflowing worst case = %d, want it saturated at MaxInt64", got)
+	}
+}
+
+func TestParseAmount(t *testing.T) {
+	for in, want := range map[string]int64{"500": 500e12, "12.50": 12_500_000_000_000, "0.000001": 1_000_000, ".5": 5e11, "9000000": 9e18} {
+		if got, err := ParseAmount(in); err != nil || got != want {
+			t.Errorf("ParseAmount(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", ".", "-1", "1e3", "0.0000001", "9000000.000001", "10000000", "1,5"} {
+		if got, err := ParseAmount(in); err == nil {
+			t.Errorf("ParseAmount(%q) = %d, want an error", in, got)
+		}
+	}
+}

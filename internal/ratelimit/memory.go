@@ -188,7 +188,7 @@ func (m *Memory) apply(adj []adjustment, nowMs int64) error {
 				continue
 			}
 			c = &memCounter{
-				key: counterKey{key: key, unit: a.unit, window: time.Duration(a.window) * time.Millisecond, start: a.end - a.window},
+				key: counterKey{key: key, unit: a.unit, window: a.window, start: a.start},
 				id:  a.counter,
 				end: a.end,
 			}

@@ -10,10 +10,13 @@
 //
 // Windows are fixed and aligned to multiples of Limit.Window since the Unix
 // epoch (a one-minute window starts at every whole minute, UTC), taken
-// from the limiter's Clock. Each limit has one counter per window,
+// from the limiter's Clock; a Window of Month is the calendar month, UTC
+// (from 00:00 on the 1st to 00:00 on the 1st of the next month), as a
+// month is no fixed duration. Each limit has one counter per window,
 // identified by the limit's Key, Unit and Window and the window's start:
 // <prefix>{<key>}:<unit>:<windowMs>:<windowStartUnixMs>, e.g.
-// ig:rl:{tenant=acme}:total_tokens:60000:1700006400000 (on a Redis
+// ig:rl:{tenant=acme}:total_tokens:60000:1700006400000 ("month" in place
+// of windowMs for a calendar month's counter; on a Redis
 // Cluster, one hash tag for all: ig:rl:{infergate}:tenant=acme:...).
 // Limits with the same Key, Unit and Window share a counter, which a
 // request charges once.
@@ -90,7 +93,26 @@ const (
 	InputTokens  Unit = "input_tokens"
 	OutputTokens Unit = "output_tokens"
 	TotalTokens  Unit = "total_tokens"
+	// Money counts the cost of requests in pico-units (10⁻¹²) of the
+	// prices' currency (internal/price): tokens × a price per million
+	// tokens in micro-units is exact in pico-units, so reserving and
+	// settling never round. An int64 counter holds 9.2 million units of
+	// the currency per window.
+	Money Unit = "money"
 )
+
+// Month, as a Limit's Window, is the calendar month, UTC. It is no
+// duration (a month lasts 28 to 31 days): only the limiters read it.
+const Month time.Duration = -1
+
+// WindowName is w as a policy writes it: "month" for Month, else its
+// duration ("1m0s").
+func WindowName(w time.Duration) string {
+	if w == Month {
+		return "month"
+	}
+	return w.String()
+}
 
 // Limit is one budget that applies to a request, as a policy states it.
 type Limit struct {
@@ -110,6 +132,7 @@ type Cost struct {
 	Requests     int64
 	InputTokens  int64
 	OutputTokens int64
+	Money        int64 // pico-units of the currency; see the Money unit
 }
 
 // Of returns the part of the cost a unit counts.
@@ -123,6 +146,8 @@ func (c Cost) Of(u Unit) int64 {
 		return c.OutputTokens
 	case TotalTokens:
 		return c.InputTokens + c.OutputTokens
+	case Money:
+		return c.Money
 	}
 	return 0
 }

@@ -91,6 +91,34 @@ func NewRedis(client redis.UniversalClient, clock Clock, opts RedisOptions) *Red
 	return &Redis{client: client, clock: clock, prefix: opts.Prefix, hashTag: opts.HashTag, grace: opts.Grace}
 }
 
+// luaExact is what the scripts compare counters with. Lua's numbers are
+// doubles, exact to 2⁵³ only, and a Money counter (pico-units) passes
+// that at about 9,007 units of its currency: so counters, costs and
+// amounts stay the decimal strings Redis and the client write, and are
+// compared exactly, as strings or split at 10⁹ into parts a double holds
+// exactly. Counters never go below zero, so every string is a
+// non-negative integer without leading zeros.
+const luaExact = `
+local function split(s)
+  local n = #s
+  if n <= 9 then return 0, tonumber(s) end
+  return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
+end
+local function exceeds(used, cost, amount)
+  local uh, ul = split(used)
+  local ch, cl = split(cost)
+  local ah, al = split(amount)
+  local lo = ul + cl
+  local hi = uh + ch + math.floor(lo / 1e9)
+  lo = lo % 1e9
+  return hi > ah or (hi == ah and lo > al)
+end
+local function less(a, b)
+  if #a ~= #b then return #a < #b end
+  return a < b
+end
+`
+
 // reserveScript admits a request against all limits or none.
 //
 //	KEYS[i]      counter of limit i
@@ -100,20 +128,21 @@ func NewRedis(client redis.UniversalClient, clock Clock, opts RedisOptions) *Red
 //
 // Returns {1, 0, used_1..used_n} (values after the charge) when admitted,
 // {0, i, used_1..used_n} (values as found) when limit i is the first
-// exceeded. A counter named twice (two limits on one key, unit and window)
-// is charged once. Counters are created even for a zero cost so that
-// Settle can later charge the actual usage to them.
-var reserveScript = redis.NewScript(`
+// exceeded; the values as decimal strings (exact past 2⁵³). A counter
+// named twice (two limits on one key, unit and window) is charged once.
+// Counters are created even for a zero cost so that Settle can later
+// charge the actual usage to them.
+var reserveScript = redis.NewScript(luaExact + `
 local n = #KEYS
 local res = {0, 0}
 local found = {}
 for i = 1, n do
   local v = redis.call('GET', KEYS[i])
   found[i] = v
-  res[i + 2] = tonumber(v or '0')
+  res[i + 2] = v or '0'
 end
 for i = 1, n do
-  if res[i + 2] + tonumber(ARGV[3 * i - 2]) > tonumber(ARGV[3 * i - 1]) then
+  if exceeds(res[i + 2], ARGV[3 * i - 2], ARGV[3 * i - 1]) then
     res[2] = i
     return res
   end
@@ -124,10 +153,11 @@ for i = 1, n do
   local k = KEYS[i]
   local v = after[k]
   if v == nil then
-    v = redis.call('INCRBY', k, ARGV[3 * i - 2])
+    redis.call('INCRBY', k, ARGV[3 * i - 2])
     if not found[i] then
       redis.call('PEXPIRE', k, ARGV[3 * i])
     end
+    v = redis.call('GET', k)
     after[k] = v
   end
   res[i + 2] = v
@@ -148,31 +178,33 @@ return res
 // it: restart, eviction); a carried charge must, or it would be dropped
 // whenever no request of the new window came first. All keys of one call
 // share the hash tag of the reservation's counters, hence one slot.
-var settleScript = redis.NewScript(`
+var settleScript = redis.NewScript(luaExact + `
 for i = 1, #KEYS do
   local k = KEYS[i]
-  local d = tonumber(ARGV[2 * i - 1])
+  local d = ARGV[2 * i - 1]
   local v = redis.call('GET', k)
   if v then
-    if tonumber(v) + d < 0 then
+    if string.sub(d, 1, 1) == '-' and less(v, string.sub(d, 2)) then
       redis.call('DECRBY', k, v)
     else
       redis.call('INCRBY', k, d)
     end
-  elseif tonumber(ARGV[2 * i]) > 0 and d > 0 then
+  elseif tonumber(ARGV[2 * i]) > 0 and string.sub(d, 1, 1) ~= '-' and d ~= '0' then
     redis.call('SET', k, d, 'PX', ARGV[2 * i])
   end
 end
 return 0
 `)
 
-// ttl is how long (ms) a counter of a window of windowMs ending at endMs
-// is kept when created at nowMs: until its window ends, plus the grace.
-func (r *Redis) ttl(endMs, nowMs, windowMs int64) int64 {
+// ttl is how long (ms) a counter of the window [startMs, endMs) is kept
+// when created at nowMs: until its window ends, plus the grace (by
+// default the window's length: a calendar month's counter outlives its
+// month by as long again).
+func (r *Redis) ttl(startMs, endMs, nowMs int64) int64 {
 	ttl := endMs - nowMs
 	switch {
 	case r.grace == 0:
-		ttl += windowMs
+		ttl += endMs - startMs
 	case r.grace > 0:
 		ttl += r.grace.Milliseconds()
 	}
@@ -198,7 +230,8 @@ func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result,
 		l := &limits[i]
 		args[3*i] = cost.Of(l.Unit)
 		args[3*i+1] = l.Amount
-		args[3*i+2] = r.ttl(ends[i], nowMs, l.Window.Milliseconds())
+		start, _ := window(nowMs, l.Window)
+		args[3*i+2] = r.ttl(start, ends[i], nowMs)
 	}
 	vals, err := reserveScript.Run(ctx, r.client, ids, args...).Int64Slice()
 	if err != nil {
@@ -267,7 +300,7 @@ func (r *Redis) apply(ctx context.Context, op string, adj []adjustment, nowMs in
 		args[2*i] = strconv.FormatInt(a.delta, 10)
 		args[2*i+1] = "0"
 		if a.carried {
-			args[2*i+1] = strconv.FormatInt(r.ttl(a.end, nowMs, a.window), 10)
+			args[2*i+1] = strconv.FormatInt(r.ttl(a.start, a.end, nowMs), 10)
 		}
 	}
 	if err := settleScript.Run(ctx, r.client, keys, args...).Err(); err != nil {

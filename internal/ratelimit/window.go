@@ -21,7 +21,7 @@ const DefaultCounterPrefix = "ig:rl:"
 
 // validate checks limits and cost before a backend charges anything.
 func validate(limits []Limit, cost Cost) error {
-	if cost.Requests < 0 || cost.InputTokens < 0 || cost.OutputTokens < 0 {
+	if cost.Requests < 0 || cost.InputTokens < 0 || cost.OutputTokens < 0 || cost.Money < 0 {
 		return fmt.Errorf("%w: negative cost %+v", ErrInvalid, cost)
 	}
 	if totalOverflows(cost) {
@@ -30,11 +30,11 @@ func validate(limits []Limit, cost Cost) error {
 	for i := range limits {
 		l := &limits[i]
 		switch l.Unit {
-		case Requests, InputTokens, OutputTokens, TotalTokens:
+		case Requests, InputTokens, OutputTokens, TotalTokens, Money:
 		default:
 			return fmt.Errorf("%w: limit %q: unknown unit %q", ErrInvalid, l.Name, l.Unit)
 		}
-		if l.Window < time.Millisecond || l.Window%time.Millisecond != 0 {
+		if l.Window != Month && (l.Window < time.Millisecond || l.Window%time.Millisecond != 0) {
 			return fmt.Errorf("%w: limit %q: window %s is not a positive whole number of milliseconds", ErrInvalid, l.Name, l.Window)
 		}
 		if l.Amount < 0 {
@@ -46,8 +46,14 @@ func validate(limits []Limit, cost Cost) error {
 
 // window returns the start and end (Unix ms) of the fixed window of length
 // w that holds nowMs. Windows are aligned to multiples of w since the Unix
-// epoch, so every replica with a synchronised clock picks the same one.
+// epoch, so every replica with a synchronised clock picks the same one;
+// Month's are the calendar months, UTC.
 func window(nowMs int64, w time.Duration) (start, end int64) {
+	if w == Month {
+		t := time.UnixMilli(nowMs).UTC()
+		first := time.Date(t.Year(), t.Month(), 1, 0, 0, 0, 0, time.UTC)
+		return first.UnixMilli(), first.AddDate(0, 1, 0).UnixMilli()
+	}
 	wm := w.Milliseconds()
 	start = nowMs - nowMs%wm
 	if nowMs < 0 && nowMs%wm != 0 { // before 1970: keep flooring
@@ -68,7 +74,8 @@ func untilMs(now time.Time, endMs int64) time.Duration {
 //
 // The window length is part of the id because two limits on the same key
 // and unit with different windows (a minute and an hour) can start at the
-// same instant and must not share a counter. The braces make the key a
+// same instant and must not share a counter; a calendar month's is
+// "month". The braces make the key a
 // Redis Cluster hash tag; with a non-empty hashTag the id is
 // <prefix>{<hashTag>}:<key>:<unit>:<windowMs>:<startMs> instead. Ids are
 // decodable from the right (the last three fields hold no ':'), so
@@ -88,9 +95,20 @@ func writeCounterID(b *strings.Builder, prefix, hashTag string, l *Limit, startM
 	b.WriteByte(':')
 	b.WriteString(string(l.Unit))
 	b.WriteByte(':')
-	b.Write(strconv.AppendInt(num[:0], l.Window.Milliseconds(), 10))
+	b.WriteString(windowField(l.Window))
 	b.WriteByte(':')
 	b.Write(strconv.AppendInt(num[:0], startMs, 10))
+}
+
+// monthField is a calendar month's window field in a counter id.
+const monthField = "month"
+
+// windowField is w's field in a counter id: its length in ms, or "month".
+func windowField(w time.Duration) string {
+	if w == Month {
+		return monthField
+	}
+	return strconv.FormatInt(w.Milliseconds(), 10)
 }
 
 // idLen bounds the length of a counter id.
@@ -172,12 +190,13 @@ type adjustment struct {
 	// carried marks the charge of an entry whose window had ended,
 	// carried into the counter of the same limit in the window in force
 	// (created if absent): unit, head (the id up to the unit, see
-	// parseCounterID), window (ms) and end (Unix ms) describe that counter.
-	carried bool
-	unit    Unit
-	head    string
-	window  int64
-	end     int64
+	// parseCounterID), window, start and end (Unix ms) describe that
+	// counter.
+	carried    bool
+	unit       Unit
+	head       string
+	window     time.Duration
+	start, end int64
 }
 
 // settlePlan is what settling r's entries with actual changes, at nowMs:
@@ -255,32 +274,42 @@ func releasePlan(entries []Entry, nowMs int64, buf []adjustment) []adjustment {
 // Redis Cluster slot as e's (and as every other counter of its
 // reservation, which Reserve required to share one).
 func carryOver(e *Entry, nowMs int64) (adjustment, error) {
-	head, unit, windowMs, startMs, ok := parseCounterID(e.Counter)
-	if !ok || unit != e.Unit || startMs+windowMs != e.ExpiresAt {
+	head, unit, w, startMs, ok := parseCounterID(e.Counter)
+	if ok {
+		_, endMs := window(startMs, w)
+		ok = unit == e.Unit && endMs == e.ExpiresAt
+	}
+	if !ok {
 		return adjustment{}, fmt.Errorf("%w: reservation entry %q (%s, ends %d) is not a counter of this package", ErrInvalid, e.Counter, e.Unit, e.ExpiresAt)
 	}
-	start, end := window(nowMs, time.Duration(windowMs)*time.Millisecond)
+	start, end := window(nowMs, w)
 	id := e.Counter[:strings.LastIndexByte(e.Counter, ':')+1] + strconv.FormatInt(start, 10)
-	return adjustment{counter: id, carried: true, unit: unit, head: head, window: windowMs, end: end}, nil
+	return adjustment{counter: id, carried: true, unit: unit, head: head, window: w, start: start, end: end}, nil
 }
 
 // parseCounterID splits an id writeCounterID wrote into its head (prefix,
 // hash tag and key: everything before ":<unit>:<windowMs>:<startMs>"), unit,
-// window length and window start. It reads from the right, as the last
-// three fields hold no ':'.
-func parseCounterID(id string) (head string, unit Unit, windowMs, startMs int64, ok bool) {
+// window and window start. It reads from the right, as the last three
+// fields hold no ':'.
+func parseCounterID(id string) (head string, unit Unit, w time.Duration, startMs int64, ok bool) {
 	rest, startS, ok1 := cutLast(id)
 	rest, windowS, ok2 := cutLast(rest)
 	head, unitS, ok3 := cutLast(rest)
 	if !ok1 || !ok2 || !ok3 {
 		return "", "", 0, 0, false
 	}
-	w, err1 := strconv.ParseInt(windowS, 10, 64)
-	s, err2 := strconv.ParseInt(startS, 10, 64)
-	if err1 != nil || err2 != nil || w <= 0 || strconv.FormatInt(s, 10) != startS {
+	s, err := strconv.ParseInt(startS, 10, 64)
+	if err != nil || strconv.FormatInt(s, 10) != startS {
 		return "", "", 0, 0, false
 	}
-	return head, Unit(unitS), w, s, true
+	if windowS == monthField {
+		return head, Unit(unitS), Month, s, true
+	}
+	wm, err := strconv.ParseInt(windowS, 10, 64)
+	if err != nil || wm <= 0 || wm > math.MaxInt64/int64(time.Millisecond) {
+		return "", "", 0, 0, false
+	}
+	return head, Unit(unitS), time.Duration(wm) * time.Millisecond, s, true
 }
 
 // cutLast splits s around its last ':'.
@@ -295,7 +324,7 @@ func cutLast(s string) (before, after string, ok bool) {
 // checkActual rejects an actual cost no counter can be settled with:
 // negative, or whose total tokens overflow (it would read as a refund).
 func checkActual(actual Cost) error {
-	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 {
+	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 || actual.Money < 0 {
 		return fmt.Errorf("%w: negative actual cost %+v", ErrInvalid, actual)
 	}
 	if totalOverflows(actual) {

@@ -103,11 +103,13 @@ type Settlement struct {
 	InputReported bool
 	// Events is the content events the meter counted in a stream.
 	Events int
-	// Who and what, for the spend ledger (the stamp's, range-checked):
-	// the key id or JWT subject, the model the client asked for, the pool
-	// that answered, and the parts of PromptTokens the pool's usage says
-	// were read from and written to its prompt cache.
-	Principal, Model, Pool         string
+	// Who and what, as the stamp names them (range-checked): the key id or
+	// JWT subject, for the spend ledger; the model the client asked for and
+	// the pool that answered, whose price the cost is settled at.
+	Principal, Model, Pool string
+	// CachedTokens and CacheWriteTokens are the parts of the pool's
+	// PromptTokens read from and written to its prompt cache (0 without
+	// UsageRead), priced as such.
 	CachedTokens, CacheWriteTokens int
 }
 

@@ -68,4 +68,5 @@ const AggregatePrefix = "infergate-fallback/"
 var RateLimitHeaders = [...]string{
 	"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests", "x-ratelimit-reset-requests",
 	"x-ratelimit-limit-tokens", "x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens",
+	"x-ratelimit-limit-money", "x-ratelimit-remaining-money", "x-ratelimit-reset-money",
 }

@@ -148,3 +148,35 @@ test_search_tier_limits if {
 		},
 	} with input as inp
 }
+
+# Budgets in money: the tenant's per day and month, its team's per month,
+# and a key's own monthly budget, in pico-units.
+
+money_limits(inp) := {l | some l in ratelimit.limits with input as inp; l.unit == "money"}
+
+test_tenant_and_team_money_budgets if {
+	inp := object.union(chat("soylent", "llama-3.1-8b-instruct"), {"labels": {"team": "search"}})
+	money_limits(inp) == {
+		{"name": "tenant-money-per-day", "key": "tenant=soylent", "unit": "money", "amount": 200000000000000, "window": "24h"},
+		{"name": "tenant-money-per-month", "key": "tenant=soylent", "unit": "money", "amount": 5000000000000000, "window": "month"},
+		{"name": "team-money-per-month", "key": "tenant=soylent/team=search", "unit": "money", "amount": 500000000000000, "window": "month"},
+	}
+}
+
+test_no_team_budget_for_other_teams if {
+	inp := object.union(chat("soylent", "llama-3.1-8b-instruct"), {"labels": {"team": "ads"}})
+	{l.name | some l in money_limits(inp)} == {"tenant-money-per-day", "tenant-money-per-month"}
+}
+
+test_key_budget_month if {
+	inp := object.union(chat("acme", "m"), {"principal": {"budget_month": 500000000000000}})
+	money_limits(inp) == {{
+		"name": "key-money-per-month", "key": "tenant=acme/principal=key-1",
+		"unit": "money", "amount": 500000000000000, "window": "month",
+	}}
+}
+
+test_no_money_limits_without_budgets if {
+	count(money_limits(chat("acme", "m"))) == 0
+	count(money_limits(object.union(chat("acme", "m"), {"principal": {"budget_month": 0}}))) == 0
+}
