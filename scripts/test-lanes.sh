@@ -62,17 +62,17 @@ trap - INT TERM
 
 failed=0
 echo
-printf '%-8s %-14s %8s  %s\n' lane step seconds result
+printf '%-8s %-16s %8s  %s\n' lane step seconds result
 for name in "${names[@]}"; do
 	lane_s=0
 	while IFS=$'\t' read -r target secs rc _; do
-		printf '%-8s %-14s %8s  %s\n' "$name" "$target" "$secs" "$([ "$rc" = 0 ] && echo pass || echo "FAIL (exit $rc)")"
+		printf '%-8s %-16s %8s  %s\n' "$name" "$target" "$secs" "$([ "$rc" = 0 ] && echo pass || echo "FAIL (exit $rc)")"
 		lane_s=$((lane_s + secs))
 		[ "$rc" = 0 ] || failed=1
 	done <"$logs/$name.steps"
-	printf '%-8s %-14s %8s\n' "$name" "(lane)" "$lane_s"
+	printf '%-8s %-16s %8s\n' "$name" "(lane)" "$lane_s"
 done
-printf '%-8s %-14s %8s  %s\n' all "(wall)" "$((SECONDS - started))" "$([ $failed = 0 ] && echo pass || echo FAIL)"
+printf '%-8s %-16s %8s  %s\n' all "(wall)" "$((SECONDS - started))" "$([ $failed = 0 ] && echo pass || echo FAIL)"
 
 for name in "${names[@]}"; do
 	from=1
