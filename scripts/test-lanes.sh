@@ -87,7 +87,9 @@ for name in "${names[@]}"; do
 	while IFS=$'\t' read -r target secs rc to; do
 		if [ "$rc" != 0 ]; then
 			echo
-			echo "--- $logs/$name.log: make $target failed; its last $tail_lines lines:"
+			echo "--- $logs/$name.log: make $target failed; what failed, then its last $tail_lines lines:"
+			sed -n "${from},${to}p" "$logs/$name.log" | grep -E -e '^\s*--- FAIL' -e '^FAIL' -e '^panic:'
+			echo "..."
 			sed -n "${from},${to}p" "$logs/$name.log" | tail -n "$tail_lines"
 		fi
 		from=$((to + 1))
