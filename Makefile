@@ -120,13 +120,29 @@ deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Nod
 # a kube-apiserver, a soak's clock), so they overlap instead of queueing.
 # Each lane's log is bin/test-logs/<lane>.log; a table of every step's
 # seconds and result ends the run, with the tail of each failing step's log.
-# vet, unit and the chart tests only compile and run in virtual time: they
-# run niced, so the lanes whose real processes run on real timeouts (e2e,
-# chaos, kube) keep the cores they need.
-TEST_LANES := unit=nice:vet,nice:unit,nice:chart-test,kube-test e2e=e2e chaos=chaos-soak
+# What only compiles, or runs in virtual time, runs niced: vet, unit, the
+# chart tests, and each Envoy-backed tier's build (the *-build targets) before
+# the tier runs. The real processes that follow, on real timeouts (a gate's
+# message timeout, a Redis call's), keep the cores whatever the other lanes do.
+TEST_LANES := unit=nice:vet,nice:unit,nice:chart-test,nice:kube-build,kube-test \
+              e2e=nice:e2e-build,e2e chaos=nice:chaos-build,chaos-soak
 .PHONY: test
 test: deps ## Run every test in three lanes side by side: vet, unit, charts, kube | e2e (+ the overhead smoke) | chaos and a 3-minute soak; logs in bin/test-logs/
-	@MAKE='$(MAKE)' GOTESTFLAGS='$(or $(GOTESTFLAGS),-v)' scripts/test-lanes.sh $(TEST_LANES)
+	@# No $$(MAKE) on this line: make -n would run it (and the lanes).
+	@GOTESTFLAGS='$(or $(GOTESTFLAGS),-v)' scripts/test-lanes.sh $(TEST_LANES)
+
+# The tiers' builds alone (test binaries discarded, the build cache kept),
+# for make test's lanes to compile niced; the tiers then only link and run.
+.PHONY: e2e-build chaos-build kube-build
+e2e-build:
+	$(GO) -C test test -race -c -o /dev/null ./e2e/
+	$(GO) -C bench test -race -c -o /dev/null ./overhead/
+chaos-build:
+	$(GO) -C test test -c -o /dev/null ./chaos/
+	$(GO) build -o /dev/null ./cmd/infergate
+	$(GO) -C bench build -o /dev/null ./cmd/infergate-bench
+kube-build:
+	cd test/kube && $(GO) test -c -o /dev/null -ldflags '$(KUBE_LDFLAGS)' .
 
 .PHONY: vet
 vet: ## go vet in every module (make test runs it; go test runs only a subset of vet's checks)
