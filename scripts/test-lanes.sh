@@ -25,6 +25,9 @@ logs=${TEST_LOGS:-bin/test-logs}
 tail_lines=${TEST_LOG_TAIL:-120}
 [ $# -gt 0 ] || { echo "usage: $0 NAME=STEP[,STEP...] ..." >&2; exit 2; }
 mkdir -p "$logs"
+# One run at a time per log directory: a second would truncate this one's logs.
+exec 9>"$logs/.lock"
+flock -n 9 || { echo "$0: another run is writing $logs (TEST_LOGS to use another directory)" >&2; exit 2; }
 
 # Each lane is a background job in a process group of its own (set -m), so an
 # interrupt or a CI timeout stops every lane and what it started.
@@ -37,8 +40,8 @@ stop() {
 }
 trap stop INT TERM
 
-lane() { # name targets...
-	local name=$1 target start rc
+lane() { # name targets...; fails if any step failed
+	local name=$1 target start rc failed=0
 	shift
 	: >"$logs/$name.log"
 	: >"$logs/$name.steps"
@@ -47,15 +50,17 @@ lane() { # name targets...
 		echo "[$name] make $target: started $(date -u +%T)"
 		echo "=== make $target (started $(date -u +%T))" >>"$logs/$name.log"
 		case $target in
-		nice:*) nice -n 10 "$make" --no-print-directory "${target#nice:}" >>"$logs/$name.log" 2>&1 ;;
-		*) "$make" --no-print-directory "$target" >>"$logs/$name.log" 2>&1 ;;
+		nice:*) nice -n 10 "$make" --no-print-directory "${target#nice:}" >>"$logs/$name.log" 2>&1 9>&- ;;
+		*) "$make" --no-print-directory "$target" >>"$logs/$name.log" 2>&1 9>&- ;;
 		esac
 		rc=$?
 		echo "=== make $target: exit $rc after $((SECONDS - start)) s" >>"$logs/$name.log"
 		# The step's line range in the log, for the failure's tail.
 		printf '%s\t%s\t%s\t%s\n' "$target" "$((SECONDS - start))" "$rc" "$(wc -l <"$logs/$name.log")" >>"$logs/$name.steps"
 		echo "[$name] make $target: $([ "$rc" = 0 ] && echo ok || echo "FAILED (exit $rc)") after $((SECONDS - start)) s"
+		[ "$rc" = 0 ] || failed=1
 	done
+	return $failed
 }
 
 started=$SECONDS
@@ -65,10 +70,10 @@ for spec in "$@"; do
 	lane "$name" "${targets[@]}" &
 	pids+=("$!") names+=("$name")
 done
-wait
+failed=0
+for p in "${pids[@]}"; do wait "$p" || failed=1; done
 trap - INT TERM
 
-failed=0
 echo
 printf '%-8s %-16s %8s  %s\n' lane step seconds result
 for name in "${names[@]}"; do
