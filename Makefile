@@ -114,16 +114,39 @@ release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI
 deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs)
 	@scripts/install-test-deps.sh >/dev/null
 
-# The tiers: make unit, e2e, chaos and kube each run one part of make test;
-# make test runs them all, one after another (real processes share the cores).
+# The tiers: make unit, e2e, chaos and kube each run one part of make test.
+# make test runs them in three lanes side by side (scripts/test-lanes.sh):
+# the tiers spend much of their time waiting on real processes (Envoy, Redis,
+# a kube-apiserver, a soak's clock), so they overlap instead of queueing.
+# Each lane's log is bin/test-logs/<lane>.log; a table of every step's
+# seconds and result ends the run, with the tail of each failing step's log.
+# What only compiles, or runs in virtual time, runs niced: vet, unit, the
+# chart tests, and each Envoy-backed tier's build (the *-build targets) before
+# the tier runs. The real processes that follow, on real timeouts (a gate's
+# message timeout, a Redis call's), keep the cores whatever the other lanes do.
+TEST_LANES := unit=nice:vet,nice:unit,nice:chart-test,nice:kube-build,kube-test \
+              e2e=nice:e2e-build,e2e chaos=nice:chaos-build,chaos-soak
 .PHONY: test
-test: deps ## Run every test, tier after tier: make unit, make e2e, the chaos package (with a 3-minute soak), the chart tests, make kube
-	$(MAKE) unit
-	$(MAKE) e2e
-	@# Faults under load, and the ledger after each (make chaos prints the table).
-	$(GO) -C test test -count=1 -timeout 20m ./chaos/
-	$(MAKE) chart-test
-	$(MAKE) kube-test
+test: deps ## Run every test in three lanes side by side: vet, unit, charts, kube | e2e (+ the overhead smoke) | chaos and a 3-minute soak; logs in bin/test-logs/
+	@# No $$(MAKE) on this line: make -n would run it (and the lanes).
+	@GOTESTFLAGS='$(or $(GOTESTFLAGS),-v)' scripts/test-lanes.sh $(TEST_LANES)
+
+# The tiers' builds alone (test binaries discarded, the build cache kept),
+# for make test's lanes to compile niced; the tiers then only link and run.
+.PHONY: e2e-build chaos-build kube-build
+e2e-build:
+	$(GO) -C test test -race -c -o /dev/null ./e2e/
+	$(GO) -C bench test -race -c -o /dev/null ./overhead/
+chaos-build:
+	$(GO) -C test test -c -o /dev/null ./chaos/
+	$(GO) build -o /dev/null ./cmd/infergate
+	$(GO) -C bench build -o /dev/null ./cmd/infergate-bench
+kube-build:
+	cd test/kube && $(GO) test -c -o /dev/null -ldflags '$(KUBE_LDFLAGS)' .
+
+.PHONY: vet
+vet: ## go vet in every module (make test runs it; go test runs only a subset of vet's checks)
+	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; $(GO) -C $$m vet ./...; done
 
 # The Go modules make unit, make lint and make check cover: the product, the
 # lab, the test suites and the developer tools (test/charts and test/kube have
@@ -132,14 +155,23 @@ MODULES := . bench test tools
 # The Envoy-backed suites, which make e2e and make chaos run.
 SUITES  := /test/e2e /test/chaos /bench/overhead /tools/release/image
 
+# The race detector runs where concurrency lives: a package whose code or
+# tests start a goroutine, serve HTTP, run a process, or use sync, atomic or
+# synctest. The rest (parsers, config, docs) run without it: there it finds
+# nothing and makes the tests several times slower. UNIT_P packages at a
+# time: many unit tests wait on a redis-server or Chromium, not on a core.
+RACY   := '^\s*go [a-zA-Z(]|sync\.|atomic\.|httptest\.|t\.Parallel\(|synctest\.|exec\.Command'
+UNIT_P ?= 4
 .PHONY: unit
-unit: ## Rego (opa test), go vet, unit and layout tests and the fuzz seed corpora in every module, race detector on: no Envoy-backed suite
-	@set -e; for m in $(MODULES); do echo "go vet ($$m)"; $(GO) -C $$m vet ./...; done
+unit: ## Rego (opa test), unit and layout tests and the fuzz seed corpora in every module (race detector where goroutines live): no Envoy-backed suite; make vet for go vet
 	$(GO) -C tools tool opa test $(CURDIR)/policies/
 	@# test/layout fails on an import that points the wrong way (docs/architecture.md).
 	@set -e; for m in $(MODULES); do \
-	  pkgs=$$($(GO) -C $$m list ./... | grep -v $(foreach s,$(SUITES),-e $(s)$$) || true); \
-	  if [ -n "$$pkgs" ]; then echo "go test ($$m)"; $(GO) -C $$m test -race -count=1 $$pkgs; fi; done
+	  race=; plain=; \
+	  for p in $$($(GO) -C $$m list -f '{{.ImportPath}}={{.Dir}}' ./... | grep -v $(foreach s,$(SUITES),-e '$(s)=')); do \
+	    if grep -qE $(RACY) $${p#*=}/*.go; then race="$$race $${p%%=*}"; else plain="$$plain $${p%%=*}"; fi; done; \
+	  if [ -n "$$race" ]; then echo "go test -race ($$m)"; $(GO) -C $$m test -race -count=1 -p $(UNIT_P) $$race; fi; \
+	  if [ -n "$$plain" ]; then echo "go test ($$m)"; $(GO) -C $$m test -count=1 -p $(UNIT_P) $$plain; fi; done
 
 # Each parallel e2e test runs its own Envoy, infergate, pools and clients:
 # two at a time keeps two cores busy without starving any of them.
@@ -174,6 +206,10 @@ kube-test: deps ## The chart, the weight sinks, Envoy Gateway (Kubernetes mode) 
 	@# Its own Go module (test/kube/go.mod): kube-apiserver and etcd built from the
 	@# module proxy, in-process. The version stamp is what the chart's kubeVersion checks.
 	cd test/kube && $(GO) test -count=1 -timeout 40m -ldflags '$(KUBE_LDFLAGS)' ./...
+
+.PHONY: chaos-soak
+chaos-soak: deps ## The chaos package as make test runs it: the faults (make chaos) and a 3-minute soak
+	$(GO) -C test test -count=1 -timeout 20m -v ./chaos/
 
 .PHONY: chaos
 chaos: deps ## Kill, freeze and restart infergate, Envoy, Redis, the controller and a pool under load; check every byte and the ledger; print the table

@@ -341,11 +341,22 @@ func (r *rig) restartEnvoy() {
 	old := r.envoy
 	r.envoy = envoytest.Start(r.t, r.envoyConfig, envoyDrain...)
 	post(r.t, old.AdminURL+"/drain_listeners?graceful")
-	// Wait until the old one holds no connection: HTTP/1.1 clients were
-	// told to close, HTTP/2 ones sent a GOAWAY (bounded: a stream is under
-	// a second long).
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) && gauge(old.AdminURL, "http.llm.downstream_cx_active") != 0 {
+	// Wait until the old one holds no connection (HTTP/1.1 clients were
+	// told to close, HTTP/2 ones sent a GOAWAY) and no gate or meter stream:
+	// a meter stream ends, its settlement sent, up to the meter's
+	// deferred_close_timeout (5 s) after its request. Killed earlier, the
+	// old Envoy would take settlements with it that a rolling restart
+	// keeps. The deadline only tells a hang from a slow drain.
+	drained := func() bool {
+		return gauge(old.AdminURL, "http.llm.downstream_cx_active") == 0 &&
+			gauge(old.AdminURL, "cluster.infergate.upstream_rq_active") == 0
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !drained() {
+		if time.Now().After(deadline) {
+			r.t.Errorf("the old Envoy still holds connections or gate and meter streams a minute into its drain")
+			break
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	old.Kill()

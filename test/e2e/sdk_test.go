@@ -251,7 +251,7 @@ func TestSDKsDriveEveryAPI(t *testing.T) {
 			switch {
 			case c.stream:
 				if st.TTFTms <= 0 || st.ContentEvents != st.CompletionTokens || st.ITLP50ms <= 0 {
-					t.Errorf("stream stamp: TTFT %.3fms, %d content events for %d tokens, ITL p50 %.3fms", st.TTFTms, st.ContentEvents, st.CompletionTokens, st.ITLP50ms)
+					t.Errorf("stream stamp: TTFT %.3fms, %d content events for %d tokens, ITL p50 %.3fms, timing %s", st.TTFTms, st.ContentEvents, st.CompletionTokens, st.ITLP50ms, st.Timing)
 				}
 			case c.api == "embeddings" || c.api == "count_tokens":
 				if st.TTFTms != 0 || st.ContentEvents != 0 || st.E2Ems <= 0 {

@@ -67,7 +67,11 @@ func start(t testing.TB, durable bool) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{t: t, bin: bin, dir: t.TempDir(), log: &testutil.Buffer{}, durable: durable}
+	dir := t.TempDir()
+	if durable {
+		dir = memDir(t)
+	}
+	s := &Server{t: t, bin: bin, dir: dir, log: &testutil.Buffer{}, durable: durable}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
@@ -89,6 +93,21 @@ func start(t testing.TB, durable bool) *Server {
 	}
 	t.Fatalf("redisserver: %v", lastErr)
 	return nil
+}
+
+// memDir is a temp dir in memory (/dev/shm) where there is one, else on
+// disk. A durable server's append-only file must survive the server's
+// kill, which a file in memory does; on a disk other processes write to
+// (builds, links), fsync waits behind their data, for hundreds of
+// milliseconds, past the timeouts of the clients under test.
+func memDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev/shm", "redisserver-")
+	if err != nil {
+		return t.TempDir()
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }
 
 // Addr is the server's host:port.
