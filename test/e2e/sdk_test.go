@@ -250,7 +250,10 @@ func TestSDKsDriveEveryAPI(t *testing.T) {
 			}
 			switch {
 			case c.stream:
-				if st.TTFTms <= 0 || st.ContentEvents != st.CompletionTokens || st.ITLP50ms <= 0 {
+				// ITL may be 0: a starved Envoy can pass several events in
+				// one chunk, which the meter then sees together (its timing
+				// is proven by the lock-step and stamp-clock tests).
+				if st.TTFTms <= 0 || st.ContentEvents != st.CompletionTokens || st.ITLP50ms < 0 {
 					t.Errorf("stream stamp: TTFT %.3fms, %d content events for %d tokens, ITL p50 %.3fms, timing %s", st.TTFTms, st.ContentEvents, st.CompletionTokens, st.ITLP50ms, st.Timing)
 				}
 			case c.api == "embeddings" || c.api == "count_tokens":
