@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -188,12 +189,15 @@ var (
 // Cluster (mode cluster), which every user takes as a
 // redis.UniversalClient.
 func redisClient(r config.Redis) (redis.UniversalClient, error) {
-	return redisClientReloading(r, clusterStateReload)
+	return redisClientWith(r, clusterStateReload, nil)
 }
 
-// redisClientReloading is redisClient with a cluster client's periodic
-// slot-map reload every reload.
-func redisClientReloading(r config.Redis, reload time.Duration) (redis.UniversalClient, error) {
+// redisDialer opens a connection to a Redis node.
+type redisDialer func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// redisClientWith is redisClient with a cluster client's periodic slot-map
+// reload every reload, and dial (nil: go-redis' own) for connections.
+func redisClientWith(r config.Redis, reload time.Duration, dial redisDialer) (redis.UniversalClient, error) {
 	var password string
 	if r.PasswordFile != "" {
 		b, err := os.ReadFile(r.PasswordFile)
@@ -212,8 +216,10 @@ func redisClientReloading(r config.Redis, reload time.Duration) (redis.Universal
 			// A backstop: failovers are followed as their errors show up
 			// (followFailovers) or as nodes answer MOVED.
 			ClusterStateReloadInterval: reload,
+			Dialer:                     dial,
 		})
 		followFailovers(c)
+		sendScriptsOnce(c)
 		return c, nil
 	}
 	// No retries: a budget script Redis ran but whose answer was lost (EOF,
@@ -221,7 +227,7 @@ func redisClientReloading(r config.Redis, reload time.Duration) (redis.Universal
 	// refunds twice. A failed call errs on the accounting rule's side (the
 	// reservation stays); dials are still retried, as nothing was sent.
 	return redis.NewClient(&redis.Options{Addr: r.Address, Username: r.Username, Password: password, DB: r.DB,
-		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: -1, DialerRetries: 2}), nil
+		DialTimeout: r.Timeout, ReadTimeout: r.Timeout, WriteTimeout: r.Timeout, MaxRetries: -1, DialerRetries: 2, Dialer: dial}), nil
 }
 
 // clusterStateReload is how stale a cluster client's slot map may get
@@ -277,6 +283,90 @@ func (h reloadOnFailure) check(err error) {
 		}
 	}
 	h.reload()
+}
+
+// sendScriptsOnce keeps c from sending a script (the budget and spend
+// scripts add to counters) to a node again once a node may have run it:
+// the cluster client retries a command after an EOF or a read timeout, on
+// the same node or the slot's next one, and a settlement run twice refunds
+// twice. Node clients of a cluster do not retry on their own (go-redis'
+// default for them); this stops the cluster client's loop. An answer of
+// Redis (MOVED, ASK, NOSCRIPT, TRYAGAIN) or a failed dial means the
+// script did not run, so those are still followed.
+func sendScriptsOnce(c *redis.ClusterClient) {
+	c.AddHook(scriptAttempts{})
+	c.OnNewNode(func(node *redis.Client) { node.AddHook(scriptSentOnce{}) })
+}
+
+// scriptAttempts gives each script sent through the cluster client a
+// record, in its context, of whether a node may have run it.
+type scriptAttempts struct{}
+
+type mayHaveRunKey struct{}
+
+func (scriptAttempts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (scriptAttempts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (scriptAttempts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !isScript(cmd) {
+			return next(ctx, cmd)
+		}
+		return next(context.WithValue(ctx, mayHaveRunKey{}, new(atomic.Bool)), cmd)
+	}
+}
+
+// scriptSentOnce, on every node client, refuses to send a script whose
+// earlier attempt may have run.
+type scriptSentOnce struct{}
+
+// errAnswerLost is a script's error once a node may have run it and its
+// answer was lost: the caller cannot know, and must not resend it.
+var errAnswerLost = errors.New("redis: a script's answer was lost and it may have run; not sent again")
+
+func (scriptSentOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (scriptSentOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (scriptSentOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		ran, ok := ctx.Value(mayHaveRunKey{}).(*atomic.Bool)
+		if !ok {
+			return next(ctx, cmd)
+		}
+		if ran.Load() {
+			cmd.SetErr(errAnswerLost)
+			return errAnswerLost
+		}
+		err := next(ctx, cmd)
+		if mayHaveRun(err) {
+			ran.Store(true)
+		}
+		return err
+	}
+}
+
+func isScript(cmd redis.Cmder) bool {
+	switch cmd.Name() {
+	case "eval", "evalsha", "fcall":
+		return true
+	}
+	return false
+}
+
+// mayHaveRun tells whether a command that failed with err may have run:
+// anything but an answer of Redis or a connection that was never made.
+func mayHaveRun(err error) bool {
+	if err == nil {
+		return false
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return false
+	}
+	var op *net.OpError
+	return !errors.As(err, &op) || op.Op != "dial"
 }
 
 // newSeals is the keyring sealing reservations and gate fields, and the

@@ -1,10 +1,10 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,15 +18,29 @@ import (
 
 // A budget script Redis ran but whose answer was lost (a connection cut,
 // a reply past the timeout) must not be sent again: the scripts add to
-// counters, so a client-side retry applies a settlement twice, and a
-// second refund under-charges the tenant. go-redis retries such a command
-// by default (on EOF and on a read timeout), so the shared client is
-// built with no retries; a settlement that failed this way keeps its
-// reservation, which is the accounting rule's side to err on.
+// counters, so a resent settlement refunds twice and under-charges the
+// tenant. go-redis resends such a command by default (on EOF and on a read
+// timeout; a cluster client on the same node or the slot's next), so the
+// shared client is built not to. A settlement that failed this way keeps
+// its reservation, the accounting rule's side to err on.
 func TestBudgetScriptsAreNeverResent(t *testing.T) {
-	srv := redisserver.Start(t)
-	proxy := newReplyCutter(t, srv.Addr())
-	c, err := redisClient(config.Redis{Mode: "standalone", Address: proxy.addr, Timeout: 2 * time.Second})
+	t.Run("standalone", func(t *testing.T) {
+		srv := redisserver.Start(t)
+		direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+		defer direct.Close()
+		settleOnceWithItsAnswerLost(t, config.Redis{Mode: "standalone", Address: srv.Addr(), Timeout: 2 * time.Second}, direct)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel() // waits on its own Redis processes
+		c := redisserver.StartCluster(t, redisserver.ClusterOptions{})
+		settleOnceWithItsAnswerLost(t, config.Redis{Mode: "cluster", Addresses: c.Addrs(), Timeout: 2 * time.Second}, c.NewClient(t))
+	})
+}
+
+func settleOnceWithItsAnswerLost(t *testing.T, cfg config.Redis, direct redis.UniversalClient) {
+	t.Helper()
+	var cutter replyCutter
+	c, err := redisClientWith(cfg, time.Hour, cutter.dial)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,75 +61,55 @@ func TestBudgetScriptsAreNeverResent(t *testing.T) {
 		t.Fatalf("reserve: %+v %v", res, err)
 	}
 	// The settlement reaches Redis, which runs it; its answer is cut.
-	proxy.cutNextReply.Store(true)
-	_ = lim.Settle(ctx, res.Reservation, ratelimit.Cost{Requests: 1, InputTokens: 100, OutputTokens: 20})
-	if proxy.cut.Load() != 1 {
-		t.Fatalf("the proxy cut %d replies, want 1", proxy.cut.Load())
+	cutter.armed.Store(true)
+	err = lim.Settle(ctx, res.Reservation, ratelimit.Cost{Requests: 1, InputTokens: 100, OutputTokens: 20})
+	if cutter.cut.Load() != 1 || err == nil {
+		t.Fatalf("%d answers cut, settle error %v: want one answer cut and the settlement failed", cutter.cut.Load(), err)
 	}
 	// Refunded once: 200 reserved, 80 back, 120 used. Resent, it would
 	// read 40 (two refunds).
-	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	defer direct.Close()
 	got, err := direct.Get(ctx, res.Reservation.Entries[0].Counter).Int64()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got != 120 {
-		t.Errorf("the counter reads %d after one settlement whose reply was lost, want 120 (the script ran once)", got)
+		t.Errorf("the counter reads %d after one settlement whose answer was lost, want 120 (the script ran once)", got)
 	}
 }
 
-// replyCutter forwards Redis connections; armed, it lets the next command
-// reach Redis, reads Redis' answer and closes the client's connection
-// instead of passing the answer on.
+// replyCutter dials Redis; armed, it lets the next script reach Redis,
+// reads Redis' answer and closes the connection instead of passing the
+// answer on, once.
 type replyCutter struct {
-	addr         string
-	cutNextReply atomic.Bool
-	cut          atomic.Int64
+	armed atomic.Bool
+	cut   atomic.Int64
 }
 
-func newReplyCutter(t *testing.T, upstream string) *replyCutter {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func (r *replyCutter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	p := &replyCutter{addr: ln.Addr().String()}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("tcp", upstream)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			wg.Go(func() { io.Copy(server, client); server.Close() })
-			wg.Go(func() {
-				defer client.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := server.Read(buf)
-					if n > 0 && p.cutNextReply.CompareAndSwap(true, false) {
-						p.cut.Add(1)
-						server.Close()
-						return
-					}
-					if n > 0 {
-						if _, err := client.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-		}
-	})
-	return p
+	return &cuttingConn{Conn: conn, r: r}, nil
+}
+
+type cuttingConn struct {
+	net.Conn
+	r      *replyCutter
+	script atomic.Bool // the last command written was a script
+}
+
+func (c *cuttingConn) Write(b []byte) (int, error) {
+	c.script.Store(bytes.Contains(bytes.ToLower(b), []byte("evalsha")))
+	return c.Conn.Write(b)
+}
+
+func (c *cuttingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && c.script.Load() && c.r.armed.CompareAndSwap(true, false) {
+		c.r.cut.Add(1)
+		c.Conn.Close()
+		return 0, io.EOF
+	}
+	return n, err
 }

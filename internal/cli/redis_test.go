@@ -61,7 +61,7 @@ func TestRedisClusterFollowsFailover(t *testing.T) {
 	var rings []*seal.Keyring
 	var clients []redis.UniversalClient
 	for range 2 {
-		rdb, err := redisClientReloading(cfg, time.Hour)
+		rdb, err := redisClientWith(cfg, time.Hour, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
