@@ -60,7 +60,8 @@ func (l *Ledger) missed(requestID string, err error) {
 }
 
 // amountOf is what a charge adds to the ledger: its requests and tokens,
-// and their cost at the model's price on the pool that served it.
+// and their cost: what a money budget charged, else the tokens at the
+// model's price on the pool that served it.
 func amountOf(s *request.Settlement, c ratelimit.Cost, proved bool, prices *price.Table) Amount {
 	t := price.Tokens{Prompt: tokens(c.InputTokens), Completion: tokens(c.OutputTokens)}
 	if proved {
@@ -70,7 +71,12 @@ func amountOf(s *request.Settlement, c ratelimit.Cost, proved bool, prices *pric
 	if t.Prompt > 0 {
 		a.CachedTokens = int64(min(max(t.Cached, 0), t.Prompt))
 	}
-	if p, _, ok := prices.Lookup(s.Model, s.Pool); ok {
+	switch p, _, ok := prices.Lookup(s.Model, s.Pool); {
+	case c.Money > 0:
+		// A money budget charged it: its own amount (a kept reservation
+		// is the worst-case cost reserved, not a guess from its tokens).
+		a.Cost = c.Money
+	case ok:
 		a.Cost = p.Cost(t)
 	}
 	return a

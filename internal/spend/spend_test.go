@@ -102,7 +102,8 @@ func TestReportMonthBeyondTheWindow(t *testing.T) {
 }
 
 // A charge proved by the pool's usage prices its cached input as cached; a
-// reservation kept is all uncached input; the pool's price applies.
+// reservation kept is all uncached input; the pool's price applies; what a
+// money budget charged is the cost as it stands.
 func TestChargedPricesWhatTheLimiterCharged(t *testing.T) {
 	for name, c := range map[string]struct {
 		s      request.Settlement
@@ -123,6 +124,9 @@ func TestChargedPricesWhatTheLimiterCharged(t *testing.T) {
 		"no price: counted, at no cost": {s: request.Settlement{Model: "unpriced"}, proved: true,
 			cost: ratelimit.Cost{Requests: 1, InputTokens: 10, OutputTokens: 5},
 			want: Amount{Requests: 1, InputTokens: 10, OutputTokens: 5}},
+		"a money budget's own charge: the worst case it kept": {s: request.Settlement{Model: "m1"},
+			cost: ratelimit.Cost{Requests: 1, InputTokens: 1_000, OutputTokens: 500, Money: 7_777_777},
+			want: Amount{Requests: 1, InputTokens: 1_000, OutputTokens: 500, Cost: 7_777_777}},
 		"cached beyond the input is held to it": {s: request.Settlement{Model: "m1", CachedTokens: 50}, proved: true,
 			cost: ratelimit.Cost{Requests: 1, InputTokens: 10},
 			want: Amount{Requests: 1, InputTokens: 10, CachedTokens: 10, Cost: 10 * 100_000}},
