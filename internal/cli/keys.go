@@ -371,29 +371,13 @@ func when(t *time.Time) string {
 
 // fetchKeyStatus reads GET /debug/keys of one replica's admin port.
 func fetchKeyStatus(ctx context.Context, url, tokenFile string) ([]identity.KeyStatus, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/debug/keys", nil)
+	body, err := getAdmin(ctx, url+"/debug/keys", tokenFile, maxKeysStatus,
+		"the admin port serves it with admin.debug.enabled and auth.keys")
 	if err != nil {
-		return nil, err
-	}
-	if tokenFile != "" {
-		token, err := readToken(tokenFile)
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Authorization", "Bearer "+string(token))
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s/debug/keys: %s (the admin port serves it with admin.debug.enabled and auth.keys)", url, resp.Status)
+		return nil, fmt.Errorf("%s: %w", url, err)
 	}
 	var st []identity.KeyStatus
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxKeysStatus)).Decode(&st); err != nil {
+	if err := json.Unmarshal(body, &st); err != nil {
 		return nil, fmt.Errorf("%s/debug/keys: %w", url, err)
 	}
 	return st, nil

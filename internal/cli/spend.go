@@ -42,7 +42,8 @@ func runSpend(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return ErrUsage
 	}
 	q := url.Values{"format": {"json"}, "since": {*since}, "by": {byString(dims)}}
-	body, err := fetchSpend(ctx, strings.TrimRight(*admin, "/")+"/debug/spend?"+q.Encode(), *tokenFile)
+	body, err := getAdmin(ctx, strings.TrimRight(*admin, "/")+"/debug/spend?"+q.Encode(), *tokenFile, maxSpendReport,
+		"the admin port serves it with admin.debug.enabled")
 	if err != nil {
 		return err
 	}
@@ -65,8 +66,10 @@ func byString(by []spend.Dimension) string {
 	return strings.Join(s, ",")
 }
 
-// fetchSpend GETs url from an admin port, with the debug token if any.
-func fetchSpend(ctx context.Context, url, tokenFile string) ([]byte, error) {
+// getAdmin GETs url from an admin port, with the debug token if any:
+// the body, at most limit bytes, of a 200 answer. hint says what serves
+// the page, for the error when it is not served.
+func getAdmin(ctx context.Context, url, tokenFile string, limit int64, hint string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -85,15 +88,14 @@ func fetchSpend(ctx context.Context, url, tokenFile string) ([]byte, error) {
 		return nil, err
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxSpendReport+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 	switch {
 	case err != nil:
 		return nil, err
 	case resp.StatusCode != http.StatusOK:
-		return nil, fmt.Errorf("GET %s: %s: %s (the admin port serves it with admin.debug.enabled)", req.URL.Path, resp.Status,
-			bytes.TrimSpace(body[:min(len(body), 512)]))
-	case len(body) > maxSpendReport:
-		return nil, fmt.Errorf("GET %s: longer than %d bytes", req.URL.Path, maxSpendReport)
+		return nil, fmt.Errorf("GET %s: %s: %s (%s)", req.URL.Path, resp.Status, bytes.TrimSpace(body[:min(len(body), 512)]), hint)
+	case int64(len(body)) > limit:
+		return nil, fmt.Errorf("GET %s: longer than %d bytes", req.URL.Path, limit)
 	}
 	return body, nil
 }
