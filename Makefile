@@ -240,6 +240,17 @@ bench-overhead: build build-bench ## Gateway overhead the public board's way: di
 	  $(if $(OVERHEAD_ARGS),--json bin/overhead.json,--json docs/performance.json --doc docs/performance.md) \
 	  --command "make bench-overhead$(if $(OVERHEAD_ARGS), OVERHEAD_ARGS='$(OVERHEAD_ARGS)')" $(OVERHEAD_ARGS)
 
+# The picker's row of docs/performance.md: a benchmark in test/kube, where the
+# Endpoint Picker finds its pods through the real kube-apiserver. make kube-test
+# compiles it and never runs it (go test runs benchmarks only with -bench).
+.PHONY: bench-picker
+bench-picker: deps ## The gate's added latency with and without the Inference Extension's Endpoint Picker chained (real kube-apiserver; docs/performance.md)
+	@mkdir -p bin
+	cd test/kube && $(GO) test -c -o $(CURDIR)/bin/kube.test -ldflags '$(KUBE_LDFLAGS)' .
+	@# Measurements take turns on this machine: one at a time, under the shared lock.
+	cd test/kube && PICKER_DOC=$(CURDIR)/docs/performance.md flock /tmp/infergate-measure.lock $(CURDIR)/bin/kube.test \
+	  -test.run '^$$' -test.bench '^BenchmarkGateWithEndpointPicker$$' -test.benchtime 1x -test.timeout 30m -test.v
+
 # Two docs are generated; make unit fails while either is stale.
 .PHONY: docs
 docs: ## Regenerate docs/reference/configuration.md (from internal/config) and the chart README's values table (from values.yaml)

@@ -413,7 +413,7 @@ func (m *modelServer) gauges(t *testing.T) map[string]float64 {
 
 // startModelServers serves one mock per address, all on the same port (as
 // an InferencePool's targetPorts has them), stopped when the test ends.
-func startModelServers(t *testing.T, ips []string) []*modelServer {
+func startModelServers(t testing.TB, ips []string) []*modelServer {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		var lis []net.Listener
@@ -466,7 +466,7 @@ func sum(v []int64) int64 {
 // createReadyPod stores a Pod of the pool with the status a kubelet would
 // have given it: Running, Ready, at ip. Nothing runs it; the mock at ip is
 // the pod.
-func (c *cluster) createReadyPod(t *testing.T, name, ip string) {
+func (c *cluster) createReadyPod(t testing.TB, name, ip string) {
 	t.Helper()
 	pods := c.kube.CoreV1().Pods(poolNS)
 	pod, err := pods.Create(t.Context(), &corev1.Pod{
@@ -486,7 +486,7 @@ func (c *cluster) createReadyPod(t *testing.T, name, ip string) {
 }
 
 // endpointPickerBin is the pinned EPP scripts/install-test-deps.sh built.
-func endpointPickerBin(t *testing.T) string {
+func endpointPickerBin(t testing.TB) string {
 	t.Helper()
 	bin := os.Getenv("EPP_BIN")
 	if bin == "" {
@@ -501,7 +501,7 @@ func endpointPickerBin(t *testing.T) string {
 // startEndpointPicker runs the EPP for the InferencePool against the API
 // server, plaintext gRPC (as envoy/inference-pool.yaml expects), and returns
 // its ext_proc port.
-func startEndpointPicker(t *testing.T, c *cluster, bin string) int {
+func startEndpointPicker(t testing.TB, c *cluster, bin string) int {
 	t.Helper()
 	var grpcPort int
 	serveOnFreePorts(t, "epp", 3, 60*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
@@ -524,7 +524,7 @@ type gateProc struct {
 }
 
 // startGate starts infergate; policy, when set, is its authz.rego.
-func startGate(t *testing.T, policy string) *gateProc {
+func startGate(t testing.TB, policy string) *gateProc {
 	t.Helper()
 	dir := t.TempDir()
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }

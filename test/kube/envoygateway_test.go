@@ -462,12 +462,12 @@ type mockPool struct {
 var builtBins sync.Map // builtKey -> string
 
 type builtKey struct {
-	t   *testing.T
+	t   testing.TB
 	pkg string
 }
 
 // infergateBin is ./cmd/infergate built from this checkout.
-func infergateBin(t *testing.T) string {
+func infergateBin(t testing.TB) string {
 	return builtBin(t, repoRoot, "./cmd/infergate", "infergate")
 }
 
@@ -477,7 +477,7 @@ func benchBin(t *testing.T) string {
 	return builtBin(t, filepath.Join(repoRoot, "bench"), "./cmd/infergate-bench", "infergate-bench")
 }
 
-func builtBin(t *testing.T, dir, pkg, name string) string {
+func builtBin(t testing.TB, dir, pkg, name string) string {
 	t.Helper()
 	key := builtKey{t, pkg}
 	if bin, ok := builtBins.Load(key); ok {
@@ -651,7 +651,7 @@ func (p *infergateProc) stamp(t *testing.T, what string, match func(logLine) boo
 // startProc runs cmd as a child process, stopped (interrupt, then kill)
 // when the test ends, its output shown if the test failed; stdout, if not
 // nil, gets its standard output.
-func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer) *testutil.Proc {
+func startProc(t testing.TB, name string, cmd *exec.Cmd, stdout *testutil.Buffer) *testutil.Proc {
 	t.Helper()
 	if stdout != nil {
 		cmd.Stdout = stdout
@@ -669,7 +669,7 @@ func startProc(t *testing.T, name string, cmd *exec.Cmd, stdout *testutil.Buffer
 // again on new ones if another socket took one before the server bound it:
 // a port is only free until someone binds it, and on a busy machine an
 // outgoing connection's source port may be the one chosen.
-func serveOnFreePorts(t *testing.T, name string, n int, timeout time.Duration, stdout *testutil.Buffer,
+func serveOnFreePorts(t testing.TB, name string, n int, timeout time.Duration, stdout *testutil.Buffer,
 	start func(ports []int) (cmd *exec.Cmd, readyURL string)) {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
@@ -697,7 +697,7 @@ func withEnv(cmd *exec.Cmd, env ...string) *exec.Cmd {
 }
 
 // applyYAML applies every object of a YAML document.
-func applyYAML(t *testing.T, c *cluster, doc string) {
+func applyYAML(t testing.TB, c *cluster, doc string) {
 	t.Helper()
 	for _, obj := range decodeObjects(t, []byte(doc)) {
 		if err := c.apply(t.Context(), obj); err != nil {
@@ -836,7 +836,7 @@ func num(v any) int64 {
 }
 
 // freePort is a port no socket on any of this host's addresses holds now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp4", ":0")
 	if err != nil {

@@ -67,7 +67,7 @@ type cluster struct {
 	mapper     meta.RESTMapper
 }
 
-func startCluster(t *testing.T) *cluster {
+func startCluster(t testing.TB) *cluster {
 	t.Helper()
 	etcdURL := startEtcd(t)
 	sc := storagebackend.NewDefaultConfig("/registry", nil)
@@ -90,7 +90,7 @@ func startCluster(t *testing.T) *cluster {
 	return c
 }
 
-func startEtcd(t *testing.T) string {
+func startEtcd(t testing.TB) string {
 	t.Helper()
 	cfg := embed.NewConfig()
 	cfg.Dir = t.TempDir()
@@ -114,7 +114,7 @@ func startEtcd(t *testing.T) string {
 
 // writeKubeconfig writes cfg as a kubeconfig file, the way Helm and the
 // controller are given a cluster.
-func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
+func writeKubeconfig(t testing.TB, cfg *rest.Config) string {
 	t.Helper()
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData, TLSServerName: cfg.ServerName}
@@ -129,7 +129,7 @@ func writeKubeconfig(t *testing.T, cfg *rest.Config) string {
 }
 
 // moduleDir is a pinned module's directory in the module cache.
-func moduleDir(t *testing.T, modVersion string) string {
+func moduleDir(t testing.TB, modVersion string) string {
 	t.Helper()
 	out, err := exec.Command("go", "mod", "download", "-json", modVersion).Output()
 	if err != nil {
@@ -142,7 +142,7 @@ func moduleDir(t *testing.T, modVersion string) string {
 	return m.Dir
 }
 
-func (c *cluster) installCRDs(t *testing.T) {
+func (c *cluster) installCRDs(t testing.TB) {
 	t.Helper()
 	ext := apiextensions.NewForConfigOrDie(c.admin)
 	var names []string
@@ -188,7 +188,7 @@ func (c *cluster) installCRDs(t *testing.T) {
 }
 
 // readObjects reads every object of a multi-document YAML file.
-func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
+func readObjects(t testing.TB, path string) []*unstructured.Unstructured {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -197,7 +197,7 @@ func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 	return decodeObjects(t, b)
 }
 
-func decodeObjects(t *testing.T, b []byte) []*unstructured.Unstructured {
+func decodeObjects(t testing.TB, b []byte) []*unstructured.Unstructured {
 	t.Helper()
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
 	var objs []*unstructured.Unstructured
@@ -217,7 +217,7 @@ func decodeObjects(t *testing.T, b []byte) []*unstructured.Unstructured {
 // createNamespace creates ns (and deletes it at the end; without a
 // controller-manager a namespace's contents are not cascaded, so tests clean
 // what they create themselves).
-func (c *cluster) createNamespace(t *testing.T, ns string) {
+func (c *cluster) createNamespace(t testing.TB, ns string) {
 	t.Helper()
 	obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
 	if err := c.apply(t.Context(), obj); err != nil {
@@ -261,7 +261,7 @@ func (c *cluster) resource(obj *unstructured.Unstructured) (dynamic.ResourceInte
 var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 
 // kubeVersion is the k8s.io/kubernetes version go.mod pins.
-func kubeVersion(t *testing.T) string {
+func kubeVersion(t testing.TB) string {
 	t.Helper()
 	b, err := os.ReadFile("go.mod")
 	if err != nil {
@@ -275,7 +275,7 @@ func kubeVersion(t *testing.T) string {
 }
 
 // namespaced reports whether obj's kind lives in a namespace.
-func (c *cluster) namespaced(t *testing.T, obj *unstructured.Unstructured) bool {
+func (c *cluster) namespaced(t testing.TB, obj *unstructured.Unstructured) bool {
 	t.Helper()
 	gvk := obj.GroupVersionKind()
 	m, err := c.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
