@@ -22,7 +22,9 @@ import (
 // tenant. go-redis resends such a command by default (on EOF and on a read
 // timeout; a cluster client on the same node or the slot's next), so the
 // shared client is built not to. A settlement that failed this way keeps
-// its reservation, the accounting rule's side to err on.
+// its reservation, the accounting rule's side to err on; a reservation is
+// sent once more (the limiter's own choice), since running twice can only
+// over-charge.
 func TestBudgetScriptsAreNeverResent(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) {
 		srv := redisserver.Start(t)
@@ -74,6 +76,19 @@ func settleOnceWithItsAnswerLost(t *testing.T, cfg config.Redis, direct redis.Un
 	}
 	if got != 120 {
 		t.Errorf("the counter reads %d after one settlement whose answer was lost, want 120 (the script ran once)", got)
+	}
+
+	// A reservation whose answer was lost is sent once more: the request
+	// is admitted, and the first reservation stays charged (the rule's
+	// side: an over-charge, never a refund).
+	other := []ratelimit.Limit{{Name: "t", Key: "tenant=initech", Unit: ratelimit.TotalTokens, Amount: 1000, Window: time.Hour}}
+	cutter.armed.Store(true)
+	res, err = lim.Reserve(ctx, other, ratelimit.Cost{Requests: 1, InputTokens: 100, OutputTokens: 100})
+	if err != nil || !res.Allowed || cutter.cut.Load() != 2 {
+		t.Fatalf("reserve with its answer cut: %+v %v (%d answers cut): want admitted on the resend", res, err, cutter.cut.Load())
+	}
+	if got, err := direct.Get(ctx, res.Reservation.Entries[0].Counter).Int64(); err != nil || got != 400 {
+		t.Errorf("the counter reads %d (%v) after a reservation resent, want 400 (both ran; the first stays charged)", got, err)
 	}
 }
 

@@ -234,6 +234,13 @@ func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result,
 		args[3*i+2] = r.ttl(start, ends[i], nowMs)
 	}
 	vals, err := reserveScript.Run(ctx, r.client, ids, args...).Int64Slice()
+	if answerLost(err) {
+		// A reservation whose answer was lost is sent once more: if the
+		// first one ran, it stays charged, and an over-charge is the
+		// accounting rule's side to err on. (A settlement or a release is
+		// never resent: run twice, it would refund twice.)
+		vals, err = reserveScript.Run(ctx, r.client, ids, args...).Int64Slice()
+	}
 	if err != nil {
 		return Result{}, r.fail("reserve", err)
 	}
@@ -314,4 +321,15 @@ func (r *Redis) fail(op string, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: redis %s: %w", ErrUnavailable, op, err)
+}
+
+// answerLost tells whether a command that failed with err may have run
+// with its answer lost (a cut connection, a read timeout): not an answer
+// of Redis, nor the caller's cancellation.
+func answerLost(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var rerr redis.Error
+	return !errors.As(err, &rerr)
 }
