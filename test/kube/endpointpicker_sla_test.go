@@ -32,7 +32,7 @@ const slaPoolConfig = `admin: {debug: {enabled: true}}
 virtualModels:
 - name: %s
   pools:
-  - {cluster: inference-pool, priority: 0, metrics: [%s]}
+  - {cluster: inference-pool, priority: 0, endpointPicker: inference-pool.epp, metrics: [%s]}
   - {cluster: backup, priority: 1}
   sla: {ttftP95: 300ms}
   tuning: {window: 3s, minSamples: 5, interval: 250ms, step: 45, cooldown: 2s, probeWeight: 10}
@@ -104,6 +104,7 @@ spec:
 	// The pool's pods slow down: Envoy's route moves to the backup, down to
 	// the probe weight the pool keeps, and the backup serves.
 	setPodTTFT(800 * time.Millisecond)
+	slowed := time.Now()
 	servedBefore := backup.completions.Load()
 	testutil.Eventually(t, 45*time.Second, func() bool {
 		w := envoyRouteWeights(t, envoy.AdminURL)
@@ -111,15 +112,26 @@ spec:
 	}, "Envoy's route to move to the backup (inference-pool 10, backup 90)")
 	testutil.Eventually(t, 10*time.Second, func() bool { return backup.completions.Load() > servedBefore },
 		"the backup to serve the virtual model")
+	t.Logf("on the backup (as Envoy routes) %v after the pods slowed down", time.Since(slowed).Round(time.Millisecond))
 
 	// They recover: the route comes back.
 	setPodTTFT(podConfig.TTFT)
+	recovered := time.Now()
 	testutil.Eventually(t, 45*time.Second, func() bool {
 		w := envoyRouteWeights(t, envoy.AdminURL)
 		return w["inference-pool"] == 100 && w["backup"] == 0
 	}, "Envoy's route to come back to the InferencePool")
+	t.Logf("back on the InferencePool %v after the pods recovered", time.Since(recovered).Round(time.Millisecond))
 	cancel()
 	load.Wait()
+	// The route turns the picker off for the backup's share: what the
+	// backup served was not picked a pod for.
+	if n := backup.picked.Load(); n != 0 {
+		t.Errorf("%d of the backup's %d requests went through the picker (x-gateway-destination-endpoint set)", n, backup.completions.Load())
+	}
+	if served, picked := sum(servedBy(pods)), sumPicked(pods); picked != served {
+		t.Errorf("the pods served %d requests, %d of them picked: the picker must choose each pod", served, picked)
+	}
 
 	// The controller's history: away in steps, then back in steps, one turn
 	// (no flapping), each decision starting where the one before ended; the
@@ -164,6 +176,14 @@ spec:
 	if !queueSeen {
 		t.Error("no decision saw the InferencePool's queue depth (its pods' vllm:num_requests_waiting)")
 	}
+}
+
+func sumPicked(pods []*modelServer) int64 {
+	var n int64
+	for _, p := range pods {
+		n += p.picked.Load()
+	}
+	return n
 }
 
 // envoyRouteWeights is the weight of each cluster in Envoy's route for the pool's

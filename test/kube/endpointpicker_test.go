@@ -358,6 +358,7 @@ type modelServer struct {
 	mock *mock.Server
 
 	completions atomic.Int64 // inference requests
+	picked      atomic.Int64 // of them, with an Endpoint Picker's x-gateway-destination-endpoint
 	scrapes     atomic.Int64 // GET /metrics
 	mu          sync.Mutex
 	ieHeaders   map[string]bool // the distinct values of the x-gateway-inference-* headers received
@@ -371,6 +372,9 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.scrapes.Add(1)
 	case r.Method == http.MethodPost:
 		m.completions.Add(1)
+		if r.Header.Get("x-gateway-destination-endpoint") != "" {
+			m.picked.Add(1)
+		}
 		m.mu.Lock()
 		for k, vs := range r.Header {
 			if strings.HasPrefix(strings.ToLower(k), "x-gateway-inference-") {
