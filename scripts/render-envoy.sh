@@ -7,8 +7,9 @@
 #        scripts/render-envoy.sh envoy/demo.yaml > envoy.yaml
 # Unset variables take the defaults above. envoy/pool-credential.yaml also
 # needs POOL_B_CREDENTIAL_SDS and POOL_B_HOST (POOL_B_ADDRESS defaults to
-# POOL_B_HOST, POOL_B_CA to the system CAs); envoy/inference-pool.yaml
-# EPP_PORT (default 9002). Unfilled placeholders are an error.
+# POOL_B_HOST, POOL_B_CA to the system CAs); envoy/inference-pool.yaml and
+# envoy/inference-pool-sla.yaml EPP_PORT (default 9002). Unfilled
+# placeholders are an error.
 set -euo pipefail
 src=${1:?usage: render-envoy.sh FILE}
 : "${LISTEN_PORT:=10000}" "${ADMIN_PORT:=9901}" "${EXTPROC_PORT:=50051}" "${POOL_A_PORT:=8001}" "${POOL_B_PORT:=8002}"

@@ -35,7 +35,7 @@ func routingOptions(cfg *config.Config) routing.Options {
 	for _, vm := range cfg.VirtualModels {
 		m := routing.VirtualModel{Name: vm.Name, SLA: vm.SLA, Tuning: vm.Tuning, RetriesAcrossPools: vm.RetriesAcrossPools()}
 		for _, p := range vm.Pools {
-			m.Pools = append(m.Pools, routing.Pool{Cluster: p.Cluster, Priority: p.Priority, Metrics: p.Metrics})
+			m.Pools = append(m.Pools, routing.Pool{Cluster: p.Cluster, Priority: p.Priority, Metrics: p.Metrics, EndpointPicker: p.EndpointPicker})
 		}
 		if vm.Retry != nil {
 			m.Retry = &server.Retry{Attempts: vm.Retry.Attempts, On: vm.Retry.On, RetriableStatusCodes: vm.Retry.StatusCodes}

@@ -14,7 +14,7 @@ import (
 // The routing gets every field of the configuration it acts on.
 func TestRoutingOptions(t *testing.T) {
 	no := false
-	pools := []config.PoolRef{{Cluster: "a", Metrics: []string{"http://a/metrics"}}, {Cluster: "b", Priority: 1}}
+	pools := []config.PoolRef{{Cluster: "a", Metrics: []string{"http://a/metrics"}, EndpointPicker: "a.epp"}, {Cluster: "b", Priority: 1}}
 	cfg := &config.Config{
 		XDS:        config.XDS{RouteConfigName: "routes"},
 		WeightSink: config.WeightSink{Type: "virtualService", HTTPRoute: config.HTTPRouteFile{File: "f", Namespace: "hn", Name: "h"}, VirtualService: config.Resource{Namespace: "vn", Name: "v"}},
@@ -25,7 +25,7 @@ func TestRoutingOptions(t *testing.T) {
 			{Name: "none", Pools: pools[:1]},
 		},
 	}
-	rpools := []routing.Pool{{Cluster: "a", Metrics: []string{"http://a/metrics"}}, {Cluster: "b", Priority: 1}}
+	rpools := []routing.Pool{{Cluster: "a", Metrics: []string{"http://a/metrics"}, EndpointPicker: "a.epp"}, {Cluster: "b", Priority: 1}}
 	want := routing.Options{
 		RouteConfigName: "routes",
 		WeightSink:      routing.WeightSinkOptions{Type: "virtualService", File: "f", Namespace: "vn", Name: "v"},

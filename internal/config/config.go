@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,6 +30,9 @@ import (
 //
 //go:embed default.yaml
 var Default []byte
+
+// filterName is an Envoy HTTP filter's name as a pool's endpointPicker.
+var filterName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
 
 // Config is the whole configuration. Field names are the YAML keys.
 type Config struct {
@@ -276,6 +280,13 @@ type PoolRef struct {
 	// (vLLM-style /metrics), scraped every interval for queue depth and
 	// KV-cache usage; optional.
 	Metrics []string `yaml:"metrics"`
+	// EndpointPicker, for a pool that is an InferencePool in plain Envoy
+	// (its cluster the ORIGINAL_DST one behind the pool's Endpoint Picker),
+	// names the picker's ext_proc filter in Envoy's chain, e.g.
+	// inference-pool.epp (envoy/inference-pool-sla.yaml): the routes turn
+	// it off for the virtual model's other pools. Needs weightSink.type xds
+	// and no retries across pools; optional.
+	EndpointPicker string `yaml:"endpointPicker"`
 }
 
 // RetryRule sends eligible failures to another attempt (Envoy's retry
@@ -907,6 +918,12 @@ func (c *Config) validate() error {
 			check(!clusters[p.Cluster], fmt.Sprintf("%s.pools.%d.cluster", at, j), "%q is listed twice", p.Cluster)
 			clusters[p.Cluster] = true
 			check(p.Priority >= 0, fmt.Sprintf("%s.pools.%d.priority", at, j), "must be 0 (primary) or more, got %d", p.Priority)
+			if p.EndpointPicker != "" {
+				field := fmt.Sprintf("%s.pools.%d.endpointPicker", at, j)
+				check(filterName.MatchString(p.EndpointPicker), field, "%q is not an Envoy filter name (letters, digits, . _ -; at most 128)", p.EndpointPicker)
+				check(c.WeightSink.Type == "xds", field, "needs weightSink.type xds (infergate's routes turn the picker off for the other pools)")
+				check(!vm.RetriesAcrossPools(), field, "not with retries across pools (retry.acrossPools: false): the pool's cluster is the picker's ORIGINAL_DST one")
+			}
 			for _, m := range p.Metrics {
 				u, err := url.Parse(m)
 				check(err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "",

@@ -28,7 +28,7 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 		Clusters             []map[string]any `yaml:"clusters"`
 	}
 	readYAML(t, "envoy/snippet.yaml", &snippet)
-	for _, bootstrap := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/inference-pool.yaml"} {
+	for _, bootstrap := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/inference-pool.yaml", "envoy/inference-pool-sla.yaml"} {
 		t.Run(bootstrap, func(t *testing.T) {
 			checkSnippet(t, bootstrap, snippet.HTTPFilters, snippet.LocalReplyConfig, snippet.Clusters)
 		})
@@ -165,7 +165,7 @@ func readYAML(t *testing.T, rel string, v any) {
 // sets x-infergate-*, under any spelling.
 func TestShippedConfigsDropUnderscoreHeaders(t *testing.T) {
 	t.Parallel()
-	for _, f := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/overhead.yaml", "envoy/overhead-plain.yaml", "envoy/xds-test.yaml", "envoy/inference-pool.yaml"} {
+	for _, f := range []string{"envoy/demo.yaml", "envoy/sla.yaml", "envoy/overhead.yaml", "envoy/overhead-plain.yaml", "envoy/xds-test.yaml", "envoy/inference-pool.yaml", "envoy/inference-pool-sla.yaml"} {
 		b, err := os.ReadFile(filepath.Join(repoRoot, f))
 		if err != nil {
 			t.Fatal(err)

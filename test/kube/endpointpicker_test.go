@@ -358,6 +358,7 @@ type modelServer struct {
 	mock *mock.Server
 
 	completions atomic.Int64 // inference requests
+	picked      atomic.Int64 // of them, with an Endpoint Picker's x-gateway-destination-endpoint
 	scrapes     atomic.Int64 // GET /metrics
 	mu          sync.Mutex
 	ieHeaders   map[string]bool // the distinct values of the x-gateway-inference-* headers received
@@ -371,6 +372,9 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.scrapes.Add(1)
 	case r.Method == http.MethodPost:
 		m.completions.Add(1)
+		if r.Header.Get("x-gateway-destination-endpoint") != "" {
+			m.picked.Add(1)
+		}
 		m.mu.Lock()
 		for k, vs := range r.Header {
 			if strings.HasPrefix(strings.ToLower(k), "x-gateway-inference-") {
@@ -519,12 +523,21 @@ func startEndpointPicker(t testing.TB, c *cluster, bin string) int {
 
 // gateProc is `infergate serve` with two callers' keys.
 type gateProc struct {
-	extproc, admin int
-	requests       *testutil.Buffer
+	extproc, admin, xds int
+	requests            *testutil.Buffer
 }
 
-// startGate starts infergate; policy, when set, is its authz.rego.
+// startGate starts infergate serving the pool's model; policy, when set,
+// is its authz.rego.
 func startGate(t testing.TB, policy string) *gateProc {
+	t.Helper()
+	return startGateWith(t, policy, fmt.Sprintf("models: [%s]\n", poolModel))
+}
+
+// startGateWith starts infergate with models, the catalog part of its
+// configuration (models or virtualModels); with virtual models it serves
+// their routes over xDS on g.xds.
+func startGateWith(t testing.TB, policy, models string) *gateProc {
 	t.Helper()
 	dir := t.TempDir()
 	hash := func(k string) string { s := sha256.Sum256([]byte(k)); return hex.EncodeToString(s[:]) }
@@ -533,7 +546,7 @@ func startGate(t testing.TB, policy string) *gateProc {
 	if err := os.WriteFile(filepath.Join(dir, "keys.yaml"), []byte(keys), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := fmt.Sprintf("auth: {keys: %s}\nmodels: [%s]\n", filepath.Join(dir, "keys.yaml"), poolModel)
+	cfg := fmt.Sprintf("auth: {keys: %s}\n", filepath.Join(dir, "keys.yaml")) + models
 	if policy != "" {
 		pdir := filepath.Join(dir, "policy")
 		if err := os.MkdirAll(pdir, 0o700); err != nil {
@@ -544,12 +557,16 @@ func startGate(t testing.TB, policy string) *gateProc {
 		}
 		cfg += fmt.Sprintf("policy: {dir: %s}\n", pdir)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "infergate.yaml"), []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	g := &gateProc{requests: &testutil.Buffer{}}
-	serveOnFreePorts(t, "infergate", 2, 20*time.Second, g.requests, func(ports []int) (*exec.Cmd, string) {
-		g.extproc, g.admin = ports[0], ports[1]
+	serveOnFreePorts(t, "infergate", 3, 20*time.Second, g.requests, func(ports []int) (*exec.Cmd, string) {
+		g.extproc, g.admin, g.xds = ports[0], ports[1], ports[2]
+		full := cfg
+		if strings.Contains(models, "virtualModels:") {
+			full += fmt.Sprintf("xds: {listen: 127.0.0.1:%d}\n", g.xds)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "infergate.yaml"), []byte(full), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		return exec.Command(infergateBin(t), "serve", "--config", filepath.Join(dir, "infergate.yaml"),
 				"--extproc-listen", fmt.Sprintf("127.0.0.1:%d", ports[0]), "--admin-listen", fmt.Sprintf("127.0.0.1:%d", ports[1])),
 			fmt.Sprintf("http://127.0.0.1:%d/readyz", ports[1])

@@ -65,6 +65,9 @@ type Pool struct {
 	// Metrics are the pool's model servers' Prometheus endpoints, scraped
 	// every interval for queue depth and KV-cache usage; optional.
 	Metrics []string
+	// EndpointPicker is the ext_proc filter of the pool's Endpoint Picker
+	// (an InferencePool); the routes turn it off for the other pools.
+	EndpointPicker string
 }
 
 // WeightSinkOptions name the gateway resource the weights are written to.
@@ -302,6 +305,14 @@ func (r *Service) push(ctx context.Context) (string, error) {
 	routes := make([]server.Route, 0, len(r.cfg))
 	for _, vm := range r.cfg {
 		route := server.Route{VirtualModel: vm.Name, Weights: r.ctrl.Weights(vm.Name)}
+		for _, p := range vm.Pools {
+			if p.EndpointPicker != "" {
+				if route.Pickers == nil {
+					route.Pickers = map[string]string{}
+				}
+				route.Pickers[p.Cluster] = p.EndpointPicker
+			}
+		}
 		if vm.Retry != nil {
 			retry := *vm.Retry
 			route.Retry = &retry

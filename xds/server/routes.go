@@ -10,9 +10,11 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	previoushostsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/retry/host/previous_hosts/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/infergate/infergate/internal/request"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -47,6 +49,12 @@ type Route struct {
 	// AggregateName). Envoy must then take its clusters (CDS) from this
 	// server too.
 	Fallback []string
+	// Pickers maps a pool (a cluster in Weights) that sits behind an
+	// Endpoint Picker to the name of the picker's ext_proc filter in Envoy's
+	// chain (an InferencePool, envoy/inference-pool-sla.yaml). The route
+	// turns each picker off for the other pools' share of the traffic: a
+	// request the split sends elsewhere is not picked a pod for.
+	Pickers map[string]string
 }
 
 // Retry is a route's retry policy. Retries go to a different host when
@@ -106,6 +114,14 @@ func ValidateRoutes(routes []Route) error {
 				errs = append(errs, fmt.Errorf("route %q: fallback order %v must list each pool of %v once", name, r.Fallback, pools))
 			}
 		}
+		for cluster, filter := range r.Pickers {
+			if _, ok := r.Weights[cluster]; !ok || strings.TrimSpace(filter) == "" {
+				errs = append(errs, fmt.Errorf("route %q: endpoint picker %q of %q: the pool must be in the route and the filter named", name, filter, cluster))
+			}
+			if len(r.Fallback) > 0 {
+				errs = append(errs, fmt.Errorf("route %q: pool %q has an endpoint picker: its retries cannot go to the next pool", name, cluster))
+			}
+		}
 		if r.Retry != nil && r.Retry.PerTryTimeout < 0 {
 			errs = append(errs, fmt.Errorf("route %q: negative per-try timeout", name))
 		}
@@ -158,8 +174,9 @@ func buildRoute(r Route) *routev3.Route {
 			name = AggregateName(r.VirtualModel, c)
 		}
 		wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{
-			Name:   name,
-			Weight: wrapperspb.UInt32(r.Weights[c]),
+			Name:                 name,
+			Weight:               wrapperspb.UInt32(r.Weights[c]),
+			TypedPerFilterConfig: pickersOff(r.Pickers, c),
 		})
 	}
 	action := &routev3.RouteAction{
@@ -188,6 +205,25 @@ func buildRoute(r Route) *routev3.Route {
 		},
 		Action: &routev3.Route_Route{Route: action},
 	}
+}
+
+// pickerOff turns an ext_proc filter off for a route or a weighted cluster.
+var pickerOff = mustAny(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+
+// pickersOff is the per-filter config of cluster's share of a route: every
+// Endpoint Picker but cluster's own turned off; nil without one.
+func pickersOff(pickers map[string]string, cluster string) map[string]*anypb.Any {
+	var out map[string]*anypb.Any
+	for pool, filter := range pickers {
+		if pool == cluster || filter == pickers[cluster] {
+			continue
+		}
+		if out == nil {
+			out = map[string]*anypb.Any{}
+		}
+		out[filter] = pickerOff
+	}
+	return out
 }
 
 var previousHosts = mustAny(&previoushostsv3.PreviousHostsPredicate{})

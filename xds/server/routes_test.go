@@ -2,12 +2,14 @@ package server
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/encoding/prototext"
@@ -54,6 +56,33 @@ func TestBuildRouteConfigurationSmall(t *testing.T) {
 	}
 	if err := got.ValidateAll(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A pool behind an Endpoint Picker keeps its picker; the other pools' share
+// of the route turns it off, so a request sent to the backup is not picked
+// a pod for.
+func TestBuildRoutePickersOffForOtherPools(t *testing.T) {
+	rc := BuildRouteConfiguration("infergate", []Route{{
+		VirtualModel: "llama",
+		Weights:      map[string]uint32{"inference-pool": 60, "backup": 40},
+		Pickers:      map[string]string{"inference-pool": "inference-pool.epp"},
+	}}, false)
+	if err := rc.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, cw := range rc.VirtualHosts[0].Routes[0].GetRoute().GetWeightedClusters().GetClusters() {
+		for filter, cfg := range cw.TypedPerFilterConfig {
+			var pr extprocv3.ExtProcPerRoute
+			if err := cfg.UnmarshalTo(&pr); err != nil || !pr.GetDisabled() {
+				t.Errorf("%s: %s's config %v is not ext_proc disabled (%v)", cw.Name, filter, cfg, err)
+			}
+			got[cw.Name] = append(got[cw.Name], filter)
+		}
+	}
+	if want := map[string][]string{"backup": {"inference-pool.epp"}}; !maps.EqualFunc(got, want, slices.Equal) {
+		t.Errorf("filters turned off per cluster: %v, want %v", got, want)
 	}
 }
 
@@ -133,6 +162,10 @@ func TestValidateRoutes(t *testing.T) {
 		{"overflow", []Route{{VirtualModel: "m", Weights: map[string]uint32{"a": 1 << 31, "b": 1 << 31}}}, "overflows"},
 		{"empty cluster", []Route{{VirtualModel: "m", Weights: map[string]uint32{"": 1}}}, "empty cluster"},
 		{"negative timeout", []Route{{VirtualModel: "m", Weights: ok, Timeout: -time.Second}}, "negative timeout"},
+		{"picker", []Route{{VirtualModel: "m", Weights: map[string]uint32{"a": 1, "b": 0}, Pickers: map[string]string{"a": "a.epp"}}}, ""},
+		{"picker of no pool", []Route{{VirtualModel: "m", Weights: ok, Pickers: map[string]string{"b": "b.epp"}}}, "the pool must be in the route"},
+		{"picker unnamed", []Route{{VirtualModel: "m", Weights: ok, Pickers: map[string]string{"a": ""}}}, "the filter named"},
+		{"picker with fallback", []Route{{VirtualModel: "m", Weights: ok, Fallback: []string{"a"}, Pickers: map[string]string{"a": "a.epp"}}}, "cannot go to the next pool"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := ValidateRoutes(tc.routes)
