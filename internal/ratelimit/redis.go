@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"time"
 
@@ -325,11 +326,12 @@ func (r *Redis) fail(op string, err error) error {
 
 // answerLost tells whether a command that failed with err may have run
 // with its answer lost (a cut connection, a read timeout): not an answer
-// of Redis, nor the caller's cancellation.
+// of Redis, a connection never made, nor the caller's cancellation.
 func answerLost(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	var rerr redis.Error
-	return !errors.As(err, &rerr)
+	var op *net.OpError
+	return !errors.As(err, &rerr) && !(errors.As(err, &op) && op.Op == "dial")
 }
