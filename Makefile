@@ -115,7 +115,7 @@ deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Nod
 	@scripts/install-test-deps.sh >/dev/null
 
 # The tiers: make unit, e2e, chaos and kube each run one part of make test.
-# make test runs them in three lanes side by side (scripts/test-lanes.sh):
+# make test runs them in four lanes side by side (scripts/test-lanes.sh):
 # the tiers spend much of their time waiting on real processes (Envoy, Redis,
 # a kube-apiserver, a soak's clock), so they overlap instead of queueing.
 # Each lane's log is bin/test-logs/<lane>.log; a table of every step's
@@ -124,10 +124,10 @@ deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Nod
 # chart tests, and each Envoy-backed tier's build (the *-build targets) before
 # the tier runs. The real processes that follow, on real timeouts (a gate's
 # message timeout, a Redis call's), keep the cores whatever the other lanes do.
-TEST_LANES := unit=nice:vet,nice:unit,nice:chart-test,nice:kube-build,kube-test \
+TEST_LANES := unit=nice:vet,nice:unit,nice:chart-test kube=nice:kube-build,kube-test \
               e2e=nice:e2e-build,e2e chaos=nice:chaos-build,chaos-soak
 .PHONY: test
-test: deps ## Run every test in three lanes side by side: vet, unit, charts, kube | e2e (+ the overhead smoke) | chaos and a 3-minute soak; logs in bin/test-logs/
+test: deps ## Run every test in four lanes side by side: vet, unit, charts | kube | e2e (+ the overhead smoke) | chaos and a 3-minute soak; logs in bin/test-logs/
 	@# No $$(MAKE) on this line: make -n would run it (and the lanes).
 	@GOTESTFLAGS='$(or $(GOTESTFLAGS),-v)' scripts/test-lanes.sh $(TEST_LANES)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run make targets in lanes: the targets of a lane one after another, the
-# lanes side by side. make test is three lanes, so the tiers that wait on
+# lanes side by side. make test is four lanes, so the tiers that wait on
 # real processes (Envoy, Redis, a kube-apiserver, a soak's clock) overlap
 # instead of queueing.
 #
