@@ -36,10 +36,7 @@ func fallbackLocalBackend() backend {
 }
 
 func TestMonthAndMoney(t *testing.T) {
-	backends := []backend{memoryBackend(), redisBackend(t), fallbackBackend(t), fallbackLocalBackend()}
-	if !testing.Short() {
-		backends = append(backends, redisClusterBackend(t))
-	}
+	backends := []backend{memoryBackend(), redisBackend(t), redisClusterBackend(t), fallbackBackend(t), fallbackLocalBackend()}
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("MonthEdges", func(t *testing.T) { testMonthEdges(t, b) })
