@@ -9,6 +9,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/xds/poolpods"
 	"github.com/infergate/infergate/xds/routing"
 	"github.com/infergate/infergate/xds/server"
 )
@@ -17,7 +18,7 @@ import (
 // any); see routing.New.
 func newRouting(ctx context.Context, cfg *config.Config, log *slog.Logger, meter metric.Meter, store redis.UniversalClient) (*routing.Service, error) {
 	o := routingOptions(cfg)
-	if len(o.VirtualModels) > 0 && (o.WeightSink.Type == "httpRoute" || o.WeightSink.Type == "virtualService") {
+	if len(o.VirtualModels) > 0 && (o.WeightSink.Type == "httpRoute" || o.WeightSink.Type == "virtualService" || followsPods(o)) {
 		klog.SetSlogLogger(log) // client-go logs through klog: one log, one format
 	}
 	return routing.New(ctx, o, log, meter, store)
@@ -35,7 +36,11 @@ func routingOptions(cfg *config.Config) routing.Options {
 	for _, vm := range cfg.VirtualModels {
 		m := routing.VirtualModel{Name: vm.Name, SLA: vm.SLA, Tuning: vm.Tuning, RetriesAcrossPools: vm.RetriesAcrossPools()}
 		for _, p := range vm.Pools {
-			m.Pools = append(m.Pools, routing.Pool{Cluster: p.Cluster, Priority: p.Priority, Metrics: p.Metrics, EndpointPicker: p.EndpointPicker})
+			rp := routing.Pool{Cluster: p.Cluster, Priority: p.Priority, Metrics: p.Metrics, EndpointPicker: p.EndpointPicker}
+			if ip := p.InferencePool; ip != nil {
+				rp.InferencePool = &poolpods.Pool{Namespace: ip.Namespace, Name: ip.Name, MetricsPath: ip.MetricsPath}
+			}
+			m.Pools = append(m.Pools, rp)
 		}
 		if vm.Retry != nil {
 			m.Retry = &server.Retry{Attempts: vm.Retry.Attempts, On: vm.Retry.On, RetriableStatusCodes: vm.Retry.StatusCodes}
@@ -43,4 +48,17 @@ func routingOptions(cfg *config.Config) routing.Options {
 		o.VirtualModels = append(o.VirtualModels, m)
 	}
 	return o
+}
+
+// followsPods reports whether a pool follows an InferencePool's pods
+// through the Kubernetes API.
+func followsPods(o routing.Options) bool {
+	for _, vm := range o.VirtualModels {
+		for _, p := range vm.Pools {
+			if p.InferencePool != nil {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -280,6 +280,11 @@ type PoolRef struct {
 	// (vLLM-style /metrics), scraped every interval for queue depth and
 	// KV-cache usage; optional.
 	Metrics []string `yaml:"metrics"`
+	// InferencePool, instead of metrics, names the Gateway API Inference
+	// Extension pool whose pods are scraped: the controller follows its
+	// ready pods through the Kubernetes API (KUBECONFIG, else the pod's
+	// service account) and reads every target port of each; optional.
+	InferencePool *InferencePoolRef `yaml:"inferencePool"`
 	// EndpointPicker, for a pool that is an InferencePool in plain Envoy
 	// (its cluster the ORIGINAL_DST one behind the pool's Endpoint Picker),
 	// names the picker's ext_proc filter in Envoy's chain, e.g.
@@ -288,6 +293,18 @@ type PoolRef struct {
 	// and no retries across pools; optional.
 	EndpointPicker string `yaml:"endpointPicker"`
 }
+
+// InferencePoolRef names an InferencePool (inference.networking.k8s.io/v1).
+type InferencePoolRef struct {
+	Namespace string `yaml:"namespace"`
+	Name      string `yaml:"name"`
+	// MetricsPath is the model servers' Prometheus path on each target
+	// port (default /metrics).
+	MetricsPath string `yaml:"metricsPath"`
+}
+
+// dnsLabel is a Kubernetes namespace's or InferencePool's name (RFC 1123).
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // RetryRule sends eligible failures to another attempt (Envoy's retry
 // policy on the virtual model's route).
@@ -929,6 +946,15 @@ func (c *Config) validate() error {
 				check(err == nil && (u.Scheme == "http" || u.Scheme == "https") && u.Host != "",
 					fmt.Sprintf("%s.pools.%d.metrics", at, j), "%q must be an http(s) URL", m)
 			}
+			if ip := p.InferencePool; ip != nil {
+				field := fmt.Sprintf("%s.pools.%d.inferencePool", at, j)
+				check(len(p.Metrics) == 0, field, "not with metrics: the pool's pods are its metrics")
+				check(dnsLabel.MatchString(ip.Namespace), field+".namespace", "%q is not a namespace name", ip.Namespace)
+				check(dnsLabel.MatchString(ip.Name), field+".name", "%q is not an InferencePool name (a DNS label)", ip.Name)
+				u, err := url.Parse(ip.MetricsPath)
+				check(ip.MetricsPath == "" || err == nil && strings.HasPrefix(ip.MetricsPath, "/") && u.Path == ip.MetricsPath && len(ip.MetricsPath) <= 256,
+					field+".metricsPath", "%q is not a URL path (e.g. /metrics)", ip.MetricsPath)
+			}
 		}
 		// The controller owns the bounds of the SLA and the tuning.
 		for _, fe := range controller.FieldErrors(vm.SLA.Validate()) {
@@ -937,9 +963,9 @@ func (c *Config) validate() error {
 		if vm.SLA.QueueDepth > 0 {
 			scraped := false
 			for _, p := range vm.Pools {
-				scraped = scraped || len(p.Metrics) > 0
+				scraped = scraped || len(p.Metrics) > 0 || p.InferencePool != nil
 			}
-			check(scraped, at+".sla.queueDepth", "needs pools[].metrics to read the queue from")
+			check(scraped, at+".sla.queueDepth", "needs pools[].metrics or pools[].inferencePool to read the queue from")
 		}
 		for _, fe := range controller.FieldErrors(vm.Tuning.Validate()) {
 			check(false, at+".tuning."+fe.Field, "%s", fe.Msg)

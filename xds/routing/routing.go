@@ -11,6 +11,7 @@ package routing
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -28,6 +29,7 @@ import (
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/feed"
 	"github.com/infergate/infergate/xds/loadsignal"
+	"github.com/infergate/infergate/xds/poolpods"
 	"github.com/infergate/infergate/xds/server"
 	"github.com/infergate/infergate/xds/weightsink"
 )
@@ -65,6 +67,9 @@ type Pool struct {
 	// Metrics are the pool's model servers' Prometheus endpoints, scraped
 	// every interval for queue depth and KV-cache usage; optional.
 	Metrics []string
+	// InferencePool, instead of Metrics, follows the pods of an Inference
+	// Extension pool through the Kubernetes API and scrapes the ready ones.
+	InferencePool *poolpods.Pool
 	// EndpointPicker is the ext_proc filter of the pool's Endpoint Picker
 	// (an InferencePool); the routes turn it off for the other pools.
 	EndpointPicker string
@@ -97,7 +102,24 @@ type Service struct {
 	// scrape reads a pool's model-server metrics; nil is an HTTP scrape
 	// (loadsignal.Scrape). Tests replace it to run the loop in virtual time.
 	scrape func(ctx context.Context, urls []string) (loadsignal.Load, error)
+	// targets are the scraped pools' metrics URLs, by pool; followers
+	// are the InferencePools among them, run with the loop.
+	targets   map[string]metricsTargets
+	followers []*poolpods.Follower
 }
+
+// metricsTargets are a pool's model servers' metrics URLs, asked at every
+// scrape.
+type metricsTargets interface{ URLs() []string }
+
+// staticTargets are the URLs the configuration lists.
+type staticTargets []string
+
+func (s staticTargets) URLs() []string { return s }
+
+// errNoReadyPods is a followed pool's scrape with no pod to read: no load,
+// as when a scrape fails. A zero queue would claim health nothing showed.
+var errNoReadyPods = errors.New("no ready pod")
 
 // WeightSink is a gateway's routing resource the weights are written to.
 type WeightSink interface {
@@ -165,6 +187,9 @@ func New(ctx context.Context, o Options, log *slog.Logger, meter metric.Meter, s
 	}
 	r := &Service{cfg: o.VirtualModels, ctrl: ctrl, log: log, interval: interval, store: store}
 	if r.sink, err = newWeightSink(ctx, o.WeightSink); err != nil {
+		return nil, err
+	}
+	if err := r.followPools(ctx); err != nil {
 		return nil, err
 	}
 	if r.sink == nil {
@@ -338,20 +363,51 @@ func (r *Service) push(ctx context.Context) (string, error) {
 	return r.xds.SetRoutes(routes)
 }
 
-// scrapeLoads reads each pool's model-server metrics every interval and
-// reports the load to the controller, until ctx is done. A pool whose
-// scrape fails keeps its last load until it ages out of the window.
-func (r *Service) scrapeLoads(ctx context.Context) {
-	targets := map[string][]string{}
+// followPools finds each pool's metrics URLs: listed, or followed through
+// an InferencePool's pods (read once here, so a wrong name or a missing
+// permission fails at start).
+func (r *Service) followPools(ctx context.Context) error {
+	r.targets = map[string]metricsTargets{}
+	var kube *weightsink.Kube
 	for _, vm := range r.cfg {
 		for _, p := range vm.Pools {
-			if len(p.Metrics) > 0 {
-				targets[p.Cluster] = p.Metrics
+			switch {
+			case p.InferencePool != nil:
+				if kube == nil {
+					var err error
+					if kube, err = weightsink.Connect(); err != nil {
+						return fmt.Errorf("pool %s: %w", p.Cluster, err)
+					}
+				}
+				rctx, cancel := context.WithTimeout(ctx, ioTimeout)
+				f, err := poolpods.New(rctx, kube.Client, *p.InferencePool)
+				cancel()
+				if err != nil {
+					return fmt.Errorf("pool %s: %w", p.Cluster, err)
+				}
+				r.targets[p.Cluster] = f
+				r.followers = append(r.followers, f)
+			case len(p.Metrics) > 0:
+				r.targets[p.Cluster] = staticTargets(p.Metrics)
 			}
 		}
 	}
+	return nil
+}
+
+// scrapeLoads reads each pool's model-server metrics every interval and
+// reports the load to the controller, until ctx is done. A pool whose
+// scrape fails, or that has no ready pod, keeps its last load until it
+// ages out of the window: its queue depth is then not judged.
+func (r *Service) scrapeLoads(ctx context.Context) {
+	targets := r.targets
 	if len(targets) == 0 {
 		return
+	}
+	for _, f := range r.followers {
+		if !f.WaitSynced(ctx) {
+			return
+		}
 	}
 	scrape := r.scrape
 	if scrape == nil {
@@ -364,8 +420,12 @@ func (r *Service) scrapeLoads(ctx context.Context) {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
-		for pool, urls := range targets {
-			l, err := scrape(ctx, urls)
+		for pool, t := range targets {
+			var l loadsignal.Load
+			err := errNoReadyPods
+			if urls := t.URLs(); len(urls) > 0 {
+				l, err = scrape(ctx, urls)
+			}
 			if err != nil {
 				if !failing[pool] && ctx.Err() == nil {
 					r.log.Warn("pool metrics scrape failing; its queue depth is not judged until it recovers", "pool", pool, "err", err)
@@ -421,6 +481,9 @@ func (r *Service) Run(ctx context.Context, lis net.Listener) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { r.tick(ctx); return nil })
 	g.Go(func() error { r.scrapeLoads(ctx); return nil })
+	for _, f := range r.followers {
+		g.Go(func() error { f.Run(ctx); return nil })
+	}
 	if r.xds != nil {
 		g.Go(func() error {
 			if err := r.xds.Serve(ctx, lis); err != nil {
