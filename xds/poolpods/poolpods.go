@@ -82,7 +82,8 @@ func New(ctx context.Context, client dynamic.Interface, p Pool) (*Follower, erro
 		},
 	}
 	f.store, f.ctl = cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: lw,
+		// A fake client says it cannot stream the initial list.
+		ListerWatcher: cache.ToListWatcherWithWatchListSemantics(lw, client),
 		ObjectType:    &unstructured.Unstructured{},
 		Handler:       cache.ResourceEventHandlerFuncs{},
 		Transform:     trim,
@@ -156,8 +157,8 @@ func readyIP(pod *unstructured.Unstructured) (string, bool) {
 	conds, _, _ := unstructured.NestedSlice(pod.Object, "status", "conditions")
 	for _, c := range conds {
 		m, _ := c.(map[string]any)
-		if m["type"] == "Ready" {
-			return ip, m["status"] == "True"
+		if m["type"] == "Ready" && m["status"] == "True" {
+			return ip, true
 		}
 	}
 	return "", false

@@ -305,6 +305,78 @@ func TestScrapeFeedsQueueDepth(t *testing.T) {
 	})
 }
 
+// podsTargets stands for a followed InferencePool: the URLs of its ready
+// pods at each scrape.
+type podsTargets struct {
+	mu   sync.Mutex
+	urls []string
+}
+
+func (p *podsTargets) URLs() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.urls
+}
+
+func (p *podsTargets) set(urls ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.urls = urls
+}
+
+// A followed pool is scraped at the URLs of its ready pods of the moment;
+// with no ready pod nothing is scraped and the pool has no load (its
+// queue is not judged), as with a failing scrape: a zero queue would claim
+// a health nobody saw.
+func TestScrapeFollowsThePoolsPods(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, logs, _ := testService(t, llama(controller.SLA{QueueDepth: 8}, "http://placeholder/metrics"))
+		pods := &podsTargets{}
+		pods.set("http://10.0.0.7:8000/metrics", "http://10.0.0.8:8000/metrics")
+		r.targets = map[string]metricsTargets{"pool-a": pods}
+		var mu sync.Mutex
+		var scraped [][]string
+		r.scrape = func(_ context.Context, urls []string) (loadsignal.Load, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			scraped = append(scraped, urls)
+			return loadsignal.Load{At: time.Now(), Waiting: float64(len(urls))}, nil
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var wg sync.WaitGroup
+		wg.Go(func() { r.tick(ctx) })
+		wg.Go(func() { r.scrapeLoads(ctx) })
+
+		vtime.Advance(5 * time.Second)
+		if q := debugState(t, r)[0].Pools["pool-a"].QueueDepth; q != 2 {
+			t.Fatalf("at 5s: queue %v, want 2 (two pods)", q)
+		}
+		pods.set()
+		vtime.Advance(35 * time.Second)
+		if p := debugState(t, r)[0].Pools["pool-a"]; p.QueueDepth != -1 || p.Breached {
+			t.Fatalf("at 40s with no ready pod: %+v, want no load, not breached", p)
+		}
+		pods.set("http://10.0.0.9:8000/metrics")
+		vtime.Advance(10 * time.Second)
+		if q := debugState(t, r)[0].Pools["pool-a"].QueueDepth; q != 1 {
+			t.Fatalf("at 50s: queue %v, want 1 (the new pod)", q)
+		}
+		cancel()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, urls := range scraped {
+			if len(urls) == 0 {
+				t.Fatal("scraped with no URL")
+			}
+		}
+		if !strings.Contains(logs.String(), "err=\"no ready pod\"") || strings.Count(logs.String(), "pool metrics scrape failing") != 1 {
+			t.Errorf("no ready pod logged as a failing scrape once; logs:\n%s", logs)
+		}
+	})
+}
+
 // syncBuffer is a log destination safe for the loop's goroutines.
 type syncBuffer struct {
 	mu sync.Mutex
