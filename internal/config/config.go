@@ -264,7 +264,7 @@ type VirtualModel struct {
 	// SLA thresholds; a zero value disables that check. The TTFT one
 	// applies to the TTFT in excess of what the prompt length explains
 	// (see README: length-normalised TTFT); queueDepth needs
-	// pools[].metrics.
+	// pools[].metrics or pools[].inferencePool.
 	SLA controller.SLA `yaml:"sla"`
 	// Tuning of the weight controller; zero values take the defaults.
 	Tuning controller.Tuning `yaml:"tuning"`
@@ -274,6 +274,9 @@ type VirtualModel struct {
 // PoolRef is an Envoy cluster serving a virtual model; priority 0 is the
 // primary, higher numbers are backups.
 type PoolRef struct {
+	// Cluster names the pool: its Envoy cluster, or with an HTTPRoute
+	// weight sink a backendRef of the model's rule, by name or (two refs
+	// of one name in two namespaces) namespace/name.
 	Cluster  string `yaml:"cluster"`
 	Priority int    `yaml:"priority"`
 	// Metrics are the pool's model servers' Prometheus endpoints

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -73,10 +74,11 @@ func (f *File) Apply(_ context.Context, weights map[string]map[string]uint32) er
 	if err != nil {
 		return err
 	}
-	changed, err := setWeights(route, f.Name, weights)
+	changed, aliases, err := setWeights(route, f.Name, weights)
 	if err != nil {
 		return err
 	}
+	maps.Copy(f.backends, aliases)
 	if !changed {
 		return nil
 	}
@@ -96,27 +98,56 @@ func (f *File) Apply(_ context.Context, weights map[string]map[string]uint32) er
 
 // setWeights sets each virtual model's rule's backendRef weights in an
 // HTTPRoute (a YAML or JSON document); it reports whether anything changed.
-func setWeights(route *yaml.Node, name string, weights map[string]map[string]uint32) (bool, error) {
+// A pool names a backendRef by name, or by namespace/name (two
+// InferencePools of one name in two namespaces); the ref's namespace is
+// the route's unless it sets one. It also returns what each backend the
+// weights reached is called elsewhere (its locality, namespace/name, and
+// name when the ref is in the route's namespace), mapped to the pool.
+func setWeights(route *yaml.Node, name string, weights map[string]map[string]uint32) (bool, map[string]string, error) {
+	routeNS := scalar(mapGet(mapGet(route, "metadata"), "namespace"))
+	if routeNS == "" {
+		routeNS = "default"
+	}
 	changed := false
+	aliases := map[string]string{}
 	for vm, ws := range weights {
-		rule := ruleFor(route, vm)
+		i, rule := ruleFor(route, vm)
 		if rule == nil {
-			return false, fmt.Errorf("httproute %s: no rule matches %s: %s", name, request.ModelHeader, vm)
+			return false, nil, fmt.Errorf("httproute %s: no rule matches %s: %s", name, request.ModelHeader, vm)
 		}
-		seen := 0
-		for _, ref := range seq(mapGet(rule, "backendRefs")) {
-			w, ok := ws[scalar(mapGet(ref, "name"))]
-			if !ok {
-				continue
+		matched := map[string]int{}
+		for j, ref := range seq(mapGet(rule, "backendRefs")) {
+			refName, ns := scalar(mapGet(ref, "name")), scalar(mapGet(ref, "namespace"))
+			if ns == "" {
+				ns = routeNS
 			}
-			seen++
+			pool := ns + "/" + refName
+			w, ok := ws[pool]
+			if !ok {
+				pool = refName
+				if w, ok = ws[pool]; !ok {
+					continue
+				}
+			}
+			matched[pool]++
 			changed = setScalar(ref, "weight", strconv.FormatUint(uint64(w), 10)) || changed
+			aliases[fmt.Sprintf("httproute/%s/%s/rule/%d/backend/%d", routeNS, name, i, j)] = pool
+			aliases[ns+"/"+refName] = pool
+			if ns == routeNS {
+				aliases[refName] = pool
+			}
 		}
-		if seen != len(ws) {
-			return false, fmt.Errorf("httproute %s: the rule for %s has %d of the %d pools as backendRefs", name, vm, seen, len(ws))
+		for pool := range ws {
+			switch matched[pool] {
+			case 0:
+				return false, nil, fmt.Errorf("httproute %s: the rule for %s has no backendRef %s", name, vm, pool)
+			case 1:
+			default:
+				return false, nil, fmt.Errorf("httproute %s: the rule for %s has %d backendRefs named %s: name the pool namespace/name", name, vm, matched[pool], pool)
+			}
 		}
 	}
-	return changed, nil
+	return changed, aliases, nil
 }
 
 // localities maps Envoy Gateway's locality names for route's backends to
@@ -177,20 +208,21 @@ func (f *File) read() ([]*yaml.Node, *yaml.Node, error) {
 	return docs, route, nil
 }
 
-// ruleFor finds the rule whose matches select x-infergate-model: vm exactly.
-func ruleFor(route *yaml.Node, vm string) *yaml.Node {
-	for _, rule := range seq(mapGet(mapGet(route, "spec"), "rules")) {
+// ruleFor finds the rule whose matches select x-infergate-model: vm
+// exactly, and its index.
+func ruleFor(route *yaml.Node, vm string) (int, *yaml.Node) {
+	for i, rule := range seq(mapGet(mapGet(route, "spec"), "rules")) {
 		for _, m := range seq(mapGet(rule, "matches")) {
 			for _, h := range seq(mapGet(m, "headers")) {
 				typ := scalar(mapGet(h, "type"))
 				if strings.EqualFold(scalar(mapGet(h, "name")), request.ModelHeader) && scalar(mapGet(h, "value")) == vm &&
 					(typ == "" || typ == "Exact") {
-					return rule
+					return i, rule
 				}
 			}
 		}
 	}
-	return nil
+	return 0, nil
 }
 
 // YAML node helpers: mappings and sequences by key, tolerant of absence.

@@ -83,3 +83,53 @@ func TestApplyAndResolve(t *testing.T) {
 		t.Error("a missing route loaded")
 	}
 }
+
+// Two InferencePools of one name, here and in another namespace: the pools
+// name them namespace/name; the bare name is ambiguous and refused. What
+// the meter reports (Envoy Gateway's locality, or the pool header's
+// namespace/name or bare name) resolves to the pool as configured.
+func TestInferencePoolsByNamespace(t *testing.T) {
+	const route = `apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: infergate-inference, namespace: llm}
+spec:
+  rules:
+  - matches:
+    - headers: [{type: Exact, name: x-infergate-model, value: llama}]
+    backendRefs:
+    - {group: inference.networking.k8s.io, kind: InferencePool, name: vllm, weight: 100}
+    - {group: inference.networking.k8s.io, kind: InferencePool, name: vllm, namespace: models, weight: 0}
+`
+	path := filepath.Join(t.TempDir(), "routes.yaml")
+	if err := os.WriteFile(path, []byte(route), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	f := &File{Path: path, Name: "infergate-inference"}
+	if err := f.Load(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	err := f.Apply(t.Context(), map[string]map[string]uint32{"llama": {"vllm": 100}})
+	if err == nil || !strings.Contains(err.Error(), "2 backendRefs named vllm") {
+		t.Fatalf("a bare name for two refs: %v, want refused as ambiguous", err)
+	}
+	if err := f.Apply(t.Context(), map[string]map[string]uint32{"llama": {"llm/vllm": 60, "models/vllm": 40}}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	for _, want := range []string{"name: vllm, weight: 60}", "name: vllm, namespace: models, weight: 40}"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("rewritten route lacks %q:\n%s", want, b)
+		}
+	}
+	for seen, pool := range map[string]string{
+		"httproute/llm/infergate-inference/rule/0/backend/0": "llm/vllm",
+		"httproute/llm/infergate-inference/rule/0/backend/1": "models/vllm",
+		"vllm":        "llm/vllm",
+		"models/vllm": "models/vllm",
+		"other":       "other",
+	} {
+		if got := f.Resolve(seen); got != pool {
+			t.Errorf("Resolve(%q) = %q, want %q", seen, got, pool)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -228,7 +229,8 @@ func (a *HTTPRoute) Load(ctx context.Context) error {
 	return nil
 }
 
-// Resolve maps an Envoy Gateway locality to its backendRef.
+// Resolve maps an Envoy Gateway locality, or a backendRef's namespace/name,
+// to the pool it is.
 func (a *HTTPRoute) Resolve(pool string) string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -241,10 +243,15 @@ func (a *HTTPRoute) Resolve(pool string) string {
 // Apply sets each virtual model's rule's backendRef weights.
 func (a *HTTPRoute) Apply(ctx context.Context, weights map[string]map[string]uint32) error {
 	return a.Kube.update(ctx, a.object(), func(route *yaml.Node) (bool, error) {
+		changed, aliases, err := setWeights(route, a.Name, weights)
+		if err != nil {
+			return false, err
+		}
 		a.mu.Lock()
 		a.backends = localities(route, a.Namespace, a.Name)
+		maps.Copy(a.backends, aliases)
 		a.mu.Unlock()
-		return setWeights(route, a.Name, weights)
+		return changed, nil
 	})
 }
 

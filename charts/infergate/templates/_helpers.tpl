@@ -99,6 +99,25 @@ weightSink is one (config.weightSink.type httpRoute or virtualService):
 {{- end }}
 {{- end }}
 
+{{/*
+The InferencePools whose pods the SLA controller follows
+(config.virtualModels[].pools[].inferencePool), as JSON: namespace → sorted
+names; "{}" when none.
+*/}}
+{{- define "infergate.followedInferencePools" -}}
+{{- $byNS := dict }}
+{{- if include "infergate.hasVirtualModels" . }}
+{{- range .Values.config.virtualModels }}
+{{- range .pools }}
+{{- with .inferencePool }}
+{{- $_ := set $byNS .namespace (append (get $byNS .namespace | default list) .name | uniq | sortAlpha) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson $byNS }}
+{{- end }}
+
 {{- define "infergate.apiKeysSecret" -}}
 {{- if .Values.apiKeys.existingSecret }}
 {{- .Values.apiKeys.existingSecret }}
@@ -431,9 +450,10 @@ metadata:
     {{- end }}
 spec:
   serviceAccountName: {{ include "infergate.serviceAccountName" $root }}
-  {{- if and (include "infergate.weightSinkObject" $root) (or .xds (not .extproc)) }}
-  # The SLA controller writes its weights through the Kubernetes API
-  # (config.weightSink): it needs the service account's token.
+  {{- if and (or (include "infergate.weightSinkObject" $root) (ne (include "infergate.followedInferencePools" $root) "{}")) (or .xds (not .extproc)) }}
+  # The SLA controller writes its weights (config.weightSink) or follows
+  # InferencePools' pods (pools[].inferencePool) through the Kubernetes
+  # API: it needs the service account's token.
   automountServiceAccountToken: true
   {{- else }}
   # infergate does not call the Kubernetes API.
