@@ -468,7 +468,7 @@ spec:
 
 // checkDeployment checks what the chart promises of every pod: probes,
 // a graceful drain, and a locked-down container.
-func checkDeployment(t *testing.T, d *appsv1.Deployment, weightSinkRole bool) {
+func checkDeployment(t *testing.T, d *appsv1.Deployment, controllerRole bool) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	if len(spec.Containers) != 1 {
@@ -498,9 +498,11 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment, weightSinkRole bool) {
 	if len(c.Args) < 3 || c.Args[1] != "--config" || c.Args[2] != "/etc/infergate/config.yaml" {
 		t.Errorf("%s: args %q", d.Name, c.Args)
 	}
-	// Only the SLA controller with a Kubernetes weight sink calls the API
-	// (the scaled variant's controller sets an HTTPRoute's weights).
-	wantToken := strings.HasSuffix(d.Name, "-controller") && weightSinkRole
+	// Only the SLA controller (infergate controller, or serve with virtual
+	// models) calls the API, with a Role: a Kubernetes weight sink (the
+	// scaled variant's controller sets an HTTPRoute's weights) or
+	// InferencePools it follows (the inferencepools variant's serve).
+	wantToken := len(c.Args) > 0 && (c.Args[0] == "controller" || c.Args[0] == "serve") && controllerRole
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken != wantToken {
 		t.Errorf("%s: automountServiceAccountToken %v, want %v", d.Name, spec.AutomountServiceAccountToken, wantToken)
 	}
