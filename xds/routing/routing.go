@@ -371,6 +371,9 @@ func (r *Service) followPools(ctx context.Context) error {
 	var kube *weightsink.Kube
 	for _, vm := range r.cfg {
 		for _, p := range vm.Pools {
+			if _, ok := r.targets[p.Cluster]; ok {
+				continue // a pool of several virtual models is scraped once
+			}
 			switch {
 			case p.InferencePool != nil:
 				if kube == nil {
@@ -420,10 +423,10 @@ func (r *Service) scrapeLoads(ctx context.Context) {
 	t := time.NewTicker(r.interval)
 	defer t.Stop()
 	for {
-		for pool, t := range targets {
+		for pool, src := range targets {
 			var l loadsignal.Load
 			err := errNoReadyPods
-			if urls := t.URLs(); len(urls) > 0 {
+			if urls := src.URLs(); len(urls) > 0 {
 				l, err = scrape(ctx, urls)
 			}
 			if err != nil {
