@@ -4,8 +4,9 @@
 // interval the controller decides weights, and they go to Envoy as the
 // virtual-model routes of infergate's xDS server, or into a gateway's own
 // routing resource (an HTTPRoute, a VirtualService). The pools' model-server
-// metrics are scraped for queue depth, and the weights in force are kept in
-// Redis so a restarted controller resumes where it was.
+// metrics (listed, or an InferencePool's ready pods, followed through the
+// Kubernetes API) are scraped for queue depth, and the weights in force are
+// kept in Redis so a restarted controller resumes where it was.
 package routing
 
 import (
