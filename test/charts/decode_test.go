@@ -346,7 +346,7 @@ func TestStrictDecode(t *testing.T) {
 				t.Fatal("no Deployment rendered")
 			}
 			for _, o := range objs["apps/v1/Deployment"] {
-				checkDeployment(t, o.(*appsv1.Deployment), len(objs["rbac.authorization.k8s.io/v1/Role"]) > 0)
+				checkDeployment(t, o.(*appsv1.Deployment), objs["rbac.authorization.k8s.io/v1/Role"])
 			}
 		})
 	}
@@ -468,7 +468,7 @@ spec:
 
 // checkDeployment checks what the chart promises of every pod: probes,
 // a graceful drain, and a locked-down container.
-func checkDeployment(t *testing.T, d *appsv1.Deployment, weightSinkRole bool) {
+func checkDeployment(t *testing.T, d *appsv1.Deployment, roles []any) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	if len(spec.Containers) != 1 {
@@ -499,8 +499,17 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment, weightSinkRole bool) {
 		t.Errorf("%s: args %q", d.Name, c.Args)
 	}
 	// Only the SLA controller with a Kubernetes weight sink calls the API
-	// (the scaled variant's controller sets an HTTPRoute's weights).
-	wantToken := strings.HasSuffix(d.Name, "-controller") && weightSinkRole
+	// (the scaled variant's controller sets an HTTPRoute's weights), and
+	// Envoy Gateway's extension, on the pods that serve the xDS port (it
+	// reads HTTPRoutes).
+	var weightSinkRole, routesRole bool
+	for _, r := range roles {
+		name := r.(*rbacv1.Role).Name
+		weightSinkRole = weightSinkRole || strings.HasSuffix(name, "-weights")
+		routesRole = routesRole || strings.HasSuffix(name, "-httproutes")
+	}
+	servesXDS := slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "xds" })
+	wantToken := (strings.HasSuffix(d.Name, "-controller") && weightSinkRole) || (routesRole && servesXDS)
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken != wantToken {
 		t.Errorf("%s: automountServiceAccountToken %v, want %v", d.Name, spec.AutomountServiceAccountToken, wantToken)
 	}
