@@ -54,11 +54,9 @@ type Config struct {
 	Models []string `yaml:"models"`
 	// VirtualModels are the names clients call, each backed by pools whose
 	// route weights the controller moves when a pool breaches its SLA.
-	VirtualModels []VirtualModel `yaml:"virtualModels"`
-	XDS           XDS            `yaml:"xds"`
-	WeightSink    WeightSink     `yaml:"weightSink"`
-	// GatewayExtension serves Envoy Gateway's extension hooks on xds.listen:
-	// Envoy Gateway routes to InferencePools through it.
+	VirtualModels    []VirtualModel   `yaml:"virtualModels"`
+	XDS              XDS              `yaml:"xds"`
+	WeightSink       WeightSink       `yaml:"weightSink"`
 	GatewayExtension GatewayExtension `yaml:"gatewayExtension"`
 	Tracing          Tracing          `yaml:"tracing"`
 	Log              Log              `yaml:"log"`
@@ -342,11 +340,11 @@ type Resource struct {
 }
 
 // GatewayExtension makes infergate Envoy Gateway's extension server for
-// InferencePool backends (gRPC service envoygateway.extension.
-// EnvoyGatewayExtension, on xds.listen with xds.tls): each InferencePool's
-// cluster becomes the ORIGINAL_DST one its Endpoint Picker names the pod
-// for, and the picker's ext_proc filter goes between the gate and the meter
-// of every listener that routes to the pool.
+// InferencePool backends, on xds.listen (with xds.tls when set): each
+// InferencePool's cluster becomes the ORIGINAL_DST one its Endpoint Picker
+// names the pod for, and the picker's ext_proc filter goes between the
+// gate and the meter of every listener that routes to the pool (see
+// docs/deploy/inference-extension.md).
 type GatewayExtension struct {
 	Enabled bool `yaml:"enabled"`
 	// Policy is the EnvoyExtensionPolicy whose extProc 0 is infergate's

@@ -328,6 +328,9 @@ message that says what to change.
 {{- if and (include "infergate.gatewayExtension" .) (not .Values.envoyGateway.enabled) }}
 {{- fail "inferencePools.extensionServer puts each pool's Endpoint Picker after the gate of envoyGateway's EnvoyExtensionPolicy: it needs envoyGateway.enabled" }}
 {{- end }}
+{{- if and (include "infergate.gatewayExtension" .) (not .Values.inferencePools.route.poolHeader) }}
+{{- fail "inferencePools.extensionServer needs inferencePools.route.poolHeader: its filter on each backendRef makes Envoy Gateway give each InferencePool a cluster of its own (without it the pools of a rule share one, which cannot be a picker's)" }}
+{{- end }}
 {{- if and (include "infergate.gatewayExtension" .) (eq .Values.mode "scaled") (not (include "infergate.hasVirtualModels" .)) }}
 {{- fail "inferencePools.extensionServer in scaled mode is served by the SLA controller, which runs with config.virtualModels: add them, or use mode: serve" }}
 {{- end }}
