@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	pb "github.com/envoyproxy/gateway/proto/extension"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
