@@ -14,10 +14,12 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacconfigv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/file/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/health_check/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/least_request/v3"
@@ -316,10 +318,27 @@ func TestTranslatePutsThePickerBetweenGateAndMeter(t *testing.T) {
 
 	// The chain: the gate, the picker, the meter, the router.
 	fs := httpFilters(t, find(t, res.Listeners, routeConfig))
-	if got, want := filterNames(fs), []string{gateFilter, pickerFilter, meterFilter, "envoy.filters.http.router"}; !slices.Equal(got, want) {
+	if got, want := filterNames(fs), []string{gateFilter, NoRouteFilterName, pickerFilter, meterFilter, "envoy.filters.http.router"}; !slices.Equal(got, want) {
 		t.Fatalf("http filters = %q, want %q", got, want)
 	}
-	picker := fs[1]
+	// A request no route matches, which Envoy Gateway's gate (enabled per
+	// route) does not see, is refused before the pickers; every route lets
+	// its requests by.
+	guard := &rbacv3.RBAC{}
+	if err := fs[1].GetTypedConfig().UnmarshalTo(guard); err != nil || fs[1].GetDisabled() ||
+		guard.GetRules().GetAction() != rbacconfigv3.RBAC_DENY || !guard.GetRules().GetPolicies()["no-route"].GetPermissions()[0].GetAny() {
+		t.Errorf("no-route guard = %v (disabled %v), %v; want one denying everything", guard, fs[1].GetDisabled(), err)
+	}
+	for _, vh := range find(t, res.Routes, routeConfig).GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			off := &rbacv3.RBACPerRoute{}
+			a, ok := r.GetTypedPerFilterConfig()[NoRouteFilterName]
+			if !ok || a.UnmarshalTo(off) != nil || off.GetRbac() != nil {
+				t.Errorf("route %s does not turn the no-route guard off", r.GetName())
+			}
+		}
+	}
+	picker := fs[2]
 	if picker.GetDisabled() {
 		t.Error("the picker is disabled in the chain: Envoy builds the chain from the route before the gate re-routes, so it would never run")
 	}
@@ -516,7 +535,7 @@ func TestTranslatedResourcesValidateInEnvoy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"ORIGINAL_DST"`, `"` + pickerFilter + `"`, `"FULL_DUPLEX_STREAMED"`, `ExtProcPerRoute`} {
+	for _, want := range []string{`"ORIGINAL_DST"`, `"` + pickerFilter + `"`, `"FULL_DUPLEX_STREAMED"`, `ExtProcPerRoute`, `RBACPerRoute`} {
 		if !strings.Contains(string(doc), want) {
 			t.Fatalf("bootstrap lacks %s", want)
 		}

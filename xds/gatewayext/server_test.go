@@ -102,7 +102,7 @@ func TestHooksOverGRPC(t *testing.T) {
 			len(resp.GetListeners()), len(resp.GetRoutes()))
 	}
 	fs := httpFilters(t, find(t, resp.GetListeners(), routeConfig))
-	if got := filterNames(fs); !slices.Equal(got, []string{gateFilter, pickerFilter, meterFilter, "envoy.filters.http.router"}) {
+	if got := filterNames(fs); !slices.Equal(got, []string{gateFilter, NoRouteFilterName, pickerFilter, meterFilter, "envoy.filters.http.router"}) {
 		t.Errorf("http filters = %q", got)
 	}
 	find(t, resp.GetClusters(), PickerClusterName(testPool))

@@ -11,11 +11,14 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacconfigv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
@@ -48,13 +51,33 @@ const hcmFilter = "envoy.filters.network.http_connection_manager"
 // pickerOff turns a picker's filter off for a route or a weighted cluster.
 // ext_proc reads it when the request headers reach it, after the gate has
 // re-resolved the route, so the route the gate chose decides.
-var pickerOff = func() *anypb.Any {
-	a, err := anypb.New(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+var pickerOff = mustAny(&extprocv3.ExtProcPerRoute{Override: &extprocv3.ExtProcPerRoute_Disabled{Disabled: true}})
+
+// NoRouteFilterName is the filter that, right after the gate, refuses a
+// request no route matches before it reaches a picker: Envoy Gateway's gate
+// runs only where a route enables it, and a picker's filter runs wherever
+// no route turns it off, so without it a request for an unknown host would
+// reach the pickers ungated. Every route of the configuration turns it off.
+const NoRouteFilterName = "infergate.endpoint-picker/no-route"
+
+var (
+	noRouteOff = mustAny(&rbacv3.RBACPerRoute{})
+	noRoute    = mustAny(&rbacv3.RBAC{Rules: &rbacconfigv3.RBAC{
+		Action: rbacconfigv3.RBAC_DENY,
+		Policies: map[string]*rbacconfigv3.Policy{"no-route": {
+			Permissions: []*rbacconfigv3.Permission{{Rule: &rbacconfigv3.Permission_Any{Any: true}}},
+			Principals:  []*rbacconfigv3.Principal{{Identifier: &rbacconfigv3.Principal_Any{Any: true}}},
+		}},
+	}})
+)
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
 	if err != nil {
 		panic(err)
 	}
 	return a
-}()
+}
 
 // Translate puts each InferencePool's Endpoint Picker in front of it, in
 // the resources Envoy Gateway translated (its PostTranslateModify hook):
@@ -175,6 +198,10 @@ func pickersOff(rc *routev3.RouteConfiguration, pools map[string]Pool) ([]Pool, 
 	}
 	for _, vh := range rc.GetVirtualHosts() {
 		for _, r := range vh.GetRoutes() {
+			if r.TypedPerFilterConfig == nil {
+				r.TypedPerFilterConfig = map[string]*anypb.Any{}
+			}
+			r.TypedPerFilterConfig[NoRouteFilterName] = noRouteOff
 			action := r.GetRoute()
 			switch {
 			case action.GetClusterHeader() != "" || action.GetClusterSpecifierPlugin() != "" || action.GetInlineClusterSpecifierPlugin() != nil:
@@ -220,7 +247,8 @@ func withPickerOff(m map[string]*anypb.Any, p Pool) map[string]*anypb.Any {
 	return m
 }
 
-// insertPickers puts the pools' pickers right after the gate, in order.
+// insertPickers puts the no-route guard and the pools' pickers right after
+// the gate, in order.
 func (o Options) insertPickers(hcm *hcmv3.HttpConnectionManager, pools []Pool) error {
 	filters := hcm.GetHttpFilters()
 	gate, meter := -1, -1
@@ -241,6 +269,9 @@ func (o Options) insertPickers(hcm *hcmv3.HttpConnectionManager, pools []Pool) e
 		return fmt.Errorf("infergate's meter (%s) comes before its gate", o.MeterFilterName())
 	}
 	var add []*hcmv3.HttpFilter
+	if !slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == NoRouteFilterName }) {
+		add = append(add, &hcmv3.HttpFilter{Name: NoRouteFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: noRoute}})
+	}
 	for _, p := range pools {
 		if slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == PickerFilterName(p) }) {
 			continue
