@@ -523,11 +523,11 @@ func TestValuesRejected(t *testing.T) {
 			v["inferencePools"] = map[string]any{"extensionServer": map[string]any{"enabled": true}}
 			return v
 		}, "served by the SLA controller"},
-		{"extension server without the per-backend filter", func() map[string]any {
-			v := eg()
-			v["inferencePools"] = map[string]any{"extensionServer": map[string]any{"enabled": true}, "route": map[string]any{"poolHeader": ""}}
+		{"extension server with two InferencePools in one rule", func() map[string]any {
+			v := readValues(t, filepath.Join(chartDir, "ci", "inferencepools-values.yaml"))
+			v["inferencePools"].(map[string]any)["extensionServer"] = map[string]any{"enabled": true}
 			return v
-		}, "needs inferencePools.route.poolHeader"},
+		}, "a model has one InferencePool"},
 		{"extension server in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"gatewayExtension": map[string]any{"enabled": true}}}
 		}, "config.gatewayExtension is set by the chart; use the chart value inferencePools.extensionServer"},

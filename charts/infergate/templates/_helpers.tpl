@@ -328,8 +328,12 @@ message that says what to change.
 {{- if and (include "infergate.gatewayExtension" .) (not .Values.envoyGateway.enabled) }}
 {{- fail "inferencePools.extensionServer puts each pool's Endpoint Picker after the gate of envoyGateway's EnvoyExtensionPolicy: it needs envoyGateway.enabled" }}
 {{- end }}
-{{- if and (include "infergate.gatewayExtension" .) (not .Values.inferencePools.route.poolHeader) }}
-{{- fail "inferencePools.extensionServer needs inferencePools.route.poolHeader: its filter on each backendRef makes Envoy Gateway give each InferencePool a cluster of its own (without it the pools of a rule share one, which cannot be a picker's)" }}
+{{- if include "infergate.gatewayExtension" . }}
+{{- range .Values.inferencePools.models }}
+{{- if gt (len .pools) 1 }}
+{{- fail (printf "inferencePools.models %q: with inferencePools.extensionServer a model has one InferencePool. Envoy Gateway v1.9.1 gives the InferencePools of one rule a single cluster (a custom backend keeps no filter), which cannot be each pool's picker's; the extension server refuses it" .name) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and (include "infergate.gatewayExtension" .) (eq .Values.mode "scaled") (not (include "infergate.hasVirtualModels" .)) }}
 {{- fail "inferencePools.extensionServer in scaled mode is served by the SLA controller, which runs with config.virtualModels: add them, or use mode: serve" }}
