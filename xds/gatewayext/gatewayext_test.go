@@ -452,6 +452,12 @@ func TestTranslateFailsClosed(t *testing.T) {
 			a, _ := anypb.New(hcm)
 			l.GetDefaultFilterChain().GetFilters()[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: a}
 		}, "comes before its gate"},
+		{"a route to the pool the gate's policy does not target", func(r *translated, _ *Options) {
+			delete(r.Routes[0].GetVirtualHosts()[0].GetRoutes()[0].TypedPerFilterConfig, gateFilter)
+		}, "gate (" + gateFilter + ") is off on it"},
+		{"a route to the pool that turns the gate off", func(r *translated, _ *Options) {
+			r.Routes[0].GetVirtualHosts()[0].GetRoutes()[0].TypedPerFilterConfig[gateFilter] = mustAny(&routev3.FilterConfig{Disabled: true})
+		}, "is off on it"},
 		{"listeners not passed", func(r *translated, _ *Options) { r.Listeners = nil }, "includeAll"},
 		{"routes not passed", func(r *translated, _ *Options) { r.Routes = nil }, "includeAll"},
 		{"the listener that uses the routes not passed", func(r *translated, _ *Options) { r.Listeners = r.Listeners[:1] }, "no listener passed uses it"},

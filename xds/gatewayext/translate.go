@@ -107,7 +107,9 @@ func (o Options) Translate(clusters []*clusterv3.Cluster, listeners []*listenerv
 	// The pools each route configuration reaches, their pickers turned off
 	// on its routes to elsewhere.
 	reached := map[string][]Pool{}
+	rcs := map[string]*routev3.RouteConfiguration{}
 	for _, rc := range routes {
+		rcs[rc.GetName()] = rc
 		ps, err := pickersOff(rc, pools)
 		if err != nil {
 			return nil, err
@@ -127,9 +129,10 @@ func (o Options) Translate(clusters []*clusterv3.Cluster, listeners []*listenerv
 				if err := f.GetTypedConfig().UnmarshalTo(hcm); err != nil {
 					return nil, fmt.Errorf("listener %q: %w", l.GetName(), err)
 				}
-				ps := reached[hcm.GetRds().GetRouteConfigName()]
+				rc, ps := rcs[hcm.GetRds().GetRouteConfigName()], reached[hcm.GetRds().GetRouteConfigName()]
 				if inline := hcm.GetRouteConfig(); inline != nil {
 					var err error
+					rc = inline
 					if ps, err = pickersOff(inline, pools); err != nil {
 						return nil, err
 					}
@@ -137,8 +140,14 @@ func (o Options) Translate(clusters []*clusterv3.Cluster, listeners []*listenerv
 				if len(ps) == 0 {
 					continue
 				}
-				if err := o.insertPickers(hcm, ps); err != nil {
+				gateOff, err := o.insertPickers(hcm, ps)
+				if err != nil {
 					return nil, fmt.Errorf("listener %q: %w", l.GetName(), err)
+				}
+				if gateOff {
+					if err := o.gateOnPoolRoutes(rc, pools); err != nil {
+						return nil, fmt.Errorf("listener %q: %w", l.GetName(), err)
+					}
 				}
 				a, err := anypb.New(hcm)
 				if err != nil {
@@ -247,9 +256,57 @@ func withPickerOff(m map[string]*anypb.Any, p Pool) map[string]*anypb.Any {
 	return m
 }
 
+// gateOnPoolRoutes checks that every route of rc that reaches a pool turns
+// the gate on, where the chain has it off (Envoy Gateway enables a
+// policy's filters per route): a route to a pool that another HTTPRoute,
+// one the gate's policy does not target, brings to the same listener would
+// otherwise reach the picker ungated.
+func (o Options) gateOnPoolRoutes(rc *routev3.RouteConfiguration, pools map[string]Pool) error {
+	gate := o.GateFilterName()
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, r := range vh.GetRoutes() {
+			if !slices.ContainsFunc(routeClusters(r), func(c string) bool { _, ok := pools[c]; return ok }) {
+				continue
+			}
+			cfg := r.GetTypedPerFilterConfig()[gate]
+			if cfg == nil {
+				cfg = vh.GetTypedPerFilterConfig()[gate]
+			}
+			if !turnsOn(cfg) {
+				return fmt.Errorf("route %q reaches an InferencePool but infergate's gate (%s) is off on it: "+
+					"the EnvoyExtensionPolicy must target the route", r.GetName(), gate)
+			}
+		}
+	}
+	return nil
+}
+
+// turnsOn reports whether a per-route config turns on a filter that is off
+// in the chain: any config but one that disables it.
+func turnsOn(a *anypb.Any) bool {
+	if a == nil {
+		return false
+	}
+	fc := &routev3.FilterConfig{}
+	if a.MessageIs(fc) {
+		if a.UnmarshalTo(fc) != nil || fc.GetDisabled() {
+			return false
+		}
+		a = fc.GetConfig()
+		if a == nil || a.GetTypeUrl() == "" {
+			return true
+		}
+	}
+	pr := &extprocv3.ExtProcPerRoute{}
+	if a.MessageIs(pr) {
+		return a.UnmarshalTo(pr) == nil && !pr.GetDisabled()
+	}
+	return true
+}
+
 // insertPickers puts the no-route guard and the pools' pickers right after
-// the gate, in order.
-func (o Options) insertPickers(hcm *hcmv3.HttpConnectionManager, pools []Pool) error {
+// the gate, in order, and reports whether the gate is off in the chain.
+func (o Options) insertPickers(hcm *hcmv3.HttpConnectionManager, pools []Pool) (gateOff bool, err error) {
 	filters := hcm.GetHttpFilters()
 	gate, meter := -1, -1
 	for i, f := range filters {
@@ -261,12 +318,12 @@ func (o Options) insertPickers(hcm *hcmv3.HttpConnectionManager, pools []Pool) e
 		}
 	}
 	if gate < 0 {
-		return fmt.Errorf("its routes reach InferencePool %s but infergate's gate (%s) is not in its chain: "+
+		return false, fmt.Errorf("its routes reach InferencePool %s but infergate's gate (%s) is not in its chain: "+
 			"no picker without the gate in front (is gatewayExtension.policy the EnvoyExtensionPolicy that targets the route?)",
 			pools[0].key(), o.GateFilterName())
 	}
 	if meter >= 0 && meter < gate {
-		return fmt.Errorf("infergate's meter (%s) comes before its gate", o.MeterFilterName())
+		return false, fmt.Errorf("infergate's meter (%s) comes before its gate", o.MeterFilterName())
 	}
 	var add []*hcmv3.HttpFilter
 	if !slices.ContainsFunc(filters, func(f *hcmv3.HttpFilter) bool { return f.GetName() == NoRouteFilterName }) {
@@ -278,12 +335,12 @@ func (o Options) insertPickers(hcm *hcmv3.HttpConnectionManager, pools []Pool) e
 		}
 		f, err := o.pickerFilter(p)
 		if err != nil {
-			return err
+			return false, err
 		}
 		add = append(add, f)
 	}
 	hcm.HttpFilters = slices.Insert(slices.Clone(filters), gate+1, add...)
-	return nil
+	return filters[gate].GetDisabled(), nil
 }
 
 // pickerTimeout bounds one message to the picker: with a streamed body the
