@@ -346,7 +346,7 @@ func TestStrictDecode(t *testing.T) {
 				t.Fatal("no Deployment rendered")
 			}
 			for _, o := range objs["apps/v1/Deployment"] {
-				checkDeployment(t, o.(*appsv1.Deployment), len(objs["rbac.authorization.k8s.io/v1/Role"]) > 0)
+				checkDeployment(t, o.(*appsv1.Deployment), objs["rbac.authorization.k8s.io/v1/Role"])
 			}
 		})
 	}
@@ -468,7 +468,7 @@ spec:
 
 // checkDeployment checks what the chart promises of every pod: probes,
 // a graceful drain, and a locked-down container.
-func checkDeployment(t *testing.T, d *appsv1.Deployment, controllerRole bool) {
+func checkDeployment(t *testing.T, d *appsv1.Deployment, roles []any) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	if len(spec.Containers) != 1 {
@@ -499,10 +499,19 @@ func checkDeployment(t *testing.T, d *appsv1.Deployment, controllerRole bool) {
 		t.Errorf("%s: args %q", d.Name, c.Args)
 	}
 	// Only the SLA controller (infergate controller, or serve with virtual
-	// models) calls the API, with a Role: a Kubernetes weight sink (the
-	// scaled variant's controller sets an HTTPRoute's weights) or
-	// InferencePools it follows (the inferencepools variant's serve).
-	wantToken := len(c.Args) > 0 && (c.Args[0] == "controller" || c.Args[0] == "serve") && controllerRole
+	// models) calls the API for a Role of its own: a Kubernetes weight sink
+	// (the scaled variant's controller sets an HTTPRoute's weights) or
+	// InferencePools it follows (the inferencepools variant's serve); and
+	// Envoy Gateway's extension, on the pods that serve the xDS port (it
+	// reads HTTPRoutes).
+	var controllerRole, routesRole bool
+	for _, r := range roles {
+		name := r.(*rbacv1.Role).Name
+		controllerRole = controllerRole || strings.HasSuffix(name, "-weights") || strings.HasSuffix(name, "-pools")
+		routesRole = routesRole || strings.HasSuffix(name, "-httproutes")
+	}
+	servesXDS := slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == "xds" })
+	wantToken := (len(c.Args) > 0 && (c.Args[0] == "controller" || c.Args[0] == "serve") && controllerRole) || (routesRole && servesXDS)
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken != wantToken {
 		t.Errorf("%s: automountServiceAccountToken %v, want %v", d.Name, spec.AutomountServiceAccountToken, wantToken)
 	}
@@ -735,6 +744,42 @@ func TestStrictDecodeCombinations(t *testing.T) {
 			}
 			if len(rules[1].GetFrom()) != 0 || !slices.Equal(rules[1].GetTo()[0].GetOperation().GetPorts(), []string{"9090"}) {
 				t.Errorf("admin rule %v", rules[1])
+			}
+		}},
+		{"Envoy Gateway's extension server for InferencePools, with a NetworkPolicy", func() map[string]any {
+			v := readValues(t, chartDir+"/ci/envoygateway-values.yaml")
+			v["inferencePools"] = map[string]any{"extensionServer": map[string]any{"enabled": true},
+				"models": []any{map[string]any{"name": "llama-3.1-8b-instruct", "pools": []any{map[string]any{"name": "vllm-llama3-8b", "weight": 100}}}}}
+			v["networkPolicy"] = map[string]any{"enabled": true}
+			return v
+		}(), func(t *testing.T, objs map[string][]any) {
+			cfg := findConfigMap(objs, releaseName+"-config").Data["config.yaml"]
+			for _, want := range []string{"gatewayExtension:", "enabled: true", "name: " + releaseName, "clusterDomain: cluster.local", "endpointPickerTLS: true"} {
+				if !strings.Contains(cfg, want) {
+					t.Errorf("config lacks %q:\n%s", want, cfg)
+				}
+			}
+			if svc := findService(objs, releaseName); svc == nil || !slices.ContainsFunc(svc.Spec.Ports, func(p corev1.ServicePort) bool { return p.Name == "grpc-xds" }) {
+				t.Errorf("the Service does not expose the xDS port Envoy Gateway calls: %+v", svc)
+			}
+			var role *rbacv1.Role
+			for _, o := range objs["rbac.authorization.k8s.io/v1/Role"] {
+				if r := o.(*rbacv1.Role); r.Name == releaseName+"-httproutes" {
+					role = r
+				}
+			}
+			if role == nil || len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Resources, []string{"httproutes"}) || !slices.Equal(role.Rules[0].Verbs, []string{"get"}) {
+				t.Errorf("HTTPRoute Role = %+v", role)
+			}
+			d := objs["apps/v1/Deployment"][0].(*appsv1.Deployment)
+			checkDeployment(t, d, objs["rbac.authorization.k8s.io/v1/Role"])
+			if tok := d.Spec.Template.Spec.AutomountServiceAccountToken; tok == nil || !*tok {
+				t.Error("the extension cannot read HTTPRoutes without the service account's token")
+			}
+			np := objs["networking.k8s.io/v1/NetworkPolicy"][0].(*networkingv1.NetworkPolicy)
+			if len(np.Spec.Ingress) != 3 || np.Spec.Ingress[1].Ports[0].Port.String() != "xds" ||
+				np.Spec.Ingress[1].From[0].PodSelector.MatchLabels["control-plane"] != "envoy-gateway" {
+				t.Errorf("NetworkPolicy does not admit Envoy Gateway's controller to the xDS port: %+v", np.Spec.Ingress)
 			}
 		}},
 	}

@@ -513,6 +513,24 @@ func TestValuesRejected(t *testing.T) {
 		{"plaintext opt-in in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"extproc": map[string]any{"insecureOpenToNetwork": false}}}
 		}, "config.extproc.insecureOpenToNetwork is set by the chart; use the chart value extproc.tls"},
+		{"extension server without the gate's policy", func() map[string]any {
+			return map[string]any{"inferencePools": map[string]any{"extensionServer": map[string]any{"enabled": true}}}
+		}, "it needs envoyGateway.enabled"},
+		{"extension server in scaled mode without the controller", func() map[string]any {
+			v := eg()
+			v["mode"] = "scaled"
+			v["redis"] = map[string]any{"address": "redis:6379"}
+			v["inferencePools"] = map[string]any{"extensionServer": map[string]any{"enabled": true}}
+			return v
+		}, "served by the SLA controller"},
+		{"extension server with two InferencePools in one rule", func() map[string]any {
+			v := readValues(t, filepath.Join(chartDir, "ci", "inferencepools-values.yaml"))
+			v["inferencePools"].(map[string]any)["extensionServer"] = map[string]any{"enabled": true}
+			return v
+		}, "a model has one InferencePool"},
+		{"extension server in config", func() map[string]any {
+			return map[string]any{"config": map[string]any{"gatewayExtension": map[string]any{"enabled": true}}}
+		}, "config.gatewayExtension is set by the chart; use the chart value inferencePools.extensionServer"},
 		{"admin opt-in in config", func() map[string]any {
 			return map[string]any{"config": map[string]any{"admin": map[string]any{"openToNetwork": false}}}
 		}, "config.admin.openToNetwork is set by the chart; use the chart value ports.admin"},

@@ -86,6 +86,21 @@ Whether infergate runs virtual models (and so an SLA controller and xDS).
 {{- end }}
 
 {{/*
+Whether infergate is Envoy Gateway's extension server for InferencePools.
+*/}}
+{{- define "infergate.gatewayExtension" -}}
+{{- if .Values.inferencePools.extensionServer.enabled }}true{{ end }}
+{{- end }}
+
+{{/*
+Whether the xDS port serves: xDS for the virtual models, or Envoy
+Gateway's extension.
+*/}}
+{{- define "infergate.servesXDS" -}}
+{{- if or (include "infergate.hasVirtualModels" .) (include "infergate.gatewayExtension" .) }}true{{ end }}
+{{- end }}
+
+{{/*
 The Kubernetes object the SLA controller writes its weights to, when its
 weightSink is one (config.weightSink.type httpRoute or virtualService):
 "resource|namespace|name|apiGroup", else empty.
@@ -265,7 +280,8 @@ message that says what to change.
   "ratelimit.redis.username" "redis.username"
   "ratelimit.redis.db" "redis.db"
   "ratelimit.redis.passwordFile" "redis.passwordSecret"
-  "extproc.tls" "extproc.tls" }}
+  "extproc.tls" "extproc.tls"
+  "gatewayExtension" "inferencePools.extensionServer" }}
 {{- range $path, $use := $owned }}
 {{- $node := $.Values.config }}
 {{- $found := true }}
@@ -328,6 +344,19 @@ message that says what to change.
 {{- fail "xds.tls.enabled: true serves xDS with the ext_proc port's certificates: turn extproc.tls on too" }}
 {{- end }}
 {{- include "infergate.validateTLSUpgrade" . }}
+{{- if and (include "infergate.gatewayExtension" .) (not .Values.envoyGateway.enabled) }}
+{{- fail "inferencePools.extensionServer puts each pool's Endpoint Picker after the gate of envoyGateway's EnvoyExtensionPolicy: it needs envoyGateway.enabled" }}
+{{- end }}
+{{- if include "infergate.gatewayExtension" . }}
+{{- range .Values.inferencePools.models }}
+{{- if gt (len .pools) 1 }}
+{{- fail (printf "inferencePools.models %q: with inferencePools.extensionServer a model has one InferencePool. Envoy Gateway v1.9.1 gives the InferencePools of one rule a single cluster (a custom backend keeps no filter), which cannot be each pool's picker's; the extension server refuses it" .name) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (include "infergate.gatewayExtension" .) (eq .Values.mode "scaled") (not (include "infergate.hasVirtualModels" .)) }}
+{{- fail "inferencePools.extensionServer in scaled mode is served by the SLA controller, which runs with config.virtualModels: add them, or use mode: serve" }}
+{{- end }}
 {{- if and .Values.envoyGateway.clientCertificateNamespace (not (and (include "infergate.extprocTLSEnabled" .) .Values.extproc.tls.certManager.issuerRef)) }}
 {{- fail "envoyGateway.clientCertificateNamespace issues Envoy's client certificate with cert-manager: it needs extproc.tls.enabled and extproc.tls.certManager.issuerRef" }}
 {{- end }}
@@ -414,6 +443,12 @@ The configuration file: values.config with the keys the chart owns.
 {{- if .Values.policies.enabled }}
 {{- $_ := set $owned "policy" (dict "dir" "/etc/infergate/policies") }}
 {{- end }}
+{{- if include "infergate.gatewayExtension" . }}
+{{- $_ := set $owned "gatewayExtension" (dict "enabled" true
+  "policy" (dict "namespace" .Release.Namespace "name" (include "infergate.fullname" .))
+  "clusterDomain" .Values.clusterDomain
+  "endpointPickerTLS" .Values.inferencePools.extensionServer.endpointPickerTLS) }}
+{{- end }}
 {{- with .Values.redis }}
 {{- if .address }}
 {{- $redis := dict "address" .address }}
@@ -454,6 +489,10 @@ spec:
   # The SLA controller writes its weights (config.weightSink) or follows
   # InferencePools' pods (pools[].inferencePool) through the Kubernetes
   # API: it needs the service account's token.
+  automountServiceAccountToken: true
+  {{- else if and (include "infergate.gatewayExtension" $root) .xds }}
+  # Envoy Gateway's extension reads HTTPRoutes through the Kubernetes API:
+  # it needs the service account's token.
   automountServiceAccountToken: true
   {{- else }}
   # infergate does not call the Kubernetes API.
