@@ -165,8 +165,8 @@ spec:
 			t.Errorf("request %d: the stream differs from the pod's\n got %q\nwant %q", i, r.body, referenceStream(t, sent))
 		}
 		st := ig.stamp(t, rid, func(l logLine) bool { return l.RequestID == rid })
-		if !st.Complete || st.Pool != poolName {
-			t.Errorf("request %d stamp: %+v, want complete, pool %s", i, st, poolName)
+		if !st.Complete || st.Pool != poolName || st.Endpoint != pods[served].addr() {
+			t.Errorf("request %d stamp: %+v, want complete, pool %s, endpoint %s (the pod that served)", i, st, poolName, pods[served].addr())
 		}
 		counts[pods[served].ip]++
 	}

@@ -629,6 +629,8 @@ type logLine struct {
 	Stream           bool    `json:"stream"`
 	Tenant           string  `json:"tenant"`
 	Pool             string  `json:"pool"`
+	Endpoint         string  `json:"endpoint"` // an Endpoint Picker's choice
+	Upstream         string  `json:"upstream"`
 	Decision         string  `json:"decision"`
 	CompletionTokens int     `json:"completion_tokens"`
 	TTFTms           float64 `json:"ttft_ms"`
