@@ -67,7 +67,14 @@ spec:
 	}}
 	vals["inferencePools"] = map[string]any{
 		"route":  map[string]any{"hostnames": []any{llmHost}},
-		"models": []any{map[string]any{"name": poolModel, "pools": []any{map[string]any{"name": poolName, "namespace": poolNS, "weight": 100}}}},
+		"models": []any{
+			map[string]any{"name": poolModel, "pools": []any{map[string]any{"name": poolName, "namespace": poolNS, "weight": 100}}},
+			// One rule, two kinds of backend: the pool and the hosted tier.
+			map[string]any{"name": "llama-split", "pools": []any{
+				map[string]any{"name": poolName, "namespace": poolNS, "weight": 1},
+				map[string]any{"name": "hosted", "port": 8000, "weight": 1},
+			}},
+		},
 	}
 	cfg := vals["config"].(map[string]any)
 	cfg["gatewayExtension"] = map[string]any{"enabled": true}
@@ -188,6 +195,43 @@ spec:
 	drain(resp)
 	if resp.StatusCode != http.StatusOK || hosted.served(t) != hostedBefore+1 {
 		t.Errorf("hosted model: %d, served %d -> %d", resp.StatusCode, hostedBefore, hosted.served(t))
+	}
+
+	// A rule split between the pool and the hosted tier: a request the
+	// split sends to the pool is picked a pod for; one it sends to the
+	// hosted tier goes there unpicked. Both happen (weights 1:1; twenty
+	// requests all one way is a one-in-half-a-million chance).
+	toPool, toHosted := 0, 0
+	for i := range 20 {
+		rid := fmt.Sprintf("eg-split-%d", i)
+		before, picked, hostedBefore := servedBy(pods), pickedBy(pods), hosted.served(t)
+		resp, err := chat(gw, "llama-split", 4, true, map[string]string{"authorization": "Bearer " + apiKey, "x-request-id": rid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		drain(resp)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("split request %d: %d", i, resp.StatusCode)
+		}
+		st := ig.stamp(t, rid, func(l logLine) bool { return l.RequestID == rid })
+		switch pool, host := sum(servedBy(pods))-sum(before), hosted.served(t)-hostedBefore; {
+		case pool == 1 && host == 0:
+			toPool++
+			if sum(pickedBy(pods))-sum(picked) != 1 || st.Pool != poolName || st.Endpoint == "" {
+				t.Errorf("split request %d reached a pod unpicked, or its stamp says otherwise: %+v", i, st)
+			}
+		case pool == 0 && host == 1:
+			toHosted++
+			if st.Pool != "hosted" || st.Endpoint != "" {
+				t.Errorf("split request %d to the hosted tier: stamp %+v, want pool hosted and no picker's endpoint", i, st)
+			}
+		default:
+			t.Fatalf("split request %d: %d pod and %d hosted requests served, want one", i, pool, host)
+		}
+	}
+	t.Logf("the split rule: %d requests to the pool, %d to the hosted tier", toPool, toHosted)
+	if toPool == 0 || toHosted == 0 {
+		t.Errorf("the 1:1 split sent %d to the pool and %d to the hosted tier", toPool, toHosted)
 	}
 }
 
