@@ -66,7 +66,7 @@ spec:
 		"name": "hosted-llama", "pools": []any{map[string]any{"name": "hosted", "port": 8000, "weight": 100}},
 	}}
 	vals["inferencePools"] = map[string]any{
-		"route":  map[string]any{"hostnames": []any{llmHost}},
+		"route": map[string]any{"hostnames": []any{llmHost}},
 		"models": []any{
 			map[string]any{"name": poolModel, "pools": []any{map[string]any{"name": poolName, "namespace": poolNS, "weight": 100}}},
 			// One rule, two kinds of backend: the pool and the hosted tier.
