@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
@@ -32,6 +33,9 @@ type ControllerService struct {
 	routing *routing.Service
 	rdb     redis.UniversalClient
 	certs   *tlsreload.Server // xDS's mTLS files; nil without xds.tls
+	// gatewayExt is Envoy Gateway's extension server, served with xDS;
+	// nil without gatewayExtension.enabled.
+	gatewayExt []func(grpc.ServiceRegistrar)
 }
 
 // NewControllerService needs virtual models and the shared Redis
@@ -66,7 +70,12 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 		rdb.Close()
 		return nil, err
 	}
-	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb, certs: certs}, nil
+	ext, err := newGatewayExtension(cfg, logger)
+	if err != nil {
+		rdb.Close()
+		return nil, err
+	}
+	return &ControllerService{cfg: cfg, log: logger, metrics: metrics, routing: rt, rdb: rdb, certs: certs, gatewayExt: ext}, nil
 }
 
 // Serve runs until ctx is done or a part fails; every goroutine it starts
@@ -111,7 +120,7 @@ func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.List
 		xdsLis = tls.NewListener(xdsLis, c.certs.Config())
 		g.Go(func() error { c.certs.Run(runCtx, c.cfg.Policy.ReloadInterval); return nil })
 	}
-	g.Go(func() error { return c.routing.Run(runCtx, xdsLis) })
+	g.Go(func() error { return c.routing.Run(runCtx, xdsLis, c.gatewayExt...) })
 	c.log.Info("infergate controller serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String())
 
 	<-failed.Done()

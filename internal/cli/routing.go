@@ -2,15 +2,19 @@ package cli
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/metric"
+	"google.golang.org/grpc"
 	"k8s.io/klog/v2"
 
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/xds/gatewayext"
 	"github.com/infergate/infergate/xds/routing"
 	"github.com/infergate/infergate/xds/server"
+	"github.com/infergate/infergate/xds/weightsink"
 )
 
 // newRouting builds the SLA routing of cfg's virtual models (nil without
@@ -43,4 +47,25 @@ func routingOptions(cfg *config.Config) routing.Options {
 		o.VirtualModels = append(o.VirtualModels, m)
 	}
 	return o
+}
+
+// newGatewayExtension is Envoy Gateway's extension server of
+// cfg.gatewayExtension, to serve on the xDS listener: nil when it is off.
+func newGatewayExtension(cfg *config.Config, log *slog.Logger) ([]func(grpc.ServiceRegistrar), error) {
+	ge := cfg.GatewayExtension
+	if !ge.Enabled {
+		return nil, nil
+	}
+	kube, err := weightsink.Connect()
+	if err != nil {
+		return nil, fmt.Errorf("gatewayExtension: %w", err)
+	}
+	klog.SetSlogLogger(log)
+	srv := &gatewayext.Server{
+		Options: gatewayext.Options{PolicyNamespace: ge.Policy.Namespace, PolicyName: ge.Policy.Name,
+			ClusterDomain: ge.ClusterDomain, PickerTLS: *ge.EndpointPickerTLS},
+		Routes: gatewayext.KubeRoutes{Client: kube.Client},
+		Log:    log.With("component", "gateway-extension"),
+	}
+	return []func(grpc.ServiceRegistrar){srv.Register}, nil
 }

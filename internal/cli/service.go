@@ -36,6 +36,7 @@ import (
 	"github.com/infergate/infergate/internal/tlsreload"
 	"github.com/infergate/infergate/xds/feed"
 	"github.com/infergate/infergate/xds/routing"
+	"github.com/infergate/infergate/xds/server"
 )
 
 // streamWorkers serve ext_proc streams (each HTTP request holds two, the
@@ -72,6 +73,9 @@ type Service struct {
 	listen func(network, addr string) (net.Listener, error)
 	// models are what the pools serve; nil without poolModels.pools.
 	models *poolmodels.Lister
+	// gatewayExt is Envoy Gateway's extension server, on the xDS
+	// listener; nil without gatewayExtension.enabled.
+	gatewayExt []func(grpc.ServiceRegistrar)
 }
 
 // Option changes how NewService composes the service; the command line
@@ -131,6 +135,10 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		return nil, err
 	}
 	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: recent, tracing: tracing, listen: net.Listen}
+	if s.gatewayExt, err = newGatewayExtension(cfg, logger); err != nil {
+		adm.close()
+		return nil, err
+	}
 	if err := checkDebugToken(cfg.Admin); err != nil {
 		adm.close()
 		return nil, err
@@ -178,7 +186,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		adm.close()
 		return nil, err
 	}
-	if s.routing.NeedsListener() {
+	if s.needsXDSListener() {
 		if s.xdsCerts, err = serverCerts(cfg.XDS.TLS, logger); err != nil {
 			adm.close()
 			return nil, fmt.Errorf("xds.tls: %w", err)
@@ -358,13 +366,13 @@ func (s *Service) modelsPrimed() bool {
 // (long LLM responses get drainTimeout), the observations they produced
 // are flushed to the feed, the watchers stop, and Redis closes last. Every
 // goroutine it starts has ended when it returns. xdsLis serves the
-// virtual-model routes; it is only used (and required) when routing
-// serves xDS.
+// virtual-model routes and Envoy Gateway's extension; it is only used (and
+// required) when routing serves xDS or gatewayExtension is on.
 func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Listener) error {
-	if s.routing.NeedsListener() && xdsLis == nil {
-		return errors.New("virtual models are configured but there is no xDS listener")
+	if s.needsXDSListener() && xdsLis == nil {
+		return errors.New("virtual models or gatewayExtension are configured but there is no xDS listener")
 	}
-	if s.routing == nil && xdsLis != nil {
+	if s.routing == nil && s.gatewayExt == nil && xdsLis != nil {
 		xdsLis.Close()
 	}
 	if s.xdsCerts != nil && xdsLis != nil {
@@ -408,8 +416,13 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	if s.publisher != nil {
 		g.Go(func() error { s.publisher.Run(feedCtx); return nil })
 	}
+	if s.routing == nil && s.gatewayExt != nil {
+		g.Go(func() error {
+			return server.ServeGRPC(routingCtx, xdsLis, server.GRPCOptions{Logger: s.log}, s.gatewayExt...)
+		})
+	}
 	if s.routing != nil {
-		g.Go(func() error { return s.routing.Run(routingCtx, xdsLis) })
+		g.Go(func() error { return s.routing.Run(routingCtx, xdsLis, s.gatewayExt...) })
 		if s.adm.redis != nil {
 			g.Go(func() error {
 				feed.Subscribe(routingCtx, s.adm.redis, feed.DefaultStream, s.routing.Observe, s.log)
@@ -448,6 +461,10 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	return nil
 }
 
+// needsXDSListener reports whether xds.listen serves: xDS for the virtual
+// models, or Envoy Gateway's extension.
+func (s *Service) needsXDSListener() bool { return s.routing.NeedsListener() || s.gatewayExt != nil }
+
 // ListenAndServe opens the configured listeners and serves.
 func (s *Service) ListenAndServe(ctx context.Context) error {
 	ep, err := listenExtProc(s.listen, s.cfg.ExtProc.Listen)
@@ -460,7 +477,7 @@ func (s *Service) ListenAndServe(ctx context.Context) error {
 		return fmt.Errorf("admin listener: %w", err)
 	}
 	var xl net.Listener
-	if s.routing.NeedsListener() {
+	if s.needsXDSListener() {
 		if xl, err = s.listen("tcp", s.cfg.XDS.Listen); err != nil {
 			ep.Close()
 			ad.Close()

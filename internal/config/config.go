@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/xds/controller"
@@ -56,8 +57,11 @@ type Config struct {
 	VirtualModels []VirtualModel `yaml:"virtualModels"`
 	XDS           XDS            `yaml:"xds"`
 	WeightSink    WeightSink     `yaml:"weightSink"`
-	Tracing       Tracing        `yaml:"tracing"`
-	Log           Log            `yaml:"log"`
+	// GatewayExtension serves Envoy Gateway's extension hooks on xds.listen:
+	// Envoy Gateway routes to InferencePools through it.
+	GatewayExtension GatewayExtension `yaml:"gatewayExtension"`
+	Tracing          Tracing          `yaml:"tracing"`
+	Log              Log              `yaml:"log"`
 
 	// PoolModels, with neither Models nor VirtualModels, are listed on
 	// GET /v1/models instead: what the pools serve, read from each one.
@@ -335,6 +339,26 @@ type HTTPRouteFile struct {
 type Resource struct {
 	Namespace string `yaml:"namespace"`
 	Name      string `yaml:"name"`
+}
+
+// GatewayExtension makes infergate Envoy Gateway's extension server for
+// InferencePool backends (gRPC service envoygateway.extension.
+// EnvoyGatewayExtension, on xds.listen with xds.tls): each InferencePool's
+// cluster becomes the ORIGINAL_DST one its Endpoint Picker names the pod
+// for, and the picker's ext_proc filter goes between the gate and the meter
+// of every listener that routes to the pool.
+type GatewayExtension struct {
+	Enabled bool `yaml:"enabled"`
+	// Policy is the EnvoyExtensionPolicy whose extProc 0 is infergate's
+	// gate and extProc 1 its meter: the picker goes right after the gate.
+	Policy Resource `yaml:"policy"`
+	// ClusterDomain is the cluster's DNS domain: the picker is reached at
+	// <endpointPickerRef.name>.<pool namespace>.svc.<clusterDomain>.
+	ClusterDomain string `yaml:"clusterDomain"`
+	// EndpointPickerTLS connects to the pickers over TLS, without verifying
+	// their certificate (the Endpoint Picker serves a self-signed one by
+	// default); false connects in plaintext.
+	EndpointPickerTLS *bool `yaml:"endpointPickerTLS"`
 }
 
 // XDS is the control plane Envoy fetches the virtual-model routes from.
@@ -729,6 +753,10 @@ func (c *Config) fillDefaults() {
 		c.Admin.RecentRequests = ptr(1000)
 	}
 	setDefault(&c.WeightSink.Type, "xds")
+	setDefault(&c.GatewayExtension.ClusterDomain, "cluster.local")
+	if c.GatewayExtension.EndpointPickerTLS == nil {
+		c.GatewayExtension.EndpointPickerTLS = ptr(true)
+	}
 	setDefault(&c.Tracing.Protocol, "grpc")
 	if c.Tracing.SampleRatio == 0 {
 		c.Tracing.SampleRatio = 1
@@ -894,6 +922,14 @@ func (c *Config) validate() error {
 		check(ws.HTTPRoute.Namespace != "" && ws.HTTPRoute.Name != "", "weightSink.httpRoute", "namespace and name are required with type httpRoute")
 	case "virtualService":
 		check(ws.VirtualService.Namespace != "" && ws.VirtualService.Name != "", "weightSink.virtualService", "namespace and name are required with type virtualService")
+	}
+	if ge := c.GatewayExtension; ge.Enabled {
+		check(len(validation.IsDNS1123Label(ge.Policy.Namespace)) == 0, "gatewayExtension.policy.namespace",
+			"%q is not a Kubernetes namespace (a DNS-1123 label)", ge.Policy.Namespace)
+		check(len(validation.IsDNS1123Subdomain(ge.Policy.Name)) == 0, "gatewayExtension.policy.name",
+			"%q is not a Kubernetes object name (a DNS-1123 subdomain)", ge.Policy.Name)
+		check(len(validation.IsDNS1123Subdomain(ge.ClusterDomain)) == 0, "gatewayExtension.clusterDomain",
+			"%q is not a DNS domain (a DNS-1123 subdomain)", ge.ClusterDomain)
 	}
 	check(c.Tracing.Endpoint == "" || validAddr(c.Tracing.Endpoint), "tracing.endpoint", "%q is not host:port", c.Tracing.Endpoint)
 	check(oneOf(c.Tracing.Protocol, "grpc", "http"), "tracing.protocol", "must be grpc or http; got %q", c.Tracing.Protocol)

@@ -35,18 +35,19 @@ func defaults() *Config {
 				TenantClaim: "tenant", LabelClaims: []string{"tier"}},
 			PolicyHeaders: []string{"user-agent", "x-request-id"},
 		},
-		Policy:        Policy{ReloadInterval: time.Second, Memoize: ptr(true)},
-		RateLimit:     RateLimit{Backend: "memory", OnBackendError: "deny", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Addresses: []string{}, Timeout: 250 * time.Millisecond}},
-		Reservations:  defaultReservations,
-		Checks:        map[string]Check{},
-		Models:        []string{},
-		VirtualModels: []VirtualModel{},
-		XDS:           XDS{Listen: "127.0.0.1:18000", RouteConfigName: "infergate"},
-		WeightSink:    WeightSink{Type: "xds"},
-		Tracing:       Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
-		Log:           Log{Level: "info", Format: "json", Requests: ptr(true)},
-		PoolModels:    defaultPoolModels,
-		Prices:        Prices{Currency: "USD", Models: map[string]ModelPrice{}},
+		Policy:           Policy{ReloadInterval: time.Second, Memoize: ptr(true)},
+		RateLimit:        RateLimit{Backend: "memory", OnBackendError: "deny", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Addresses: []string{}, Timeout: 250 * time.Millisecond}},
+		Reservations:     defaultReservations,
+		Checks:           map[string]Check{},
+		Models:           []string{},
+		VirtualModels:    []VirtualModel{},
+		XDS:              XDS{Listen: "127.0.0.1:18000", RouteConfigName: "infergate"},
+		WeightSink:       WeightSink{Type: "xds"},
+		GatewayExtension: GatewayExtension{ClusterDomain: "cluster.local", EndpointPickerTLS: ptr(true)},
+		Tracing:          Tracing{Protocol: "grpc", SampleRatio: 1, QueueSize: 4096},
+		Log:              Log{Level: "info", Format: "json", Requests: ptr(true)},
+		PoolModels:       defaultPoolModels,
+		Prices:           Prices{Currency: "USD", Models: map[string]ModelPrice{}},
 	}
 }
 
@@ -81,8 +82,8 @@ func dump(c *Config) string {
 		}
 		return fmt.Sprint(*p)
 	}
-	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v tracing=%+v log={Level:%q Format:%q Requests:%s} poolModels=%+v prices=%+v",
-		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests), c.PoolModels, c.Prices)
+	return fmt.Sprintf("extproc=%+v admin=%+v gate={MaxBodyBytes:%d InjectUsage:%s ChatOutputLimit:%q Paths:%q} meter=%+v auth=%+v policy=%+v memoize=%s ratelimit=%+v reservations=%+v checks=%+v models=%q virtualModels=%+v xds=%+v weightSink=%+v gatewayExtension={Enabled:%t Policy:%+v ClusterDomain:%q EndpointPickerTLS:%s} tracing=%+v log={Level:%q Format:%q Requests:%s} poolModels=%+v prices=%+v",
+		c.ExtProc, c.Admin, c.Gate.MaxBodyBytes, b(c.Gate.InjectUsage), c.Gate.ChatOutputLimit, c.Gate.Paths, c.Meter, c.Auth, c.Policy, b(c.Policy.Memoize), c.RateLimit, c.Reservations, c.Checks, c.Models, c.VirtualModels, c.XDS, c.WeightSink, c.GatewayExtension.Enabled, c.GatewayExtension.Policy, c.GatewayExtension.ClusterDomain, b(c.GatewayExtension.EndpointPickerTLS), c.Tracing, c.Log.Level, c.Log.Format, b(c.Log.Requests), c.PoolModels, c.Prices)
 }
 
 func TestDefaultMatchesCode(t *testing.T) {
@@ -149,6 +150,8 @@ func TestValidFile(t *testing.T) {
 		XDS: XDS{Listen: "127.0.0.1:18001", RouteConfigName: "llm", InsecureOpenToNetwork: true,
 			TLS: TLS{CertFile: "/etc/infergate/xds/tls.crt", KeyFile: "/etc/infergate/xds/tls.key", ClientCAFile: "/etc/infergate/xds/ca.crt"}},
 		WeightSink: WeightSink{Type: "httpRouteFile", HTTPRoute: HTTPRouteFile{File: "/etc/eg/routes.yaml", Namespace: "llm", Name: "chat"}},
+		GatewayExtension: GatewayExtension{Enabled: true, Policy: Resource{Namespace: "llm", Name: "infergate"},
+			ClusterDomain: "cluster.example", EndpointPickerTLS: ptr(false)},
 		Tracing: Tracing{Endpoint: "otel-collector:4318", Protocol: "http", Insecure: true, SampleRatio: 0.25,
 			QueueSize: 100, TraceURL: "http://jaeger:16686/trace/{trace_id}"},
 		Log:        Log{Level: "debug", Format: "text", Requests: ptr(false)},

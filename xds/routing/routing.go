@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/xds/controller"
@@ -417,18 +418,28 @@ func (r *Service) tick(ctx context.Context) {
 // Run runs the controller loop, the pools' metrics scrape and (without a
 // weight sink) the xDS server on lis, until ctx is done; it returns when
 // all of them have stopped. Envoy keeps the last routes it was given.
-func (r *Service) Run(ctx context.Context, lis net.Listener) error {
+// extra are more gRPC services for lis (Envoy Gateway's extension): served
+// there with or without xDS.
+func (r *Service) Run(ctx context.Context, lis net.Listener, extra ...func(grpc.ServiceRegistrar)) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { r.tick(ctx); return nil })
 	g.Go(func() error { r.scrapeLoads(ctx); return nil })
-	if r.xds != nil {
+	switch {
+	case r.xds != nil:
 		g.Go(func() error {
-			if err := r.xds.Serve(ctx, lis); err != nil {
+			if err := r.xds.Serve(ctx, lis, extra...); err != nil {
 				return fmt.Errorf("xds: %w", err)
 			}
 			return nil
 		})
-	} else if lis != nil {
+	case len(extra) > 0:
+		g.Go(func() error {
+			if err := server.ServeGRPC(ctx, lis, server.GRPCOptions{Logger: r.log}, extra...); err != nil {
+				return fmt.Errorf("xds: %w", err)
+			}
+			return nil
+		})
+	case lis != nil:
 		lis.Close() // the weights go to a gateway's resource; nothing to serve
 	}
 	return g.Wait()

@@ -254,11 +254,11 @@ func consistent(snap *cache.Snapshot, name string) error {
 
 // Serve serves xDS on lis until ctx is done, then stops gracefully within
 // ShutdownTimeout (xDS streams are closed first, so this is quick), and
-// returns nil. It registers RDS and ADS, so Envoy may use either.
-func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
-	xctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	xs := serverv3.NewServer(xctx, s.cache, serverv3.CallbackFuncs{
+// returns nil. It registers RDS and ADS, so Envoy may use either, and the
+// services extra registers on the same server (Envoy Gateway's extension).
+func (s *Server) Serve(ctx context.Context, lis net.Listener, extra ...func(grpc.ServiceRegistrar)) error {
+	// The xDS streams end with ctx, before the graceful stop waits for them.
+	xs := serverv3.NewServer(ctx, s.cache, serverv3.CallbackFuncs{
 		StreamOpenFunc: func(_ context.Context, id int64, typ string) error {
 			s.log.Debug("xds stream open", "stream", id, "type", typ)
 			return nil
@@ -274,8 +274,38 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 			s.log.Debug("xds delta stream closed", "stream", id, "node", node.GetId())
 		},
 	})
+	s.log.Info("xds serving", "addr", lis.Addr().String(), "route_config", s.name)
+	return ServeGRPC(ctx, lis, GRPCOptions{MaxConcurrentStreams: s.streams, ShutdownTimeout: s.shutdown, Logger: s.log},
+		append([]func(grpc.ServiceRegistrar){func(gs grpc.ServiceRegistrar) {
+			discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xs)
+			routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
+			clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
+		}}, extra...)...)
+}
+
+// GRPCOptions are the control plane's gRPC server's; zero values are
+// Options' defaults.
+type GRPCOptions struct {
+	MaxConcurrentStreams uint32
+	ShutdownTimeout      time.Duration
+	Logger               *slog.Logger
+}
+
+// ServeGRPC serves the services register adds on lis, with the control
+// plane's keepalive, until ctx is done; then it stops gracefully within
+// ShutdownTimeout and returns nil.
+func ServeGRPC(ctx context.Context, lis net.Listener, o GRPCOptions, register ...func(grpc.ServiceRegistrar)) error {
+	if o.MaxConcurrentStreams == 0 {
+		o.MaxConcurrentStreams = 100
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
 	gs := grpc.NewServer(
-		grpc.MaxConcurrentStreams(s.streams),
+		grpc.MaxConcurrentStreams(o.MaxConcurrentStreams),
 		// Envoy's HTTP/2 keepalive pings (connection_keepalive) are
 		// welcome down to 10s, even with no stream open.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
@@ -288,34 +318,31 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 			Timeout: 10 * time.Second,
 		}),
 	)
-	discoveryv3.RegisterAggregatedDiscoveryServiceServer(gs, xs)
-	routeservice.RegisterRouteDiscoveryServiceServer(gs, xs)
-	clusterservice.RegisterClusterDiscoveryServiceServer(gs, xs)
-
+	for _, r := range register {
+		r(gs)
+	}
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
-	s.log.Info("xds serving", "addr", lis.Addr().String(), "route_config", s.name)
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	cancel() // ends the xDS streams, which GracefulStop would wait for
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
-	timer := time.NewTimer(s.shutdown)
+	timer := time.NewTimer(o.ShutdownTimeout)
 	defer timer.Stop()
 	select {
 	case <-stopped:
 	case <-timer.C:
-		s.log.Warn("xds graceful stop timed out; closing connections")
+		o.Logger.Warn("xds graceful stop timed out; closing connections")
 		gs.Stop()
 		<-stopped
 	}
 	if err := <-errc; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
-	s.log.Info("xds stopped")
+	o.Logger.Info("xds stopped")
 	return nil
 }
 
