@@ -2,8 +2,10 @@ package kube
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -77,7 +79,7 @@ spec:
 		},
 	}
 	cfg := vals["config"].(map[string]any)
-	cfg["gatewayExtension"] = map[string]any{"enabled": true}
+	cfg["gatewayExtension"] = map[string]any{"enabled": true, "policy": map[string]any{"namespace": llmNS, "name": relName}}
 	rel, err := c.helmInstall(t, llmNS, relName, vals)
 	if err != nil {
 		t.Fatalf("helm install: %v", err)
@@ -90,6 +92,18 @@ metadata: {name: hosted, namespace: %s}
 spec: {ports: [{name: http, port: 8000, targetPort: %d, protocol: TCP}]}
 `, llmNS, hosted.port))
 	applyEndpoints(t, c, "hosted", map[string]int{"http": hosted.port})
+	applyYAML(t, c, `# TEMP until the chart grants it
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tmp-routes}
+rules: [{apiGroups: [gateway.networking.k8s.io], resources: [httproutes], verbs: [get]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tmp-routes}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tmp-routes}
+subjects: [{kind: ServiceAccount, name: infergate, namespace: llm}]
+`)
 	ig := startInfergateFromRelease(t, c, objs)
 	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 
@@ -156,7 +170,8 @@ spec:
 		}
 		before := servedBy(pods)
 		picked := pickedBy(pods)
-		r := streamChat(t, gw, chatRequest(prompt(i)), hdr)
+		// max_tokens: the chart's gate fills in its default (16384) otherwise.
+		r := streamChat(t, gw, fmt.Sprintf(`{"model":%q,"max_tokens":8,"stream":true,"messages":[{"role":"user","content":%q}]}`, poolModel, prompt(i)), hdr)
 		if r.status != http.StatusOK {
 			t.Fatalf("request %d: %d %s", i, r.status, r.body)
 		}
@@ -228,6 +243,18 @@ spec:
 		default:
 			t.Fatalf("split request %d: %d pod and %d hosted requests served, want one", i, pool, host)
 		}
+	}
+	if resp, err := http.Get(dbgAdmin + "/config_dump?resource=dynamic_route_configs"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		os.WriteFile("/tmp/egt-routes.json", b, 0o644)
+	}
+	if resp, err := http.Get(dbgAdmin + "/config_dump?resource=dynamic_active_clusters"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		os.WriteFile("/tmp/egt-clusters.json", b, 0o644)
+	}
+	if resp, err := http.Get(dbgAdmin + "/config_dump?resource=dynamic_listeners"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		os.WriteFile("/tmp/egt-listeners.json", b, 0o644)
 	}
 	t.Logf("the split rule: %d requests to the pool, %d to the hosted tier", toPool, toHosted)
 	if toPool == 0 || toHosted == 0 {

@@ -454,10 +454,13 @@ func startEGEnvoy(t *testing.T, c *cluster, gwPort int, hosts map[string]string)
 	if len(hosts) == 0 {
 		envoytest.Start(t, bootstrap, args...)
 	} else {
-		envoytest.StartWithHosts(t, hosts, bootstrap, args...)
+		e := envoytest.StartWithHosts(t, hosts, bootstrap, args...)
+		dbgAdmin = e.AdminURL
 	}
 	return "http://127.0.0.1:" + strconv.Itoa(gwPort)
 }
+
+var dbgAdmin string
 
 // mockPool is `infergate-bench mock` on a local port.
 type mockPool struct {
