@@ -128,7 +128,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	waitCondition(t, c, egGVR("clienttrafficpolicies"), egNamespace, relName+"-eg", "status.ancestors", "Accepted")
 
 	// EG's Envoy, on EG's bootstrap.
-	gw := startEGEnvoy(t, c, gwPort)
+	gw := startEGEnvoy(t, c, gwPort, nil)
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return status(gw, false, nil) == http.StatusUnauthorized
 	}, "Envoy to route through the gate")
@@ -298,10 +298,11 @@ func writtenBy(t *testing.T, c *cluster, manager string) bool {
 }
 
 // startEnvoyGateway runs certgen against the API server, then the
-// controller. EG's xDS server reads its certificate from the fixed path
-// /certs (a Secret volume in its pod): it runs in a mount namespace of its
-// own where a temp dir is bind-mounted there.
-func startEnvoyGateway(t *testing.T, c *cluster) {
+// controller, its EnvoyGateway config followed by extra (YAML of more
+// top-level fields). EG's xDS server reads its certificate from the fixed
+// path /certs (a Secret volume in its pod): it runs in a mount namespace of
+// its own where a temp dir is bind-mounted there.
+func startEnvoyGateway(t *testing.T, c *cluster, extra ...string) {
 	t.Helper()
 	bin := os.Getenv("EG_BIN")
 	if bin == "" {
@@ -335,7 +336,7 @@ provider:
 admin: {address: {host: 127.0.0.1, port: %d}}
 telemetry: {metrics: {prometheus: {disable: true}}}
 logging: {level: {default: info}}
-`, freePort(t)), 0o644); err != nil {
+%s`, freePort(t), strings.Join(extra, "\n")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// /certs must exist to be a mount point; it is removed again if made here.
@@ -377,7 +378,9 @@ func writeSecret(t *testing.T, c *cluster, ns, name, dir string) {
 // startEGEnvoy runs the pinned Envoy as the pod EG's Deployment describes
 // would: its bootstrap and args, with only what the pod provides rewritten
 // (the xDS Service's DNS name, the /certs and /sds volumes, the pod name).
-func startEGEnvoy(t *testing.T, c *cluster, gwPort int) string {
+// hosts are the cluster DNS names it resolves (name -> IP), by its own
+// /etc/hosts in a mount namespace.
+func startEGEnvoy(t *testing.T, c *cluster, gwPort int, hosts map[string]string) string {
 	t.Helper()
 	var dep *appsv1.Deployment
 	testutil.Eventually(t, 30*time.Second, func() bool {
@@ -448,9 +451,16 @@ func startEGEnvoy(t *testing.T, c *cluster, gwPort int) string {
 	// The xDS Service's name is an FQDN ("…cluster.local."): drop the dot too.
 	bootstrap = strings.ReplaceAll(strings.ReplaceAll(bootstrap, xdsHost+".", "127.0.0.1"), xdsHost, "127.0.0.1")
 	bootstrap = strings.ReplaceAll(bootstrap, "/sds/", sds+"/")
-	envoytest.Start(t, bootstrap, args...)
+	if len(hosts) == 0 {
+		envoytest.Start(t, bootstrap, args...)
+	} else {
+		e := envoytest.StartWithHosts(t, hosts, bootstrap, args...)
+		dbgAdmin = e.AdminURL
+	}
 	return "http://127.0.0.1:" + strconv.Itoa(gwPort)
 }
+
+var dbgAdmin string
 
 // mockPool is `infergate-bench mock` on a local port.
 type mockPool struct {
@@ -622,6 +632,8 @@ type logLine struct {
 	Stream           bool    `json:"stream"`
 	Tenant           string  `json:"tenant"`
 	Pool             string  `json:"pool"`
+	Endpoint         string  `json:"endpoint"` // an Endpoint Picker's choice
+	Upstream         string  `json:"upstream"`
 	Decision         string  `json:"decision"`
 	CompletionTokens int     `json:"completion_tokens"`
 	TTFTms           float64 `json:"ttft_ms"`

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -86,6 +88,21 @@ func (e *Envoy) Kill() { e.stop() }
 // and stops it when the test ends. args are more command-line flags.
 func Start(t testing.TB, config string, args ...string) *Envoy {
 	t.Helper()
+	return start(t, nil, config, args...)
+}
+
+// StartWithHosts is Start with more names in Envoy's /etc/hosts (name ->
+// IP), as a cluster's DNS would resolve them: Envoy runs in a mount
+// namespace of its own (needs root) where a copy of /etc/hosts with them
+// is bind-mounted over the file, so a STRICT_DNS cluster resolves a
+// Service's name through the real resolver.
+func StartWithHosts(t testing.TB, hosts map[string]string, config string, args ...string) *Envoy {
+	t.Helper()
+	return start(t, hosts, config, args...)
+}
+
+func start(t testing.TB, hosts map[string]string, config string, args ...string) *Envoy {
+	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "envoy.yaml")
 	adminPath := filepath.Join(dir, "admin-address")
@@ -94,6 +111,22 @@ func Start(t testing.TB, config string, args ...string) *Envoy {
 	}
 	cmd := exec.Command(Binary(t), append([]string{"-c", cfgPath, "--disable-hot-restart", "--admin-address-path", adminPath,
 		"-l", "warning", "--concurrency", "2"}, args...)...)
+	if len(hosts) > 0 {
+		etc, err := os.ReadFile("/etc/hosts")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range slices.Sorted(maps.Keys(hosts)) {
+			etc = fmt.Appendf(etc, "\n%s %s\n", hosts[name], name)
+		}
+		hostsPath := filepath.Join(dir, "hosts")
+		if err := os.WriteFile(hostsPath, etc, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// unshare and sh exec: the process is Envoy's own pid.
+		cmd = exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c",
+			`mount --bind "$0" /etc/hosts && exec "$@"`, hostsPath}, cmd.Args...)...)
+	}
 	p := testutil.StartProc(t, cmd, testutil.ProcOptions{Name: "envoy"})
 	e := &Envoy{Pid: p.Pid(), stop: p.Kill}
 	err := p.WaitReady(30*time.Second, func() error {
