@@ -427,21 +427,28 @@ func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServ
 		}
 		return waiting > 0 && freeN.Load() >= int64(workers)
 	}, "the free tier's load to queue at the pods")
-	var premium []float64
+	var premiumIDs, freeIDList []string
 	for i := range 40 { // enough that the p95 is not the one slowest
 		rid := fmt.Sprintf("premium-%d", i)
 		if code, body := sendChat(t, base, premiumKey, fmt.Sprintf("premium %d", i), map[string]string{"x-request-id": rid}); code != http.StatusOK {
 			t.Fatalf("premium request %d under load: %d %s", i, code, body)
 		}
-		premium = append(premium, gate.stampOf(t, rid).TTFTms)
+		premiumIDs = append(premiumIDs, rid)
 	}
 	stop()
 	free.Wait()
-	var freeTTFT []float64
 	freeIDs.Range(func(k, _ any) bool {
-		freeTTFT = append(freeTTFT, gate.stampOf(t, k.(string)).TTFTms)
+		freeIDList = append(freeIDList, k.(string))
 		return true
 	})
+	stamps := gate.stampsOf(t, slices.Concat(premiumIDs, freeIDList))
+	var premium, freeTTFT []float64
+	for _, id := range premiumIDs {
+		premium = append(premium, stamps[id].TTFTms)
+	}
+	for _, id := range freeIDList {
+		freeTTFT = append(freeTTFT, stamps[id].TTFTms)
+	}
 	t.Logf("TTFT p95 with the pool saturated by the free tier (%d workers over %d slots), %s: premium %.1f ms (%d requests), free %.1f ms (%d requests, %d shed)",
 		workers, len(pods)*podConfig.MaxBatch, variant, p95(premium), len(premium), p95(freeTTFT), len(freeTTFT), shed.Load())
 }
@@ -859,6 +866,29 @@ type podStamp struct {
 	Upstream  string  `json:"upstream"`
 	Complete  bool    `json:"complete"`
 	TTFTms    float64 `json:"ttft_ms"`
+}
+
+// stampsOf waits for the request-log lines of every id in rids and
+// returns them by id: one pass over the log a try, not one an id (a load
+// run's ids are thousands).
+func (g *gateProc) stampsOf(t *testing.T, rids []string) map[string]podStamp {
+	t.Helper()
+	out := make(map[string]podStamp, len(rids))
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		clear(out)
+		want := make(map[string]bool, len(rids))
+		for _, id := range rids {
+			want[id] = true
+		}
+		var st podStamp
+		for line := range strings.Lines(g.requests.String()) {
+			if st = (podStamp{}); json.Unmarshal([]byte(line), &st) == nil && want[st.RequestID] {
+				out[st.RequestID] = st
+			}
+		}
+		return len(out) == len(want)
+	}, fmt.Sprintf("the request log lines of %d requests", len(rids)))
+	return out
 }
 
 // stampOf waits for the request-log line of request id rid.
