@@ -179,11 +179,13 @@ spec:
 	held.Wait()
 
 	streamsInLockstep(t, envoy.URL, pods)
-	reportTierTTFT(t, envoy.URL, gate, pods, "no identity headers")
 
-	// The same pool and picker behind a gate whose policy tells the picker
-	// who is calling: premium critical, free sheddable (the objectives
-	// exist in the pool's namespace, as an install would create them).
+	// The tiers, before a second picker of the same pool whose flow control
+	// layer is on: while the pool is saturated it holds requests in
+	// priority bands and dispatches the highest band first. The objectives
+	// exist in the pool's namespace, as an install would create them, before
+	// it starts (a request naming one it has not read yet would run at
+	// priority 0).
 	applyYAML(t, c, fmt.Sprintf(`
 apiVersion: inference.networking.x-k8s.io/v1alpha2
 kind: InferenceObjective
@@ -196,11 +198,29 @@ kind: InferenceObjective
 metadata: {name: sheddable, namespace: %[1]s}
 spec: {priority: -1, poolRef: {name: %[2]s}}
 `, poolNS, poolName))
+	fc := startFlowControlPicker(t, c, eppBin)
+	fcEnvoy := envoytest.Start(t, envoytest.Render(t, "envoy/inference-pool.yaml", map[string]string{
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "EXTPROC_PORT": strconv.Itoa(gate.extproc), "EPP_PORT": strconv.Itoa(fc.grpc),
+	}))
+	testutil.Eventually(t, 60*time.Second, func() bool { return fc.metric(t, "inference_pool_ready_pods") == float64(len(pods)) },
+		"the flow-control picker to scrape all three pods")
+	// Without identity headers the picker sees both tiers alike: one
+	// priority, one flow, first come first served.
+	if order := premiumAmongQueued(t, fcEnvoy.URL, fc, pods, "fc-plain"); order != 6 {
+		t.Errorf("without identity headers the picker dispatched the premium request %d of 7 (queued after six free ones, one flow, first come first served): want 7", order+1)
+	}
+	reportTierTTFT(t, fcEnvoy.URL, gate, pods, "flow control on, no identity headers")
+
+	// The same pool and picker behind a gate whose policy tells the picker
+	// who is calling: premium critical (priority 10), free sheddable (-1).
 	tiered := startGate(t, tierObjectives)
 	tieredEnvoy := envoytest.Start(t, envoytest.Render(t, "envoy/inference-pool.yaml", map[string]string{
-		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "EXTPROC_PORT": strconv.Itoa(tiered.extproc), "EPP_PORT": strconv.Itoa(eppPort),
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "EXTPROC_PORT": strconv.Itoa(tiered.extproc), "EPP_PORT": strconv.Itoa(fc.grpc),
 	}))
-	reportTierTTFT(t, tieredEnvoy.URL, tiered, pods, "identity headers from the gate")
+	if order := premiumAmongQueued(t, tieredEnvoy.URL, fc, pods, "fc-tiered"); order != 0 {
+		t.Errorf("with the gate's identity headers the picker dispatched the premium request %d of 7, behind free ones queued before it: want it first (its band, priority 10, before the sheddable one)", order+1)
+	}
+	reportTierTTFT(t, tieredEnvoy.URL, tiered, pods, "flow control on, identity headers from the gate")
 	// What the picker was told reached the pods too (it passes the headers
 	// on): the gate's objectives, each tier's own.
 	for _, want := range []string{"critical", "sheddable"} {
@@ -281,19 +301,103 @@ func streamsInLockstep(t *testing.T, base string, pods []*modelServer) {
 	}
 }
 
+// premiumAmongQueued is where the picker's flow control dispatches a
+// premium request among free ones queued in it before it: by order and
+// count, not time. Every pod's batch is full with a request waiting behind
+// it (sent to the pods directly, a first token ten minutes away), so the
+// picker holds whatever comes; six free requests are queued in it, one at
+// a time, then a premium one; none reaches a pod; then the pods are freed
+// and all seven reach one, once each. It returns the premium request's
+// place (from 0) in the order the picker dispatched the seven, from the
+// log of its dispatch loop (one goroutine, a line per dispatch, written
+// before the request goes on). The order they reached the pods is logged,
+// not asserted: the loop dispatches one request a millisecond tick, and
+// which of two dispatched a tick apart reaches a pod first is the
+// machine's.
+func premiumAmongQueued(t *testing.T, base string, fc *flowControlPicker, pods []*modelServer, prefix string) int {
+	t.Helper()
+	hold, release := context.WithCancel(t.Context())
+	var held sync.WaitGroup
+	defer func() { release(); held.Wait() }()
+	for _, p := range pods {
+		for i := range podConfig.MaxBatch + 1 {
+			held.Go(func() {
+				req, _ := http.NewRequestWithContext(hold, http.MethodPost, "http://"+p.addr()+"/v1/chat/completions",
+					strings.NewReader(chatRequest(fmt.Sprintf("%s held %d", prefix, i))))
+				req.Header.Set("x-mock-ttft-ms", "600000")
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					drain(resp)
+				}
+			})
+		}
+	}
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return !slices.ContainsFunc(pods, func(p *modelServer) bool {
+			g := p.gauges(t)
+			return g["vllm:num_requests_running"] != float64(podConfig.MaxBatch) || g["vllm:num_requests_waiting"] != 1
+		}) && fc.metric(t, "inference_pool_average_queue_size") >= 1
+	}, "every pod's batch full with one waiting, and the picker to know (the pool saturated)")
+
+	const enqueued = "inference_extension_flow_control_request_enqueue_duration_seconds_count"
+	queuedBefore := fc.metric(t, enqueued, `outcome="NotYetFinalized"`)
+	var ids []string
+	done := make(chan string, 7)
+	send := func(key, id string) {
+		ids = append(ids, id)
+		go func() {
+			code, body, err := chatThrough(t.Context(), base, key, id, map[string]string{"x-request-id": id, "x-mock-tokens": "4"})
+			if err != nil || code != http.StatusOK {
+				done <- fmt.Sprintf("%s: %d %v %.200s", id, code, err, body)
+				return
+			}
+			done <- ""
+		}()
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			return fc.metric(t, enqueued, `outcome="NotYetFinalized"`) >= queuedBefore+float64(len(ids))
+		}, "the picker to queue "+id)
+	}
+	for i := range 6 {
+		send(freeKey, fmt.Sprintf("%s-free-%d", prefix, i))
+	}
+	premium := prefix + "-premium"
+	send(premiumKey, premium)
+	if early := arrivalOrder(pods, prefix+"-"); len(early) > 0 {
+		t.Fatalf("%v reached a pod while the pool was saturated: the picker did not hold them", early)
+	}
+
+	release() // the pods' batches empty; the picker sees it at its next scrape
+	for range ids {
+		if failed := <-done; failed != "" {
+			t.Errorf("a queued request did not complete: %s", failed)
+		}
+	}
+	arrived := arrivalOrder(pods, prefix+"-")
+	dispatched := fc.dispatched(t, prefix+"-")
+	t.Logf("%s: queued %v; the picker dispatched %v; the pods received %v", prefix, ids, dispatched, arrived)
+	if !slices.Equal(slices.Sorted(slices.Values(arrived)), slices.Sorted(slices.Values(ids))) {
+		t.Errorf("%s: the pods received %v, want each of %v once", prefix, arrived, ids)
+	}
+	if !slices.Equal(slices.Sorted(slices.Values(dispatched)), slices.Sorted(slices.Values(ids))) {
+		t.Fatalf("%s: the picker's log dispatched %v, want each of %v once", prefix, dispatched, ids)
+	}
+	return slices.Index(dispatched, premium)
+}
+
 // reportTierTTFT measures, and does not assert (timing is the machine's),
 // the TTFT p95 of a premium caller's requests while the free tier's load
 // keeps every pod's batch full and queues behind it, from the stamps, and
-// how many free requests the picker shed (429). Without identity headers
-// the picker sees both tiers alike; with them, it sheds the sheddable tier
-// while the pool is saturated.
+// how many free requests the picker refused (429). Three free workers a
+// batch slot: the pods' queues stay full and the picker holds the rest.
+// Without identity headers the picker's flow control queues both tiers
+// alike, in one flow; with them, it dispatches the critical band before
+// the sheddable one.
 func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServer, variant string) {
 	t.Helper()
 	ctx, stop := context.WithCancel(t.Context())
 	var free sync.WaitGroup
 	var freeIDs sync.Map
 	var freeN, shed atomic.Int64
-	workers := len(pods)*podConfig.MaxBatch + 2*len(pods)
+	workers := 3 * len(pods) * podConfig.MaxBatch
 	for w := range workers {
 		free.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
@@ -323,21 +427,28 @@ func reportTierTTFT(t *testing.T, base string, gate *gateProc, pods []*modelServ
 		}
 		return waiting > 0 && freeN.Load() >= int64(workers)
 	}, "the free tier's load to queue at the pods")
-	var premium []float64
-	for i := range 12 {
+	var premiumIDs, freeIDList []string
+	for i := range 40 { // enough that the p95 is not the one slowest
 		rid := fmt.Sprintf("premium-%d", i)
 		if code, body := sendChat(t, base, premiumKey, fmt.Sprintf("premium %d", i), map[string]string{"x-request-id": rid}); code != http.StatusOK {
 			t.Fatalf("premium request %d under load: %d %s", i, code, body)
 		}
-		premium = append(premium, gate.stampOf(t, rid).TTFTms)
+		premiumIDs = append(premiumIDs, rid)
 	}
 	stop()
 	free.Wait()
-	var freeTTFT []float64
 	freeIDs.Range(func(k, _ any) bool {
-		freeTTFT = append(freeTTFT, gate.stampOf(t, k.(string)).TTFTms)
+		freeIDList = append(freeIDList, k.(string))
 		return true
 	})
+	stamps := gate.stampsOf(t, slices.Concat(premiumIDs, freeIDList))
+	var premium, freeTTFT []float64
+	for _, id := range premiumIDs {
+		premium = append(premium, stamps[id].TTFTms)
+	}
+	for _, id := range freeIDList {
+		freeTTFT = append(freeTTFT, stamps[id].TTFTms)
+	}
 	t.Logf("TTFT p95 with the pool saturated by the free tier (%d workers over %d slots), %s: premium %.1f ms (%d requests), free %.1f ms (%d requests, %d shed)",
 		workers, len(pods)*podConfig.MaxBatch, variant, p95(premium), len(premium), p95(freeTTFT), len(freeTTFT), shed.Load())
 }
@@ -362,6 +473,40 @@ type modelServer struct {
 	scrapes     atomic.Int64 // GET /metrics
 	mu          sync.Mutex
 	ieHeaders   map[string]bool // the distinct values of the x-gateway-inference-* headers received
+	arrivals    []arrival       // the inference requests, as they came (the first maxArrivals)
+}
+
+// arrival is an inference request a model server received: its
+// x-request-id, and its place among every server's in this package.
+type arrival struct {
+	seq int64
+	id  string
+}
+
+const maxArrivals = 100000
+
+// arrivalSeq orders the arrivals at all model servers.
+var arrivalSeq atomic.Int64
+
+// arrivalOrder is the x-request-ids starting with prefix that reached any
+// of pods, in the order they did.
+func arrivalOrder(pods []*modelServer, prefix string) []string {
+	var all []arrival
+	for _, p := range pods {
+		p.mu.Lock()
+		for _, a := range p.arrivals {
+			if strings.HasPrefix(a.id, prefix) {
+				all = append(all, a)
+			}
+		}
+		p.mu.Unlock()
+	}
+	slices.SortFunc(all, func(a, b arrival) int { return int(a.seq - b.seq) })
+	ids := make([]string, len(all))
+	for i, a := range all {
+		ids[i] = a.id
+	}
+	return ids
 }
 
 func (m *modelServer) addr() string { return net.JoinHostPort(m.ip, strconv.Itoa(m.port)) }
@@ -376,6 +521,9 @@ func (m *modelServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			m.picked.Add(1)
 		}
 		m.mu.Lock()
+		if len(m.arrivals) < maxArrivals {
+			m.arrivals = append(m.arrivals, arrival{arrivalSeq.Add(1), r.Header.Get("x-request-id")})
+		}
 		for k, vs := range r.Header {
 			if strings.HasPrefix(strings.ToLower(k), "x-gateway-inference-") {
 				if m.ieHeaders == nil {
@@ -507,18 +655,154 @@ func endpointPickerBin(t testing.TB) string {
 // its ext_proc port.
 func startEndpointPicker(t testing.TB, c *cluster, bin string) int {
 	t.Helper()
-	var grpcPort int
-	serveOnFreePorts(t, "epp", 3, 60*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
-		grpcPort = ports[0]
-		cmd := exec.Command(bin, "--pool-name", poolName, "--pool-namespace", poolNS,
-			"--grpc-port", strconv.Itoa(ports[0]), "--grpc-health-port", strconv.Itoa(ports[1]), "--metrics-port", strconv.Itoa(ports[2]),
-			"--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false", "--enable-pprof=false")
-		// A pod with one request waiting counts as saturated (the default is
-		// five): the pods here have four slots, and the tiers' test needs
-		// the picker to shed the sheddable tier at that load.
-		return withEnv(cmd, "KUBECONFIG="+c.kubeconfig, "SD_QUEUE_DEPTH_THRESHOLD=1"), fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
-	})
+	// A pod with one request waiting counts as saturated (the default is
+	// five): the pods here have four slots, and the tiers' test needs
+	// the picker to shed the sheddable tier at that load.
+	grpcPort, _ := runEndpointPicker(t, c, bin, []string{"SD_QUEUE_DEPTH_THRESHOLD=1"}, nil)
 	return grpcPort
+}
+
+// runEndpointPicker runs the EPP for the InferencePool with env and args
+// added, its standard error to stderr (nil: the process's log), and
+// returns its ext_proc and metrics ports.
+func runEndpointPicker(t testing.TB, c *cluster, bin string, env []string, stderr io.Writer, args ...string) (grpcPort, metricsPort int) {
+	t.Helper()
+	serveOnFreePorts(t, "epp", 3, 60*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
+		grpcPort, metricsPort = ports[0], ports[2]
+		cmd := exec.Command(bin, append([]string{"--pool-name", poolName, "--pool-namespace", poolNS,
+			"--grpc-port", strconv.Itoa(ports[0]), "--grpc-health-port", strconv.Itoa(ports[1]), "--metrics-port", strconv.Itoa(ports[2]),
+			"--secure-serving=false", "--tracing=false", "--metrics-endpoint-auth=false", "--enable-pprof=false"}, args...)...)
+		cmd.Stderr = stderr
+		return withEnv(cmd, append([]string{"KUBECONFIG=" + c.kubeconfig}, env...)...), fmt.Sprintf("http://127.0.0.1:%d/metrics", ports[2])
+	})
+	return grpcPort, metricsPort
+}
+
+// flowControlConfig is the picker's configuration with its flow control
+// layer on (v1.4.0: apix/config/v1alpha1, pkg/epp/flowcontrol). A
+// configuration replaces the default one whole, so its scheduling profile
+// is spelled out as v1.4.0's default (pkg/epp/config/loader/defaults.go).
+// A pod with one request waiting counts as saturated (the pods here have
+// four slots). While the pool is (the pods' average reaches 1), flow
+// control holds every request, sheddable or not, in its priority's band;
+// as it stops being, the dispatch loop takes the highest band first
+// (registry/shard.go sorts them), within a band the flow whose head is
+// oldest (global-strict-fairness-policy) and within a flow the first to
+// come (fcfs-ordering-policy). Priority is the InferenceObjective's named
+// by x-gateway-inference-objective (0 without one), the flow is
+// x-gateway-inference-fairness-id ("default-flow" without one). The bands
+// are the objectives' and no objective's; another priority would get one
+// from the default template.
+const flowControlConfig = `apiVersion: inference.networking.x-k8s.io/v1alpha1
+kind: EndpointPickerConfig
+featureGates: [flowControl]
+plugins:
+- {type: queue-scorer}
+- {type: kv-cache-utilization-scorer}
+- {type: prefix-cache-scorer}
+schedulingProfiles:
+- name: default
+  plugins:
+  - {pluginRef: queue-scorer, weight: 2}
+  - {pluginRef: kv-cache-utilization-scorer, weight: 2}
+  - {pluginRef: prefix-cache-scorer, weight: 3}
+saturationDetector: {queueDepthThreshold: 1}
+flowControl:
+  priorityBands:
+  - {priority: 10}
+  - {priority: 0}
+  - {priority: -1}
+`
+
+// flowControlPicker is an EPP of the pool with flow control on.
+type flowControlPicker struct {
+	grpc    int
+	metrics string // its Prometheus endpoint
+	log     string // its log, at trace verbosity: the dispatch loop logs each dispatch
+}
+
+// startFlowControlPicker runs a picker on flowControlConfig that scrapes
+// the pods every 10 ms, logs at trace verbosity (to a file: it logs every
+// millisecond while it holds requests) and refreshes its pool gauges every
+// 50 ms. The scrape interval is the saturation signal's lag, and while the
+// last scrape says the pool has room the dispatch loop lets everything it
+// holds go: at the default 50 ms the bursts are larger, the pods' own
+// queues take them, and the premium tier waits there behind the free one
+// (measured: premium TTFT p95 359 ms with identity headers, 483 ms
+// without; at 10 ms 177 and 400 ms).
+func startFlowControlPicker(t testing.TB, c *cluster, bin string) *flowControlPicker {
+	t.Helper()
+	log, err := os.Create(filepath.Join(t.TempDir(), "epp-flow-control.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		log.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(log.Name())
+			t.Logf("flow-control picker log (tail):\n%s", b[max(0, len(b)-32<<10):])
+		}
+	})
+	grpcPort, metricsPort := runEndpointPicker(t, c, bin, nil, log,
+		"--config-text", flowControlConfig, "--v", "5", "--refresh-metrics-interval", "10ms", "--refresh-prometheus-metrics-interval", "50ms")
+	return &flowControlPicker{grpc: grpcPort, metrics: fmt.Sprintf("http://127.0.0.1:%d/metrics", metricsPort), log: log.Name()}
+}
+
+// metric sums the picker's samples of name whose labels include every one
+// of labels (`key="value"`).
+func (p *flowControlPicker) metric(t testing.TB, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get(p.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 || strings.HasPrefix(line, "#") {
+			continue
+		}
+		series := line[:i]
+		if n, _, _ := strings.Cut(series, "{"); n != name || slices.ContainsFunc(labels, func(l string) bool { return !strings.Contains(series, l) }) {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			sum += v
+		}
+	}
+	return sum
+}
+
+// dispatchedRE is the line the dispatch loop of v1.4.0 logs, at trace
+// verbosity, as it lets a request go on to scheduling
+// (pkg/epp/flowcontrol/controller/internal/processor.go, dispatchItem).
+var dispatchedRE = regexp.MustCompile(`Item dispatched\..*"reqID": ?"([^"]+)"`)
+
+// dispatched is the request ids starting with prefix that the picker's
+// flow control dispatched, in its order.
+func (p *flowControlPicker) dispatched(t testing.TB, prefix string) []string {
+	t.Helper()
+	f, err := os.Open(p.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var ids []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(nil, 4<<20)
+	for sc.Scan() {
+		if m := dispatchedRE.FindSubmatch(sc.Bytes()); m != nil && strings.HasPrefix(string(m[1]), prefix) {
+			ids = append(ids, string(m[1]))
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 // gateProc is `infergate serve` with two callers' keys.
@@ -582,6 +866,29 @@ type podStamp struct {
 	Upstream  string  `json:"upstream"`
 	Complete  bool    `json:"complete"`
 	TTFTms    float64 `json:"ttft_ms"`
+}
+
+// stampsOf waits for the request-log lines of every id in rids and
+// returns them by id: one pass over the log a try, not one an id (a load
+// run's ids are thousands).
+func (g *gateProc) stampsOf(t *testing.T, rids []string) map[string]podStamp {
+	t.Helper()
+	out := make(map[string]podStamp, len(rids))
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		clear(out)
+		want := make(map[string]bool, len(rids))
+		for _, id := range rids {
+			want[id] = true
+		}
+		var st podStamp
+		for line := range strings.Lines(g.requests.String()) {
+			if st = (podStamp{}); json.Unmarshal([]byte(line), &st) == nil && want[st.RequestID] {
+				out[st.RequestID] = st
+			}
+		}
+		return len(out) == len(want)
+	}, fmt.Sprintf("the request log lines of %d requests", len(rids)))
+	return out
 }
 
 // stampOf waits for the request-log line of request id rid.
