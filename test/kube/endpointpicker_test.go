@@ -178,7 +178,7 @@ spec:
 	release()
 	held.Wait()
 
-	streamsInLockstep(t, envoy.URL, pods)
+	streamsInLockstep(t, envoy.URL, pods, chatRequest("in lock step"), map[string]string{"authorization": "Bearer " + premiumKey})
 
 	// The tiers, before a second picker of the same pool whose flow control
 	// layer is on: while the pool is saturated it holds requests in
@@ -245,7 +245,9 @@ objective := {"premium": "critical", "free": "sheddable"}[input.labels.tier]
 // back: the pod writes event k+1 only once the client has received event k
 // (mock's x-mock-lockstep), so a filter that buffered would stall the
 // stream at once, on any machine.
-func streamsInLockstep(t *testing.T, base string, pods []*modelServer) {
+// streamsInLockstep streams reqBody (with hdr; "host" sets the Host) through
+// base in lock step with the pod that serves it.
+func streamsInLockstep(t *testing.T, base string, pods []*modelServer, reqBody string, hdr map[string]string) {
 	t.Helper()
 	const id = "epp-lockstep"
 	var gates []*mock.Lockstep // every pod's: the picker chooses which one serves
@@ -255,12 +257,18 @@ func streamsInLockstep(t *testing.T, base string, pods []*modelServer) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(chatRequest("in lock step")))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(reqBody))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header.Set("content-type", "application/json")
-	req.Header.Set("authorization", "Bearer "+premiumKey)
+	for k, v := range hdr {
+		if k == "host" {
+			req.Host = v
+		} else {
+			req.Header.Set(k, v)
+		}
+	}
 	req.Header.Set("x-mock-lockstep", id)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

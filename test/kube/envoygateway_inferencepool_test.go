@@ -2,10 +2,8 @@ package kube
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -59,6 +57,9 @@ spec:
 `, poolName, poolNS, pods[0].port, eppPort, llmNS))
 	startSecureEndpointPicker(t, c, eppBin, eppPort)
 	pickerHost := poolName + "-epp." + poolNS + ".svc.cluster.local"
+	// The pool's name for the meter: its backendRef's header (the chart's
+	// poolHeader), which the extension restores: namespace/name.
+	poolLabel := poolNS + "/" + poolName
 
 	// A hosted tier on an ordinary Service, on the chart's main route.
 	hosted := startMock(t, "hosted")
@@ -68,7 +69,8 @@ spec:
 		"name": "hosted-llama", "pools": []any{map[string]any{"name": "hosted", "port": 8000, "weight": 100}},
 	}}
 	vals["inferencePools"] = map[string]any{
-		"route": map[string]any{"hostnames": []any{llmHost}},
+		"extensionServer": map[string]any{"enabled": true},
+		"route":           map[string]any{"hostnames": []any{llmHost}},
 		"models": []any{
 			map[string]any{"name": poolModel, "pools": []any{map[string]any{"name": poolName, "namespace": poolNS, "weight": 100}}},
 			// One rule, two kinds of backend: the pool and the hosted tier.
@@ -78,8 +80,6 @@ spec:
 			}},
 		},
 	}
-	cfg := vals["config"].(map[string]any)
-	cfg["gatewayExtension"] = map[string]any{"enabled": true, "policy": map[string]any{"namespace": llmNS, "name": relName}}
 	rel, err := c.helmInstall(t, llmNS, relName, vals)
 	if err != nil {
 		t.Fatalf("helm install: %v", err)
@@ -92,18 +92,6 @@ metadata: {name: hosted, namespace: %s}
 spec: {ports: [{name: http, port: 8000, targetPort: %d, protocol: TCP}]}
 `, llmNS, hosted.port))
 	applyEndpoints(t, c, "hosted", map[string]int{"http": hosted.port})
-	applyYAML(t, c, `# TEMP until the chart grants it
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: tmp-routes}
-rules: [{apiGroups: [gateway.networking.k8s.io], resources: [httproutes], verbs: [get]}]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: tmp-routes}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tmp-routes}
-subjects: [{kind: ServiceAccount, name: infergate, namespace: llm}]
-`)
 	ig := startInfergateFromRelease(t, c, objs)
 	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 
@@ -187,12 +175,14 @@ spec:
 			t.Errorf("request %d: the stream differs from the pod's\n got %q\nwant %q", i, r.body, referenceStream(t, sent))
 		}
 		st := ig.stamp(t, rid, func(l logLine) bool { return l.RequestID == rid })
-		if !st.Complete || st.Pool != poolName || st.Endpoint != pods[served].addr() {
-			t.Errorf("request %d stamp: %+v, want complete, pool %s, endpoint %s (the pod that served)", i, st, poolName, pods[served].addr())
+		if !st.Complete || st.Pool != poolLabel || st.Endpoint != pods[served].addr() {
+			t.Errorf("request %d stamp: %+v, want complete, pool %s, endpoint %s (the pod that served)", i, st, poolLabel, pods[served].addr())
 		}
 		counts[pods[served].ip]++
 	}
 	t.Logf("pods served through Envoy Gateway and the picker: %v", counts)
+	streamsInLockstep(t, gw, pods, fmt.Sprintf(`{"model":%q,"max_tokens":16,"stream":true,"messages":[{"role":"user","content":"in lock step"}]}`, poolModel),
+		map[string]string{"host": llmHost, "authorization": "Bearer " + apiKey})
 	for _, p := range pods {
 		for _, v := range p.headerValues() {
 			if v == "forged-by-client" {
@@ -232,7 +222,7 @@ spec:
 		switch pool, host := sum(servedBy(pods))-sum(before), hosted.served(t)-hostedBefore; {
 		case pool == 1 && host == 0:
 			toPool++
-			if sum(pickedBy(pods))-sum(picked) != 1 || st.Pool != poolName || st.Endpoint == "" {
+			if sum(pickedBy(pods))-sum(picked) != 1 || st.Pool != poolLabel || st.Endpoint == "" {
 				t.Errorf("split request %d reached a pod unpicked, or its stamp says otherwise: %+v", i, st)
 			}
 		case pool == 0 && host == 1:
@@ -243,18 +233,6 @@ spec:
 		default:
 			t.Fatalf("split request %d: %d pod and %d hosted requests served, want one", i, pool, host)
 		}
-	}
-	if resp, err := http.Get(dbgAdmin + "/config_dump?resource=dynamic_route_configs"); err == nil {
-		b, _ := io.ReadAll(resp.Body)
-		os.WriteFile("/tmp/egt-routes.json", b, 0o644)
-	}
-	if resp, err := http.Get(dbgAdmin + "/config_dump?resource=dynamic_active_clusters"); err == nil {
-		b, _ := io.ReadAll(resp.Body)
-		os.WriteFile("/tmp/egt-clusters.json", b, 0o644)
-	}
-	if resp, err := http.Get(dbgAdmin + "/config_dump?resource=dynamic_listeners"); err == nil {
-		b, _ := io.ReadAll(resp.Body)
-		os.WriteFile("/tmp/egt-listeners.json", b, 0o644)
 	}
 	t.Logf("the split rule: %d requests to the pool, %d to the hosted tier", toPool, toHosted)
 	if toPool == 0 || toHosted == 0 {

@@ -454,13 +454,10 @@ func startEGEnvoy(t *testing.T, c *cluster, gwPort int, hosts map[string]string)
 	if len(hosts) == 0 {
 		envoytest.Start(t, bootstrap, args...)
 	} else {
-		e := envoytest.StartWithHosts(t, hosts, bootstrap, args...)
-		dbgAdmin = e.AdminURL
+		envoytest.StartWithHosts(t, hosts, bootstrap, args...)
 	}
 	return "http://127.0.0.1:" + strconv.Itoa(gwPort)
 }
-
-var dbgAdmin string
 
 // mockPool is `infergate-bench mock` on a local port.
 type mockPool struct {

@@ -1,6 +1,7 @@
 package gatewayext
 
 import (
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -64,6 +65,10 @@ func ParseClusterName(name string) (ClusterRef, bool) {
 type BackendRef struct {
 	Group, Kind, Namespace, Name string
 	Weight                       int64 // 1 when unset
+	// Headers are its header modifier filters; Unsupported names its
+	// other filters, which the extension cannot restore for a pool.
+	Headers     Headers
+	Unsupported []string
 }
 
 func (b BackendRef) isPool() bool { return b.Group == PoolGroup && b.Kind == PoolKind }
@@ -114,8 +119,17 @@ func PoolOfCluster(ref ClusterRef, rules [][]BackendRef, pools []Pool) (Pool, bo
 		}
 	}
 	want := candidates[0]
+	if len(want.Unsupported) > 0 {
+		return Pool{}, false, fmt.Errorf("%s: InferencePool %s/%s has filters %v: Envoy Gateway drops a custom backend's filters, and the extension restores only header modifiers",
+			at, want.Namespace, want.Name, want.Unsupported)
+	}
+	w, err := checkWeight(want.Weight)
+	if err != nil {
+		return Pool{}, false, fmt.Errorf("%s: InferencePool %s/%s: %w", at, want.Namespace, want.Name, err)
+	}
 	for _, p := range pools {
 		if p.Namespace == want.Namespace && p.Name == want.Name {
+			p.Weight, p.Headers = w, want.Headers
 			return p, true, nil
 		}
 	}
@@ -149,7 +163,16 @@ func OriginalDst(c *clusterv3.Cluster, p Pool) {
 		"picker":     structpb.NewStringValue(p.Picker),
 		"pickerPort": structpb.NewNumberValue(float64(p.PickerPort)),
 		"failOpen":   structpb.NewBoolValue(p.FailOpen),
+		"weight":     structpb.NewNumberValue(float64(p.Weight)),
+		"headers":    structpb.NewStringValue(string(must(json.Marshal(p.Headers)))),
 	}}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 // poolOf reads back the pool OriginalDst marked c with.
@@ -159,11 +182,15 @@ func poolOf(c *clusterv3.Cluster) (Pool, bool) {
 		return Pool{}, false
 	}
 	f := md.GetFields()
-	return Pool{
+	p := Pool{
 		Namespace:  f["namespace"].GetStringValue(),
 		Name:       f["name"].GetStringValue(),
 		Picker:     f["picker"].GetStringValue(),
 		PickerPort: uint32(f["pickerPort"].GetNumberValue()),
 		FailOpen:   f["failOpen"].GetBoolValue(),
-	}, true
+		Weight:     uint32(f["weight"].GetNumberValue()),
+	}
+	// The extension wrote it (PostClusterModify) for this translation.
+	_ = json.Unmarshal([]byte(f["headers"].GetStringValue()), &p.Headers)
+	return p, true
 }

@@ -173,11 +173,14 @@ func TestEnvoyRunsThePickerOnlyForThePoolsShare(t *testing.T) {
 					MatchPattern: &matcherv3.StringMatcher_Exact{Exact: model}}}}}},
 			Action: &routev3.Route_Route{Route: action}}
 	}
+	// As Envoy Gateway v1.9.1 makes the rule's split: the Service's entry
+	// alone (it leaves the custom backend out); the hooks put the pool's
+	// back, 80 to the Service's 20, as the route's backendRefs say.
 	split := &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{
-		Clusters: []*routev3.WeightedCluster_ClusterWeight{{Name: poolCluster, Weight: wrapperspb.UInt32(50)}, {Name: backupCluster, Weight: wrapperspb.UInt32(50)}}}}}
+		Clusters: []*routev3.WeightedCluster_ClusterWeight{{Name: backupCluster, Weight: wrapperspb.UInt32(20)}}}}}
 	rc := &routev3.RouteConfiguration{Name: routeConfig, VirtualHosts: []*routev3.VirtualHost{{
 		Name: "llm", Domains: []string{"llm.example.com"}, Routes: []*routev3.Route{
-			onModel("split", "split", split),
+			onModel("httproute/llm/infergate/rule/0/match/0/llm_example_com", "split", split),
 			onModel("hosted", "hosted", &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: otherCluster}}),
 			{Name: "catch-all", TypedPerFilterConfig: gateOn(), Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 				Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404}}},
@@ -231,7 +234,7 @@ func TestEnvoyRunsThePickerOnlyForThePoolsShare(t *testing.T) {
 	}
 	envoy := envoytest.Start(t, string(doc))
 
-	call := func(host, model, id string) (int, string) {
+	callHeader := func(host, model, id string) (int, string, http.Header) {
 		t.Helper()
 		req, err := http.NewRequest(http.MethodPost, envoy.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
 		if err != nil {
@@ -246,12 +249,20 @@ func TestEnvoyRunsThePickerOnlyForThePoolsShare(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	call := func(host, model, id string) (int, string) {
+		t.Helper()
+		code, body, _ := callHeader(host, model, id)
+		return code, body
 	}
 	bySide := map[string]int{}
-	for i := range 40 {
+	for i := range 80 { // all 80 to one side of an 80:20 split: one in fifty million
 		id := fmt.Sprintf("split-%d", i)
-		code, body := call("llm.example.com", "split", id)
+		code, body, hdr := callHeader("llm.example.com", "split", id)
+		if pool := hdr.Get("x-infergate-pool"); (body == "pod") != (pool == "vllm-a100") {
+			t.Errorf("%s served by %s with x-infergate-pool %q: the pool's backendRef filter sets it on the pool's share only", id, body, pool)
+		}
 		mu.Lock()
 		p, s := picked[id], served[id]
 		mu.Unlock()
@@ -266,7 +277,7 @@ func TestEnvoyRunsThePickerOnlyForThePoolsShare(t *testing.T) {
 		bySide[body]++
 	}
 	if bySide["pod"] == 0 || bySide["backup"] == 0 {
-		t.Fatalf("the 50/50 split served %v: both sides must be seen", bySide)
+		t.Fatalf("the 80:20 split served %v: both sides must be seen", bySide)
 	}
 	if code, body := call("llm.example.com", "hosted", "hosted"); code != http.StatusOK || body != "backup" || picked["hosted"] {
 		t.Errorf("hosted model: %d %q, picker ran %v", code, body, picked["hosted"])

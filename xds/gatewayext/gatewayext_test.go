@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -53,7 +54,8 @@ var testPool = Pool{Namespace: "llm", Name: "vllm-a100", Picker: "vllm-a100-epp"
 // it, with backendRef 0 of rule 0 an InferencePool.
 var testRules = [][]BackendRef{
 	{
-		{Group: PoolGroup, Kind: PoolKind, Namespace: "llm", Name: "vllm-a100", Weight: 80},
+		{Group: PoolGroup, Kind: PoolKind, Namespace: "llm", Name: "vllm-a100", Weight: 80,
+			Headers: Headers{Response: HeaderEdit{Set: []NameValue{{Name: "x-infergate-pool", Value: "vllm-a100"}}}}},
 		{Kind: "Service", Namespace: "llm", Name: "vllm-h100", Weight: 20},
 	},
 	{{Kind: "Service", Namespace: "llm", Name: "sglang-l4", Weight: 100}},
@@ -254,7 +256,7 @@ func TestParsePool(t *testing.T) {
 	if err != nil || !ok {
 		t.Fatalf("ParsePool: %v, %v", ok, err)
 	}
-	if want := (Pool{Namespace: "llm", Name: "vllm-a100", Picker: "vllm-a100-epp", PickerPort: 9002, FailOpen: true}); p != want {
+	if want := (Pool{Namespace: "llm", Name: "vllm-a100", Picker: "vllm-a100-epp", PickerPort: 9002, FailOpen: true}); !reflect.DeepEqual(p, want) {
 		t.Errorf("pool = %+v, want %+v", p, want)
 	}
 	if p, _, _ := ParsePool(poolJSON("")); p.FailOpen {

@@ -32,6 +32,11 @@ type httpRoute struct {
 				Namespace *string `json:"namespace"`
 				Name      string  `json:"name"`
 				Weight    *int64  `json:"weight"`
+				Filters   []struct {
+					Type                   string      `json:"type"`
+					RequestHeaderModifier  *HeaderEdit `json:"requestHeaderModifier"`
+					ResponseHeaderModifier *HeaderEdit `json:"responseHeaderModifier"`
+				} `json:"filters"`
 			} `json:"backendRefs"`
 		} `json:"rules"`
 	} `json:"spec"`
@@ -68,9 +73,24 @@ func rulesOf(route httpRoute, namespace string) [][]BackendRef {
 			if b.Weight != nil {
 				w = *b.Weight
 			}
-			rules[i] = append(rules[i], BackendRef{Group: deref(b.Group, ""), Kind: deref(b.Kind, "Service"),
-				Namespace: deref(b.Namespace, namespace), Name: b.Name, Weight: w})
+			ref := BackendRef{Group: deref(b.Group, ""), Kind: deref(b.Kind, "Service"),
+				Namespace: deref(b.Namespace, namespace), Name: b.Name, Weight: w}
+			for _, f := range b.Filters {
+				switch {
+				case f.Type == "RequestHeaderModifier" && f.RequestHeaderModifier != nil:
+					ref.Headers.Request = mergeEdits(ref.Headers.Request, *f.RequestHeaderModifier)
+				case f.Type == "ResponseHeaderModifier" && f.ResponseHeaderModifier != nil:
+					ref.Headers.Response = mergeEdits(ref.Headers.Response, *f.ResponseHeaderModifier)
+				default:
+					ref.Unsupported = append(ref.Unsupported, f.Type)
+				}
+			}
+			rules[i] = append(rules[i], ref)
 		}
 	}
 	return rules
+}
+
+func mergeEdits(a, b HeaderEdit) HeaderEdit {
+	return HeaderEdit{Set: append(a.Set, b.Set...), Add: append(a.Add, b.Add...), Remove: append(a.Remove, b.Remove...)}
 }

@@ -31,6 +31,11 @@ type Pool struct {
 	// FailOpen lets a request through without a pick when the picker
 	// fails (failureMode: FailOpen); the default fails closed.
 	FailOpen bool
+
+	// Weight and Headers are those of the backendRef a cluster is the
+	// pool's for, which Envoy Gateway leaves out (restoreBackends).
+	Weight  uint32
+	Headers Headers
 }
 
 func (p Pool) key() string { return p.Namespace + "/" + p.Name }

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -142,7 +143,9 @@ func TestKubeRoutesSpellsOutDefaults(t *testing.T) {
 	const route = `{"apiVersion":"gateway.networking.k8s.io/v1","kind":"HTTPRoute",
 		"metadata":{"namespace":"llm","name":"infergate"},
 		"spec":{"rules":[
-			{"backendRefs":[{"group":"inference.networking.k8s.io","kind":"InferencePool","name":"vllm-a100","weight":80},
+			{"backendRefs":[{"group":"inference.networking.k8s.io","kind":"InferencePool","name":"vllm-a100","weight":80,"filters":[
+			                  {"type":"ResponseHeaderModifier","responseHeaderModifier":{"set":[{"name":"x-infergate-pool","value":"vllm-a100"}]}},
+			                  {"type":"RequestMirror","requestMirror":{"backendRef":{"name":"shadow"}}}]},
 			                {"name":"vllm-h100","port":8000,"weight":20}]},
 			{"backendRefs":[{"name":"sglang-l4","namespace":"other","port":8000}]}]}}`
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -164,10 +167,13 @@ func TestKubeRoutesSpellsOutDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := [][]BackendRef{
-		{{Group: PoolGroup, Kind: PoolKind, Namespace: "llm", Name: "vllm-a100", Weight: 80}, {Kind: "Service", Namespace: "llm", Name: "vllm-h100", Weight: 20}},
+		{{Group: PoolGroup, Kind: PoolKind, Namespace: "llm", Name: "vllm-a100", Weight: 80,
+			Headers:     Headers{Response: HeaderEdit{Set: []NameValue{{Name: "x-infergate-pool", Value: "vllm-a100"}}}},
+			Unsupported: []string{"RequestMirror"}},
+			{Kind: "Service", Namespace: "llm", Name: "vllm-h100", Weight: 20}},
 		{{Kind: "Service", Namespace: "other", Name: "sglang-l4", Weight: 1}},
 	}
-	if len(rules) != len(want) || !slices.Equal(rules[0], want[0]) || !slices.Equal(rules[1], want[1]) {
+	if !reflect.DeepEqual(rules, want) {
 		t.Errorf("rules = %+v, want %+v", rules, want)
 	}
 	if _, err := k.BackendRefs(context.Background(), "llm", "missing"); err == nil {

@@ -110,6 +110,7 @@ func (o Options) Translate(clusters []*clusterv3.Cluster, listeners []*listenerv
 	rcs := map[string]*routev3.RouteConfiguration{}
 	for _, rc := range routes {
 		rcs[rc.GetName()] = rc
+		restoreBackends(rc, pools)
 		ps, err := pickersOff(rc, pools)
 		if err != nil {
 			return nil, err
@@ -133,6 +134,7 @@ func (o Options) Translate(clusters []*clusterv3.Cluster, listeners []*listenerv
 				if inline := hcm.GetRouteConfig(); inline != nil {
 					var err error
 					rc = inline
+					restoreBackends(inline, pools)
 					if ps, err = pickersOff(inline, pools); err != nil {
 						return nil, err
 					}

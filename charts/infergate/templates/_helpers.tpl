@@ -349,8 +349,10 @@ message that says what to change.
 {{- end }}
 {{- if include "infergate.gatewayExtension" . }}
 {{- range .Values.inferencePools.models }}
-{{- if gt (len .pools) 1 }}
-{{- fail (printf "inferencePools.models %q: with inferencePools.extensionServer a model has one InferencePool. Envoy Gateway v1.9.1 gives the InferencePools of one rule a single cluster (a custom backend keeps no filter), which cannot be each pool's picker's; the extension server refuses it" .name) }}
+{{- $pools := 0 }}
+{{- range .pools }}{{ if not .port }}{{ $pools = add1 $pools }}{{ end }}{{ end }}
+{{- if gt $pools 1 }}
+{{- fail (printf "inferencePools.models %q: with inferencePools.extensionServer a model has one InferencePool (and any Services with a port). Envoy Gateway v1.9.1 gives the InferencePools of one rule a single cluster (a custom backend keeps no filter), which cannot be each pool's picker's; the extension server refuses it" .name) }}
 {{- end }}
 {{- end }}
 {{- end }}
