@@ -575,9 +575,9 @@ func TestValuesRejected(t *testing.T) {
 			v["inferencePools"] = map[string]any{"models": []any{map[string]any{"name": "llama-3-70b", "pools": []any{map[string]any{"name": "p", "weight": 1}}}}}
 			return v
 		}, "in both envoyGateway.route.models and inferencePools.models"},
-		{"an InferencePool with a port", func() map[string]any {
+		{"a Service pool of inferencePools with no valid port", func() map[string]any {
 			v := eg()
-			v["inferencePools"] = map[string]any{"models": []any{map[string]any{"name": "m", "pools": []any{map[string]any{"name": "p", "port": 8000, "weight": 1}}}}}
+			v["inferencePools"] = map[string]any{"models": []any{map[string]any{"name": "m", "pools": []any{map[string]any{"name": "p", "port": 70000, "weight": 1}}}}}
 			return v
 		}, "port"},
 		{"istio sidecar without selector", func() map[string]any {
