@@ -190,6 +190,13 @@ func sumPicked(pods []*modelServer) int64 {
 // virtual model, from its config dump of the routes it got over RDS.
 func envoyRouteWeights(t *testing.T, adminURL string) map[string]int {
 	t.Helper()
+	return envoyRoutesWeights(t, adminURL, func(name string) bool { return name == poolModel })
+}
+
+// envoyRoutesWeights is the weight of each cluster of the routes route
+// selects by name (a route to one cluster gives it 100).
+func envoyRoutesWeights(t *testing.T, adminURL string, route func(name string) bool) map[string]int {
+	t.Helper()
 	var dump struct {
 		Configs []struct {
 			RouteConfig struct {
@@ -197,6 +204,7 @@ func envoyRouteWeights(t *testing.T, adminURL string) map[string]int {
 					Routes []struct {
 						Name  string `json:"name"`
 						Route struct {
+							Cluster          string `json:"cluster"`
 							WeightedClusters struct {
 								Clusters []struct {
 									Name   string `json:"name"`
@@ -216,8 +224,11 @@ func envoyRouteWeights(t *testing.T, adminURL string) map[string]int {
 	for _, c := range dump.Configs {
 		for _, vh := range c.RouteConfig.VirtualHosts {
 			for _, r := range vh.Routes {
-				if r.Name != poolModel {
+				if !route(r.Name) {
 					continue
+				}
+				if r.Route.Cluster != "" {
+					out[r.Route.Cluster] = 100
 				}
 				for _, wc := range r.Route.WeightedClusters.Clusters {
 					out[wc.Name] = wc.Weight

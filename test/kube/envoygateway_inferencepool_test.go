@@ -1,12 +1,16 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -78,8 +82,27 @@ spec:
 				map[string]any{"name": poolName, "namespace": poolNS, "weight": 1},
 				map[string]any{"name": "hosted", "port": 8000, "weight": 1},
 			}},
+			// Weighted by the SLA controller, all on the pool to start.
+			map[string]any{"name": "llama-sla", "pools": []any{
+				map[string]any{"name": poolName, "namespace": poolNS, "weight": 100},
+				map[string]any{"name": "hosted", "port": 8000, "weight": 0},
+			}},
 		},
 	}
+	// The SLA controller: llama-sla's primary is the pool (its queue read
+	// from its pods, followed through the API), the hosted tier its
+	// backup; it writes the weights into the InferencePool route.
+	cfg := vals["config"].(map[string]any)
+	cfg["virtualModels"] = []any{map[string]any{
+		"name": "llama-sla",
+		"pools": []any{
+			map[string]any{"cluster": poolLabel, "priority": 0, "inferencePool": map[string]any{"namespace": poolNS, "name": poolName}},
+			map[string]any{"cluster": "hosted", "priority": 1},
+		},
+		"sla":    map[string]any{"ttftP95": "300ms"},
+		"tuning": map[string]any{"window": "3s", "minSamples": 5, "interval": "250ms", "step": 45, "cooldown": "2s", "probeWeight": 10},
+	}}
+	cfg["weightSink"] = map[string]any{"type": "httpRoute", "httpRoute": map[string]any{"namespace": llmNS, "name": relName + "-inference"}}
 	rel, err := c.helmInstall(t, llmNS, relName, vals)
 	if err != nil {
 		t.Fatalf("helm install: %v", err)
@@ -123,7 +146,7 @@ spec:
 	waitCondition(t, c, httpRoutes, llmNS, relName+"-inference", "status.parents", "ResolvedRefs")
 	waitCondition(t, c, httpRoutes, llmNS, relName, "status.parents", "ResolvedRefs")
 
-	gw := startEGEnvoy(t, c, gwPort, map[string]string{pickerHost: "127.0.0.1"})
+	gw, gwAdmin := startEGEnvoy(t, c, gwPort, map[string]string{pickerHost: "127.0.0.1"})
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return egStatus(gw, poolModel, nil) == http.StatusUnauthorized
 	}, "Envoy to route the pool's model through the gate")
@@ -238,6 +261,87 @@ spec:
 	if toPool == 0 || toHosted == 0 {
 		t.Errorf("the 1:1 split sent %d to the pool and %d to the hosted tier", toPool, toHosted)
 	}
+
+	// The SLA controller moves llama-sla between the pool and the hosted
+	// tier through the route's backendRefs: Envoy Gateway translates, the
+	// extension puts the pool's share back, and Envoy's route follows.
+	// llama-sla's rule is the inference route's third (rule 2).
+	slaRoute := "httproute/" + llmNS + "/" + relName + "-inference/rule/2/"
+	shares := func() (pool, hosted int) {
+		for c, w := range envoyRoutesWeights(t, gwAdmin, func(name string) bool { return strings.HasPrefix(name, slaRoute) }) {
+			switch c {
+			case strings.TrimSuffix(slaRoute, "/"), slaRoute + "backend/0":
+				pool += w
+			case slaRoute + "backend/1":
+				hosted += w
+			default:
+				t.Fatalf("llama-sla's route has cluster %s", c)
+			}
+		}
+		return pool, hosted
+	}
+	if p, h := shares(); p != 100 || h != 0 {
+		t.Fatalf("llama-sla's route in Envoy: pool %d, hosted %d; want all on the pool", p, h)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var load sync.WaitGroup
+	var sent, relayout atomic.Int64
+	for i := range 4 {
+		load.Go(func() {
+			for n := 0; ctx.Err() == nil; n++ {
+				sent.Add(1)
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gw+"/v1/chat/completions", strings.NewReader(
+					fmt.Sprintf(`{"model":"llama-sla","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"sla %d %d"}]}`, i, n)))
+				req.Host = llmHost
+				req.Header.Set("content-type", "application/json")
+				req.Header.Set("authorization", "Bearer "+apiKey)
+				resp, err := http.DefaultClient.Do(req)
+				if ctx.Err() != nil {
+					return
+				}
+				if err != nil {
+					t.Errorf("llama-sla: %v", err)
+					return
+				}
+				drain(resp)
+				switch resp.StatusCode {
+				case http.StatusOK:
+				case http.StatusInternalServerError:
+					// Envoy Gateway re-lays the rule's clusters when a weight
+					// goes to or from 0 (below): counted, not an error.
+					relayout.Add(1)
+				default:
+					t.Errorf("llama-sla: %d", resp.StatusCode)
+					return
+				}
+			}
+		})
+	}
+	setPodTTFT := func(d time.Duration) {
+		for _, p := range pods {
+			cfg := p.mock.Config()
+			cfg.TTFT = d
+			p.mock.SetConfig(cfg)
+		}
+	}
+	setPodTTFT(800 * time.Millisecond)
+	hostedBefore = hosted.served(t)
+	testutil.Eventually(t, 60*time.Second, func() bool { p, h := shares(); return p == 10 && h == 90 },
+		"Envoy's route for llama-sla to move to the hosted tier (pool 10, hosted 90)")
+	testutil.Eventually(t, 10*time.Second, func() bool { return hosted.served(t) > hostedBefore },
+		"the hosted tier to serve llama-sla")
+	setPodTTFT(podConfig.TTFT)
+	testutil.Eventually(t, 60*time.Second, func() bool { p, h := shares(); return p == 100 && h == 0 },
+		"Envoy's route for llama-sla to come back to the pool")
+	cancel()
+	load.Wait()
+	// Envoy Gateway v1.9.1 gives a rule whose Service has weight 0 one
+	// shared cluster (it skips a backend of weight 0 before its filters),
+	// and one per backendRef otherwise. Its xDS can remove the old clusters
+	// before the route naming them changes: a request in that instant is
+	// answered 500 (cluster not found). Logged, as measured.
+	t.Logf("llama-sla under the SLA controller: %d requests, %d answered 500 while Envoy Gateway re-laid the rule's clusters", sent.Load(), relayout.Load())
 }
 
 // egStatus is the status of a one-token request for model through gw.

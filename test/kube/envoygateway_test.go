@@ -128,7 +128,7 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	waitCondition(t, c, egGVR("clienttrafficpolicies"), egNamespace, relName+"-eg", "status.ancestors", "Accepted")
 
 	// EG's Envoy, on EG's bootstrap.
-	gw := startEGEnvoy(t, c, gwPort, nil)
+	gw, _ := startEGEnvoy(t, c, gwPort, nil)
 	testutil.Eventually(t, 60*time.Second, func() bool {
 		return status(gw, false, nil) == http.StatusUnauthorized
 	}, "Envoy to route through the gate")
@@ -380,7 +380,7 @@ func writeSecret(t *testing.T, c *cluster, ns, name, dir string) {
 // (the xDS Service's DNS name, the /certs and /sds volumes, the pod name).
 // hosts are the cluster DNS names it resolves (name -> IP), by its own
 // /etc/hosts in a mount namespace.
-func startEGEnvoy(t *testing.T, c *cluster, gwPort int, hosts map[string]string) string {
+func startEGEnvoy(t *testing.T, c *cluster, gwPort int, hosts map[string]string) (url, adminURL string) {
 	t.Helper()
 	var dep *appsv1.Deployment
 	testutil.Eventually(t, 30*time.Second, func() bool {
@@ -451,12 +451,8 @@ func startEGEnvoy(t *testing.T, c *cluster, gwPort int, hosts map[string]string)
 	// The xDS Service's name is an FQDN ("…cluster.local."): drop the dot too.
 	bootstrap = strings.ReplaceAll(strings.ReplaceAll(bootstrap, xdsHost+".", "127.0.0.1"), xdsHost, "127.0.0.1")
 	bootstrap = strings.ReplaceAll(bootstrap, "/sds/", sds+"/")
-	if len(hosts) == 0 {
-		envoytest.Start(t, bootstrap, args...)
-	} else {
-		envoytest.StartWithHosts(t, hosts, bootstrap, args...)
-	}
-	return "http://127.0.0.1:" + strconv.Itoa(gwPort)
+	e := envoytest.StartWithHosts(t, hosts, bootstrap, args...)
+	return "http://127.0.0.1:" + strconv.Itoa(gwPort), e.AdminURL
 }
 
 // mockPool is `infergate-bench mock` on a local port.

@@ -92,7 +92,7 @@ func Start(t testing.TB, config string, args ...string) *Envoy {
 }
 
 // StartWithHosts is Start with more names in Envoy's /etc/hosts (name ->
-// IP), as a cluster's DNS would resolve them: Envoy runs in a mount
+// IP; none is Start), as a cluster's DNS would resolve them: Envoy runs in a mount
 // namespace of its own (needs root) where a copy of /etc/hosts with them
 // is bind-mounted over the file, so a STRICT_DNS cluster resolves a
 // Service's name through the real resolver.
