@@ -93,17 +93,10 @@ spec:
 			}
 		})
 	}
-	setPodTTFT := func(d time.Duration) {
-		for _, p := range pods {
-			cfg := p.mock.Config()
-			cfg.TTFT = d
-			p.mock.SetConfig(cfg)
-		}
-	}
 
 	// The pool's pods slow down: Envoy's route moves to the backup, down to
 	// the probe weight the pool keeps, and the backup serves.
-	setPodTTFT(800 * time.Millisecond)
+	setPodTTFT(pods, 800*time.Millisecond)
 	slowed := time.Now()
 	servedBefore := backup.completions.Load()
 	testutil.Eventually(t, 45*time.Second, func() bool {
@@ -115,7 +108,7 @@ spec:
 	t.Logf("on the backup (as Envoy routes) %v after the pods slowed down", time.Since(slowed).Round(time.Millisecond))
 
 	// They recover: the route comes back.
-	setPodTTFT(podConfig.TTFT)
+	setPodTTFT(pods, podConfig.TTFT)
 	recovered := time.Now()
 	testutil.Eventually(t, 45*time.Second, func() bool {
 		w := envoyRouteWeights(t, envoy.AdminURL)
@@ -184,6 +177,15 @@ func sumPicked(pods []*modelServer) int64 {
 		n += p.picked.Load()
 	}
 	return n
+}
+
+// setPodTTFT makes every pod answer its first token after d.
+func setPodTTFT(pods []*modelServer, d time.Duration) {
+	for _, p := range pods {
+		cfg := p.mock.Config()
+		cfg.TTFT = d
+		p.mock.SetConfig(cfg)
+	}
 }
 
 // envoyRouteWeights is the weight of each cluster in Envoy's route for the pool's

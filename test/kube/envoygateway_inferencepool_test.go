@@ -128,20 +128,7 @@ spec: {ports: [{name: http, port: 8000, targetPort: %d, protocol: TCP}]}
   service: {ip: {address: %s, port: %d}}
 `, hostIP(t), ig.xds))
 	gwPort := freePort(t)
-	applyYAML(t, c, fmt.Sprintf(`
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: eg}
-spec: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: eg, namespace: %s}
-spec:
-  gatewayClassName: eg
-  listeners:
-  - {name: http, protocol: HTTP, port: %d, allowedRoutes: {namespaces: {from: All}}}
-`, egNamespace, gwPort))
+	applyGateway(t, c, gwPort)
 	waitCondition(t, c, httpRoutes, llmNS, relName+"-inference", "status.parents", "Accepted")
 	waitCondition(t, c, httpRoutes, llmNS, relName+"-inference", "status.parents", "ResolvedRefs")
 	waitCondition(t, c, httpRoutes, llmNS, relName, "status.parents", "ResolvedRefs")
@@ -318,20 +305,13 @@ spec:
 			}
 		})
 	}
-	setPodTTFT := func(d time.Duration) {
-		for _, p := range pods {
-			cfg := p.mock.Config()
-			cfg.TTFT = d
-			p.mock.SetConfig(cfg)
-		}
-	}
-	setPodTTFT(800 * time.Millisecond)
+	setPodTTFT(pods, 800*time.Millisecond)
 	hostedBefore = hosted.served(t)
 	testutil.Eventually(t, 60*time.Second, func() bool { p, h := shares(); return p == 10 && h == 90 },
 		"Envoy's route for llama-sla to move to the hosted tier (pool 10, hosted 90)")
 	testutil.Eventually(t, 10*time.Second, func() bool { return hosted.served(t) > hostedBefore },
 		"the hosted tier to serve llama-sla")
-	setPodTTFT(podConfig.TTFT)
+	setPodTTFT(pods, podConfig.TTFT)
 	testutil.Eventually(t, 60*time.Second, func() bool { p, h := shares(); return p == 100 && h == 0 },
 		"Envoy's route for llama-sla to come back to the pool")
 	cancel()

@@ -63,20 +63,7 @@ func TestEnvoyGatewayKubernetesMode(t *testing.T) {
 		mocks[name] = startMock(t, name)
 	}
 	gwPort := freePort(t)
-	applyYAML(t, c, fmt.Sprintf(`
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: eg}
-spec: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: eg, namespace: %s}
-spec:
-  gatewayClassName: eg
-  listeners:
-  - {name: http, protocol: HTTP, port: %d, allowedRoutes: {namespaces: {from: All}}}
-`, egNamespace, gwPort))
+	applyGateway(t, c, gwPort)
 
 	vals := ciValues(t, "envoygateway")
 	cfg := vals["config"].(map[string]any)
@@ -295,6 +282,26 @@ func writtenBy(t *testing.T, c *cluster, manager string) bool {
 		}
 	}
 	return false
+}
+
+// applyGateway makes Envoy Gateway's GatewayClass eg and its Gateway eg,
+// one HTTP listener on port for routes of every namespace.
+func applyGateway(t *testing.T, c *cluster, port int) {
+	t.Helper()
+	applyYAML(t, c, fmt.Sprintf(`
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: eg}
+spec: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: eg, namespace: %s}
+spec:
+  gatewayClassName: eg
+  listeners:
+  - {name: http, protocol: HTTP, port: %d, allowedRoutes: {namespaces: {from: All}}}
+`, egNamespace, port))
 }
 
 // startEnvoyGateway runs certgen against the API server, then the

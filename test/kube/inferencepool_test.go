@@ -59,20 +59,7 @@ spec:
 	}, "\n---\n"))
 
 	startEnvoyGateway(t, c)
-	applyYAML(t, c, fmt.Sprintf(`
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: eg}
-spec: {controllerName: gateway.envoyproxy.io/gatewayclass-controller}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: eg, namespace: %s}
-spec:
-  gatewayClassName: eg
-  listeners:
-  - {name: http, protocol: HTTP, port: %d, allowedRoutes: {namespaces: {from: All}}}
-`, egNamespace, freePort(t)))
+	applyGateway(t, c, freePort(t))
 
 	vals := ciValues(t, "inferencepools")
 	rendered, err := c.helmRender(t, llmNS, relName, vals)
