@@ -99,7 +99,7 @@ type gwEndpoint struct {
 	lis      net.Listener // nil while refusing
 	mode     gwMode
 	target   string
-	conns    map[net.Conn]struct{}
+	conns    map[net.Conn]chan struct{} // Envoy's: closed once Envoy has closed it; nil for a pipe's far end
 	accepted atomic.Int64
 }
 
@@ -109,20 +109,39 @@ func newGWEndpoint(t *testing.T, target string) *gwEndpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &gwEndpoint{t: t, addr: l.Addr().String(), lis: l, target: target, conns: map[net.Conn]struct{}{}}
+	e := &gwEndpoint{t: t, addr: l.Addr().String(), lis: l, target: target, conns: map[net.Conn]chan struct{}{}}
 	go e.serve(l)
 	t.Cleanup(func() { e.set(gwRefuse, "") })
 	return e
 }
 
-// set switches the endpoint; target is where gwForward pipes to.
+// set switches the endpoint; target is where gwForward pipes to. It
+// returns once Envoy has closed every connection it had: the endpoint sends
+// each a FIN and waits for Envoy's close, so no request set sends after it
+// returns can ride a connection Envoy has not yet seen cut (that request
+// would fail at once instead of meeting the new behaviour).
 func (e *gwEndpoint) set(mode gwMode, target string) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	for c := range e.conns {
-		c.Close()
+	var cut []chan struct{}
+	for c, gone := range e.conns {
+		if gone == nil {
+			c.Close()
+			continue
+		}
+		_ = c.(*net.TCPConn).CloseWrite()
+		cut = append(cut, gone)
 	}
 	clear(e.conns)
+	e.mu.Unlock()
+	for _, gone := range cut {
+		select {
+		case <-gone:
+		case <-time.After(10 * time.Second):
+			e.t.Errorf("%s: Envoy kept a connection open 10s after its FIN", e.addr)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	e.mode, e.target = mode, target
 	switch {
 	case mode == gwRefuse && e.lis != nil:
@@ -151,11 +170,12 @@ func (e *gwEndpoint) serve(l net.Listener) {
 			c.Close()
 			return
 		}
-		e.conns[c] = struct{}{}
+		gone := make(chan struct{})
+		e.conns[c] = gone
 		mode, target := e.mode, e.target
 		e.mu.Unlock()
 		e.accepted.Add(1)
-		go e.handle(c, mode, target)
+		go e.handle(c, gone, mode, target)
 	}
 }
 
@@ -165,11 +185,13 @@ func (e *gwEndpoint) track(c net.Conn) bool {
 	if e.lis == nil {
 		return false
 	}
-	e.conns[c] = struct{}{}
+	e.conns[c] = nil
 	return true
 }
 
-func (e *gwEndpoint) handle(c net.Conn, mode gwMode, target string) {
+// handle serves Envoy's connection c until Envoy closes it, then closes gone.
+func (e *gwEndpoint) handle(c net.Conn, gone chan struct{}, mode gwMode, target string) {
+	defer close(gone)
 	defer c.Close()
 	switch mode {
 	case gwMute:
@@ -183,10 +205,11 @@ func (e *gwEndpoint) handle(c net.Conn, mode gwMode, target string) {
 		if !e.track(u) {
 			return
 		}
-		done := make(chan struct{}, 2)
-		go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
-		go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
-		<-done // either side gone: both go
+		go func() {
+			_, _ = io.Copy(c, u)
+			_ = c.(*net.TCPConn).CloseWrite() // the far end gone: Envoy's side goes too
+		}()
+		_, _ = io.Copy(u, c)
 	}
 }
 
