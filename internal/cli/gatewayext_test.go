@@ -3,9 +3,6 @@ package cli
 import (
 	"context"
 	"crypto/tls"
-	"io"
-	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,27 +51,7 @@ gatewayExtension:
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := func() net.Listener {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	ep, ad, xl := listen(), listen(), listen()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, ep, ad, xl) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	_, _, xl := serveService(t, cfg, true)
 
 	call := func(tc *tls.Config) (*pb.PostRouteModifyResponse, error) {
 		conn, err := grpc.NewClient(xl.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(tc)))

@@ -1,11 +1,8 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -39,27 +36,7 @@ func TestNotReadyBeforePoolModels(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := func() net.Listener {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	ep, ad := listen(), listen()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, ep, ad, nil) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	svc, ad, _ := serveService(t, cfg, false)
 	readyz := func() int {
 		resp, err := http.Get("http://" + ad.Addr().String() + "/readyz")
 		if err != nil {

@@ -42,27 +42,7 @@ virtualModels:
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	listen := func() net.Listener {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	ep, ad, xl := listen(), listen(), listen()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- svc.Serve(ctx, ep, ad, xl) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	_, _, xl := serveService(t, cfg, true)
 
 	routes := func(creds credentials.TransportCredentials) (*discoveryv3.DiscoveryResponse, error) {
 		conn, err := grpc.NewClient(xl.Addr().String(), grpc.WithTransportCredentials(creds))
@@ -95,4 +75,36 @@ virtualModels:
 	if _, err := routes(insecure.NewCredentials()); err == nil {
 		t.Error("routes were served in plaintext")
 	}
+}
+
+// serveService runs the Service of cfg on loopback listeners (an xDS one
+// when xds) until the test ends; it returns the Service and its admin and
+// xDS listeners.
+func serveService(t *testing.T, cfg *config.Config, xds bool) (svc *Service, admin, xdsLis net.Listener) {
+	t.Helper()
+	svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := func() net.Listener {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	extproc, admin := listen(), listen()
+	if xds {
+		xdsLis = listen()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- svc.Serve(ctx, extproc, admin, xdsLis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	return svc, admin, xdsLis
 }
