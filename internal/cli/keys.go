@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -42,6 +44,10 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// revoke and rotate take the id first: flag stops at a non-flag.
 	var id string
 	if sub == "revoke" || sub == "rotate" {
+		if len(rest) > 0 && (rest[0] == "-h" || rest[0] == "--help" || rest[0] == "-help") {
+			fmt.Fprint(stderr, keysUsage) // as every subcommand's --help: a clean exit
+			return flag.ErrHelp
+		}
 		if len(rest) == 0 || strings.HasPrefix(rest[0], "-") {
 			fmt.Fprintf(stderr, "infergate keys %s: the key's id comes first (see infergate keys list)\n", sub)
 			return ErrUsage
@@ -141,6 +147,13 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		asJSON := fs.Bool("json", false, "print JSON instead of a table")
 		if err := flagset.Parse(fs, rest); err != nil {
 			return err
+		}
+		if *secret == "" {
+			// Only create makes a file: listing one that is not there is
+			// a typo, not an empty set of keys.
+			if _, err := os.Stat(*file); err != nil {
+				return fmt.Errorf("infergate keys list: %w (infergate keys create --file %s makes one)", err, *file)
+			}
 		}
 		st, err := store()
 		if err != nil {

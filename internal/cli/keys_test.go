@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -237,5 +238,25 @@ func TestKeysCreateBudget(t *testing.T) {
 		if _, err := keysCmd(t, t0, "create", "--tenant", "acme", "--budget-usd-month", bad, "--file", path); !errors.Is(err, ErrUsage) {
 			t.Errorf("--budget-usd-month %s: %v, want a usage error", bad, err)
 		}
+	}
+}
+
+// revoke and rotate print their usage for --help, as the other
+// subcommands do, and list refuses a keys file that is not there rather
+// than printing an empty table.
+func TestKeysHelpAndMissingFile(t *testing.T) {
+	for _, sub := range []string{"revoke", "rotate", "create", "list"} {
+		var stdout, stderr bytes.Buffer
+		err := Run(context.Background(), []string{"keys", sub, "--help"}, &stdout, &stderr)
+		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(stderr.String(), "infergate keys "+sub) {
+			t.Errorf("keys %s --help: %v\n%s", sub, err, stderr.String())
+		}
+	}
+	typo := filepath.Join(t.TempDir(), "typo.yaml")
+	if _, err := keysCmd(t, time.Now(), "list", "--file", typo); err == nil || !strings.Contains(err.Error(), "typo.yaml") {
+		t.Errorf("keys list of a missing file: %v", err)
+	}
+	if _, err := os.Stat(typo); err == nil {
+		t.Error("list created the file")
 	}
 }
