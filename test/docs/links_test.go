@@ -35,8 +35,10 @@ func TestCheckerFindsBrokenLinks(t *testing.T) {
 	want := []string{
 		"README.md: link docs/missing.md: no such file",
 		"docs/README.md: link guide.md#no-such-heading: no heading or anchor \"no-such-heading\" in docs/guide.md",
+		"docs/deep.md: not listed in docs/README.md",
 		"docs/guide.md: link #gone: no heading or anchor \"gone\" in docs/guide.md",
 		"docs/guide.md: link ../charts/x/README.md: no such file",
+		"docs/guide.md: link : empty link",
 		"docs/orphan.md: not reachable from docs/README.md",
 	}
 	if !slices.Equal(got, want) {
@@ -129,9 +131,22 @@ func check(root string) []string {
 			}
 		}
 	}
+	// Listed in the index itself, not only reachable through another page:
+	// the index is where a reader looks for a page.
+	listed := map[string]bool{}
+	if d, err := load(index); err == nil {
+		for _, link := range d.links {
+			target, _, _ := strings.Cut(link, "#")
+			listed[path.Join(path.Dir(index), target)] = true
+		}
+	}
 	for _, name := range files {
-		if strings.HasPrefix(name, "docs/") && !seen[name] {
+		switch {
+		case !strings.HasPrefix(name, "docs/") || name == index:
+		case !seen[name]:
 			problems = append(problems, name+": not reachable from "+index)
+		case !listed[name]:
+			problems = append(problems, name+": not listed in "+index)
 		}
 	}
 	slices.Sort(problems)
@@ -144,6 +159,9 @@ func external(target string) bool {
 
 // resolve checks one link of the document name; it returns what is wrong.
 func resolve(root, name, link string, load func(string) (*doc, error)) string {
+	if link == "" {
+		return "empty link"
+	}
 	target, anchor, hasAnchor := strings.Cut(link, "#")
 	if external(target) {
 		return ""
@@ -179,7 +197,7 @@ var (
 	fence      = regexp.MustCompile("^\\s*(```|~~~)")
 	heading    = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
 	codeSpan   = regexp.MustCompile("`+[^`]*`+")
-	inlineLink = regexp.MustCompile(`\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)`)
+	inlineLink = regexp.MustCompile(`\]\(\s*<?([^)\s>]*)>?(?:\s+"[^"]*")?\s*\)`)
 	refDef     = regexp.MustCompile(`^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)`)
 	htmlAnchor = regexp.MustCompile(`<a\s+(?:id|name)="([^"]+)"`)
 	mdLink     = regexp.MustCompile(`!?\[([^\]]*)\]\([^)]*\)`)
