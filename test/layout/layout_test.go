@@ -5,7 +5,10 @@
 package layout
 
 import (
+	"os"
 	"os/exec"
+	"path"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -169,5 +172,27 @@ func TestRulesCatchUpwardImports(t *testing.T) {
 		if v := violations(map[string][]string{ok[0]: {ok[1]}}); len(v) > 0 {
 			t.Errorf("%s importing %s is refused: %v", ok[0], ok[1], v)
 		}
+	}
+}
+
+// docs/architecture.md walks every package: one that is not named there
+// (its module-relative path, or for a nested helper its last element, in a
+// code span) is a package a newcomer cannot place.
+func TestArchitectureNamesEveryPackage(t *testing.T) {
+	b, err := os.ReadFile("../../docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := map[string]bool{}
+	for _, m := range regexp.MustCompile("`([^`\n]+)`").FindAllStringSubmatch(string(b), -1) {
+		for _, f := range strings.FieldsFunc(m[1], func(r rune) bool { return r == ' ' || r == ',' || r == '(' || r == ')' }) {
+			named[strings.TrimSuffix(strings.TrimSuffix(f, "/"), "/...")] = true
+		}
+	}
+	for pkg := range projectImports(t) {
+		if pkg == "." || named[pkg] || named[path.Base(pkg)] {
+			continue
+		}
+		t.Errorf("docs/architecture.md does not name package %s", pkg)
 	}
 }
