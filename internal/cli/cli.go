@@ -4,12 +4,15 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
@@ -96,7 +99,10 @@ func newLogger(w io.Writer, c config.Log) *slog.Logger {
 }
 
 func runServe(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
-	summary := "Run the ext_proc gRPC service (gate and meter filters) and the admin HTTP port."
+	summary := "Run infergate whole, in one process: the ext_proc gRPC service (the gate and the meter),\nthe SLA controller with its xDS server, and the admin HTTP port."
+	if name == "extproc" {
+		summary = "Run the ext_proc gRPC service alone (the gate and the meter) and the admin HTTP port: one of\nseveral replicas sharing their budgets in Redis; the SLA controller runs apart (infergate controller)."
+	}
 	fs := flagset.New(name, summary, stderr)
 	path := fs.String("config", "", "YAML config file (default: the embedded default; see internal/config/default.yaml)")
 	extprocAddr := fs.String("extproc-listen", "", "override extproc.listen, e.g. 127.0.0.1:50051 or unix:/run/infergate.sock")
@@ -133,12 +139,32 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 
 func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flagset.New("validate", "Check a config file, its API keys and its Rego policies (compiled, their tests run)\nwithout starting anything; exits non-zero on the first error, with its line.", stderr)
-	path := fs.String("config", "", "YAML config file to check (required)")
-	if err := flagset.Parse(fs, args); err != nil {
-		return err
+	path := fs.String("config", "", "YAML config file to check (required; or give it as the only argument)")
+	// The path as an argument, before or after the flags, as most tools take it.
+	var file string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		file, args = args[0], args[1:]
 	}
-	if *path == "" {
-		fmt.Fprintln(stderr, "validate: --config is required")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return ErrUsage
+	}
+	if file == "" && fs.NArg() == 1 {
+		file = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "validate: unexpected argument %q\n", fs.Arg(fs.NArg()-1))
+		return ErrUsage
+	}
+	switch {
+	case file != "" && *path != "" && file != *path:
+		fmt.Fprintln(stderr, "validate: one config file: --config or an argument, not both")
+		return ErrUsage
+	case file != "":
+		*path = file
+	case *path == "":
+		fmt.Fprintln(stderr, "validate: a config file is required: infergate validate FILE (or --config FILE)")
 		return ErrUsage
 	}
 	cfg, err := config.Load(*path)

@@ -44,6 +44,12 @@ func TestUsage(t *testing.T) {
 			t.Errorf("%s --help: err %v, stderr %q", cmd, err, stderr)
 		}
 	}
+	// extproc says what it is, not serve's text.
+	_, serveHelp, _ := run(t, "serve", "--help")
+	_, extprocHelp, _ := run(t, "extproc", "--help")
+	if first := func(s string) string { l, _, _ := strings.Cut(s, "\n"); return l }; first(serveHelp) == first(extprocHelp) {
+		t.Errorf("extproc --help repeats serve's summary: %q", first(extprocHelp))
+	}
 	if _, _, err := run(t, "serve", "--no-such-flag"); !errors.Is(err, ErrUsage) {
 		t.Errorf("bad flag: err %v", err)
 	}
@@ -65,6 +71,18 @@ func TestValidate(t *testing.T) {
 	}
 	if _, _, err := run(t, "validate"); !errors.Is(err, ErrUsage) {
 		t.Errorf("validate without --config: err %v", err)
+	}
+	// The file as an argument, as most tools take it; one file only.
+	if stdout, _, err := run(t, "validate", good); err != nil || !strings.Contains(stdout, good+": ok") {
+		t.Errorf("validate FILE: err %v, stdout %q", err, stdout)
+	}
+	if _, _, err := run(t, "validate", bad); err == nil || !strings.Contains(err.Error(), "line 3") {
+		t.Errorf("validate BAD: err %v", err)
+	}
+	for _, args := range [][]string{{good, bad}, {"--config", good, bad}} {
+		if _, _, err := run(t, append([]string{"validate"}, args...)...); !errors.Is(err, ErrUsage) {
+			t.Errorf("validate %v: err %v, want a usage error", args, err)
+		}
 	}
 	if _, _, err := run(t, "serve", "--config", bad); err == nil {
 		t.Error("serve started with a bad config")
