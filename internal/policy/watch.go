@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -122,13 +123,17 @@ func (w *Watcher) reload(ctx context.Context) error {
 	w.lastErr.Store(nil)
 	w.ok.Add(1)
 	w.log.Info("policy reloaded", "dir", w.dir, "modules", e.modules, "tests", e.tests, "memoized", e.memo != nil,
-		"took", time.Since(start).Round(time.Millisecond))
+		"took", time.Since(start).Round(time.Millisecond).String()) // "75ms", not slog's 75000000 ns
 	return nil
 }
 
 // failed records a refused version; the previous one keeps serving.
 func (w *Watcher) failed(err error) {
-	err = fmt.Errorf("policy %s: %w", w.dir, err)
+	// A version that did not load says so already; the directory's own
+	// errors (it vanished, say) get the same prefix, once.
+	if prefix := "policy " + w.dir + ":"; !strings.HasPrefix(err.Error(), prefix) {
+		err = fmt.Errorf("policy %s: %w", w.dir, err)
+	}
 	w.fail.Add(1)
 	w.lastErr.Store(&err)
 	w.log.Error("policy reload failed; the previous policy keeps serving", "dir", w.dir, "err", err)

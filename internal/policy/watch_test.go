@@ -120,6 +120,9 @@ func TestWatcherReloadsAndKeepsServingOnErrors(t *testing.T) {
 		}
 		writeFile(t, dir, "authz.rego", string(good)+"\nallow if {\n")
 		afterPoll(t, "the broken version is reported", func() bool { return w.Health() != nil })
+		if err := w.Health(); strings.Count(err.Error(), "policy "+dir+":") != 1 {
+			t.Errorf("the error names the directory more or less than once: %v", err)
+		}
 		if err := w.Health(); !strings.Contains(err.Error(), "authz.rego:") {
 			t.Errorf("Health = %v, want the file and line", err)
 		}
