@@ -5,12 +5,17 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/testutil"
 )
 
@@ -154,5 +159,35 @@ func TestServeStopsOnCancel(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "infergate stopped") {
 		t.Errorf("log: %s", stderr.String())
+	}
+}
+
+// The admin port's root lists what the port serves, the /debug pages only
+// when they are on; anything else under / stays a 404.
+func TestAdminIndex(t *testing.T) {
+	for _, debug := range []bool{false, true} {
+		cfg, err := config.Parse(fmt.Appendf(nil, "admin:\n  debug:\n    enabled: %t\n", debug))
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := svc.AdminHandler()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		body := rec.Body.String()
+		if rec.Code != 200 || !strings.Contains(body, `href="/metrics"`) || !strings.Contains(body, `href="/readyz"`) {
+			t.Errorf("debug %t: GET / = %d %q", debug, rec.Code, body)
+		}
+		if strings.Contains(body, "/debug/spend") != debug {
+			t.Errorf("debug %t: the index lists /debug/spend: %t", debug, !debug)
+		}
+		rec = httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/nothing", nil))
+		if rec.Code != 404 {
+			t.Errorf("GET /nothing = %d", rec.Code)
+		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/subtle"
 	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/pprof"
@@ -87,5 +88,44 @@ func bearer(tokenFile string, h http.Handler) http.Handler {
 			return
 		}
 		h.ServeHTTP(w, r)
+	})
+}
+
+// adminIndex answers GET / on the admin port: what the port serves, with
+// links, so that a first look at it is not a 404. It lists the /debug
+// pages only when they are on (their content stays behind the token).
+func adminIndex(admin config.Admin, keys, requests bool) http.Handler {
+	type page struct{ path, what string }
+	pages := []page{
+		{"/metrics", "Prometheus metrics (OpenTelemetry GenAI names and infergate's own)"},
+		{"/healthz", "alive; says which reload was refused, if any (the last good version serves)"},
+		{"/readyz", "ready to decide"},
+	}
+	if admin.Debug.Enabled {
+		pages = append(pages, page{"/debug/spend", "spend by tenant, team, key and model"},
+			page{"/debug/controller", "the SLA controller: pools, observations, weights and why"})
+		if requests {
+			pages = append(pages, page{"/debug/requests", "the latest requests' stamps"})
+		}
+		if keys {
+			pages = append(pages, page{"/debug/keys", "the API keys' last use"})
+		}
+	}
+	if admin.Pprof {
+		pages = append(pages, page{"/debug/pprof/", "Go's profiler"})
+	}
+	var b strings.Builder
+	b.WriteString("<!doctype html>\n<meta charset=utf-8>\n<title>infergate admin</title>\n<h1>infergate admin</h1>\n<ul>\n")
+	for _, p := range pages {
+		fmt.Fprintf(&b, "<li><a href=\"%s\">%s</a>: %s</li>\n", p.path, p.path, html.EscapeString(p.what))
+	}
+	b.WriteString("</ul>\n")
+	if admin.ServesDebug() && admin.Debug.TokenFile != "" {
+		b.WriteString("<p>The /debug pages need <code>Authorization: Bearer</code> with admin.debug.tokenFile's token.</p>\n")
+	}
+	body := b.String()
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		io.WriteString(w, body)
 	})
 }

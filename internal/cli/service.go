@@ -300,6 +300,7 @@ func (s *Service) health() error {
 // pages admin.debug and admin.pprof turn on.
 func (s *Service) AdminHandler() http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /{$}", adminIndex(s.cfg.Admin, s.adm.controller.Keys != nil, s.recent != nil))
 	mux.Handle("GET /metrics", s.metrics.Handler())
 	debugPages(mux, s.cfg.Admin, func(debug *http.ServeMux) {
 		debug.HandleFunc("GET /debug/controller", s.routing.DebugHandler)
