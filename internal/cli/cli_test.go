@@ -191,3 +191,24 @@ func TestAdminIndex(t *testing.T) {
 		}
 	}
 }
+
+// serve says loudly when nothing authenticates, and only then.
+func TestUnauthenticatedWarning(t *testing.T) {
+	for _, c := range []struct {
+		yaml string
+		warn bool
+	}{
+		{"", true},
+		{"policy:\n  dir: /p\n", true},
+		{"auth:\n  keys: /k.yaml\n", false},
+		{"auth:\n  jwt:\n    enabled: true\n", false},
+	} {
+		var cfg config.Config
+		cfg.Auth.Keys = map[bool]string{true: "/k.yaml"}[strings.Contains(c.yaml, "keys")]
+		cfg.Auth.JWT.Enabled = strings.Contains(c.yaml, "jwt")
+		cfg.Policy.Dir = map[bool]string{true: "/p"}[strings.Contains(c.yaml, "policy")]
+		if w := unauthenticatedWarning(&cfg); (w != "") != c.warn || (c.warn && !strings.Contains(w, "NOTHING AUTHENTICATES")) {
+			t.Errorf("%q: warning %q", c.yaml, w)
+		}
+	}
+}

@@ -433,6 +433,9 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	}
 	s.ready.Store(true)
 	s.log.Info("infergate serving", "extproc", extprocLis.Addr().String(), "admin", adminLis.Addr().String())
+	if w := unauthenticatedWarning(s.cfg); w != "" {
+		s.log.Warn(w)
+	}
 
 	<-failed.Done()
 	s.ready.Store(false)
@@ -500,4 +503,18 @@ func listenExtProc(listen func(network, addr string) (net.Listener, error), addr
 		_ = os.Remove(path)
 	}
 	return net.Listen("unix", path)
+}
+
+// unauthenticatedWarning is what serve says, loudly, when nothing
+// identifies a caller: every well-formed request is then admitted as
+// nobody, which is right for a first try and wrong anywhere else.
+func unauthenticatedWarning(cfg *config.Config) string {
+	if cfg.Auth.Keys != "" || cfg.Auth.JWT.Enabled {
+		return ""
+	}
+	w := "NOTHING AUTHENTICATES: no auth.keys and no auth.jwt, so every caller is anonymous"
+	if cfg.Policy.Dir == "" {
+		return w + " and, with no policy.dir, every well-formed request is admitted; set auth.keys (infergate keys create) or auth.jwt"
+	}
+	return w + " (policy.dir decides alone); set auth.keys (infergate keys create) or auth.jwt"
 }
