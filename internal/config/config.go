@@ -744,7 +744,7 @@ func Parse(b []byte) (*Config, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(b))
 		dec.KnownFields(true)
 		if err := dec.Decode(c); err != nil && !errors.Is(err, io.EOF) {
-			return nil, tidyYAMLError(err)
+			return nil, tidyYAMLError(err, &root)
 		}
 	}
 	c.fillDefaults()
@@ -1088,22 +1088,6 @@ func (rl *RateLimit) validateRedis() []error {
 	check(!strings.ContainsAny(r.HashTag, "{}"), "ratelimit.redis.hashTag", "must not contain { or }: it is written between braces; got %q", r.HashTag)
 	check(len(r.HashTag) <= maxHashTag, "ratelimit.redis.hashTag", "must be at most %d bytes, got %d", maxHashTag, len(r.HashTag))
 	return errs
-}
-
-// tidyYAMLError keeps yaml.v3's line-numbered messages but drops the Go type
-// names that mean nothing to a user.
-func tidyYAMLError(err error) error {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return err
-	}
-	msgs := make([]string, len(te.Errors))
-	for i, m := range te.Errors {
-		m = strings.ReplaceAll(m, " in type config.", " in section ")
-		m = strings.ReplaceAll(m, " in type controller.", " in section ")
-		msgs[i] = m
-	}
-	return errors.New(strings.Join(msgs, "; "))
 }
 
 // lineOf finds the line of a dotted key path in the document, or 0.

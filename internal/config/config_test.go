@@ -577,3 +577,25 @@ prices:
 		t.Errorf("currency %q, %d models", tab.Currency, tab.Len())
 	}
 }
+
+// A decoding mistake is told in the file's words: its line, the key's
+// dotted path, what the key wants, and for a typo the key meant; no Go
+// type names.
+func TestParseErrorsSpeakTheFilesWords(t *testing.T) {
+	for _, c := range []struct{ yaml, want string }{
+		{"auth:\n  kyes: x\n", "line 2: auth.kyes: unknown key (did you mean keys?)"},
+		{"ratelimit:\n  backnd: memory\n", "line 2: ratelimit.backnd: unknown key (did you mean backend?)"},
+		{"policy:\n  reloadInterval: 5\n", "line 2: policy.reloadInterval: want a duration such as 30s, 5m or 1h, got 5"},
+		{"gate:\n  maxBodyBytes: lots\n", "line 2: gate.maxBodyBytes: want a whole number, got lots"},
+		{"virtualModels:\n  - name: m\n    pools:\n      - clustr: a\n", "line 4: virtualModels.0.pools.0.clustr: unknown key (did you mean cluster?)"},
+		{"auth:\n  zzzzzzzz: 1\n", "line 2: auth.zzzzzzzz: unknown key"},
+	} {
+		_, err := Parse([]byte(c.yaml))
+		if err == nil || err.Error() != c.want {
+			t.Errorf("%q:\n got %v\nwant %s", c.yaml, err, c.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "config.") {
+			t.Errorf("%q: a Go type name in %v", c.yaml, err)
+		}
+	}
+}
