@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/price"
@@ -28,7 +29,7 @@ Usage:
   infergate keys revoke ID WHERE
   infergate keys rotate ID [--grace 24h] WHERE
 
-WHERE is --file F (default keys.yaml) or --secret NAMESPACE/NAME [--secret-key keys.yaml].
+WHERE is --file F (default keys.yaml), --config F (its auth.keys) or --secret NAMESPACE/NAME [--secret-key keys.yaml].
 `
 
 // keysNow is the clock of the keys subcommands (tests pin it).
@@ -59,7 +60,24 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	file := fs.String("file", "keys.yaml", "the keys file (auth.keys) to edit; created when missing")
 	secret := fs.String("secret", "", "edit the keys in this Kubernetes Secret, NAMESPACE/NAME (the chart's apiKeys.existingSecret), instead of --file; created when missing; the cluster is KUBECONFIG's, ~/.kube/config's or the pod's")
 	secretKey := fs.String("secret-key", "keys.yaml", "the Secret's data key holding the keys file")
+	configFile := fs.String("config", "", "take the keys file from this config file's auth.keys instead of --file")
 	store := func() (keyStore, error) {
+		if *configFile != "" {
+			explicit := false
+			fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "file" || f.Name == "secret" })
+			if explicit {
+				fmt.Fprintf(stderr, "infergate keys %s: --config or --file/--secret, not both\n", sub)
+				return nil, ErrUsage
+			}
+			cfg, err := config.Load(*configFile)
+			if err != nil {
+				return nil, err
+			}
+			if cfg.Auth.Keys == "" {
+				return nil, fmt.Errorf("%s sets no auth.keys: set it to the keys file (or use --file)", *configFile)
+			}
+			*file = cfg.Auth.Keys
+		}
 		if *secret == "" {
 			return fileStore(*file), nil
 		}
@@ -148,16 +166,16 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err := flagset.Parse(fs, rest); err != nil {
 			return err
 		}
-		if *secret == "" {
-			// Only create makes a file: listing one that is not there is
-			// a typo, not an empty set of keys.
-			if _, err := os.Stat(*file); err != nil {
-				return fmt.Errorf("infergate keys list: %w (infergate keys create --file %s makes one)", err, *file)
-			}
-		}
 		st, err := store()
 		if err != nil {
 			return err
+		}
+		if f, ok := st.(fileStore); ok {
+			// Only create makes a file: listing one that is not there is
+			// a typo, not an empty set of keys.
+			if _, err := os.Stat(string(f)); err != nil {
+				return fmt.Errorf("infergate keys list: %w (infergate keys create --file %s makes one)", err, f)
+			}
 		}
 		return list(ctx, st, admins, *tokenFile, *asJSON, stdout)
 	case "-h", "--help", "help":

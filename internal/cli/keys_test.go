@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -258,5 +259,32 @@ func TestKeysHelpAndMissingFile(t *testing.T) {
 	}
 	if _, err := os.Stat(typo); err == nil {
 		t.Error("list created the file")
+	}
+}
+
+// --config takes the keys file from the config's auth.keys, so that the
+// file the gate reads is the one edited.
+func TestKeysFromConfig(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "gate-keys.yaml")
+	cfg := filepath.Join(dir, "infergate.yaml")
+	os.WriteFile(cfg, fmt.Appendf(nil, "auth:\n  keys: %s\n", keys), 0o644)
+	if _, err := keysCmd(t, time.Now(), "create", "--tenant", "acme", "--id", "k1", "--config", cfg); err != nil {
+		t.Fatal(err)
+	}
+	if loadKeys(t, keys).Len() != 1 {
+		t.Error("the key is not in the config's auth.keys")
+	}
+	out, err := keysCmd(t, time.Now(), "list", "--config", cfg)
+	if err != nil || !strings.Contains(out, "k1") {
+		t.Errorf("list --config: %v\n%s", err, out)
+	}
+	if _, err := keysCmd(t, time.Now(), "list", "--config", cfg, "--file", keys); !errors.Is(err, ErrUsage) {
+		t.Errorf("--config with --file: %v", err)
+	}
+	bare := filepath.Join(dir, "bare.yaml")
+	os.WriteFile(bare, []byte("log:\n  level: info\n"), 0o644)
+	if _, err := keysCmd(t, time.Now(), "list", "--config", bare); err == nil || !strings.Contains(err.Error(), "auth.keys") {
+		t.Errorf("a config without auth.keys: %v", err)
 	}
 }

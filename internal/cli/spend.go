@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/spend"
@@ -30,8 +33,22 @@ func runSpend(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	since := fs.String("since", "24h", "the window: a duration (90m, 24h) or days (7d), at most 40d")
 	by := fs.String("by", "tenant,model", "group by any of tenant, team, key, model (comma-separated)")
 	asJSON := fs.Bool("json", false, "print the report as JSON instead of a table")
+	configFile := fs.String("config", "", "read the admin port and its token from this config file (admin.listen, admin.debug.tokenFile) instead of --admin")
 	if err := flagset.Parse(fs, args); err != nil {
 		return err
+	}
+	if *configFile != "" {
+		cfg, err := config.Load(*configFile)
+		if err != nil {
+			return err
+		}
+		if !cfg.Admin.Debug.Enabled {
+			return fmt.Errorf("%s: admin.debug.enabled is off, so no replica serves /debug/spend: turn it on", *configFile)
+		}
+		*admin = "http://" + cfg.Admin.Listen
+		if *tokenFile == "" {
+			*tokenFile = cfg.Admin.Debug.TokenFile
+		}
 	}
 	dims, err := spend.ParseBy(*by)
 	if err == nil {
@@ -84,6 +101,9 @@ func getAdmin(ctx context.Context, url, tokenFile string, limit int64, hint stri
 		req.Header.Set("Authorization", "Bearer "+string(token))
 	}
 	resp, err := http.DefaultClient.Do(req)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return nil, fmt.Errorf("nothing answers at %s: is infergate serving there? point --admin (or --config) at a replica's admin port: %w", req.URL.Host, err)
+	}
 	if err != nil {
 		return nil, err
 	}

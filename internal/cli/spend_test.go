@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -50,5 +51,31 @@ func TestSpendCommand(t *testing.T) {
 		if err := run(bad...); !errors.Is(err, ErrUsage) {
 			t.Errorf("%v: %v, want a usage error", bad, err)
 		}
+	}
+}
+
+// Without a replica where it looks, spend says what to do rather than
+// Go's dial error alone; --config reads the admin port from the file and
+// refuses one whose /debug pages are off.
+func TestSpendWhereTheAdminIs(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	l.Close()
+	if _, _, err := run(t, "spend", "--admin", "http://"+closed); err == nil || !strings.Contains(err.Error(), "nothing answers at "+closed) {
+		t.Errorf("spend at a closed port: %v", err)
+	}
+	dir := t.TempDir()
+	off := filepath.Join(dir, "off.yaml")
+	os.WriteFile(off, []byte("admin:\n  listen: "+closed+"\n"), 0o644)
+	if _, _, err := run(t, "spend", "--config", off); err == nil || !strings.Contains(err.Error(), "admin.debug.enabled is off") {
+		t.Errorf("spend --config with the debug pages off: %v", err)
+	}
+	on := filepath.Join(dir, "on.yaml")
+	os.WriteFile(on, []byte("admin:\n  listen: "+closed+"\n  debug:\n    enabled: true\n"), 0o644)
+	if _, _, err := run(t, "spend", "--config", on); err == nil || !strings.Contains(err.Error(), "nothing answers at "+closed) {
+		t.Errorf("spend --config: %v, want it to dial the config's admin.listen", err)
 	}
 }
