@@ -24,7 +24,7 @@ holding one: a key is printed once, at creation, and only its SHA-256 is
 written; the gate reloads the keys without a restart.
 
 Usage:
-  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--budget-usd-month 500] [--id ID] WHERE
+  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--budget-month 500] [--id ID] WHERE
   infergate keys list   [--admin URL]... [--admin-token-file F] [--json] WHERE
   infergate keys revoke ID WHERE
   infergate keys rotate ID [--grace 24h] WHERE
@@ -92,13 +92,15 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		owner := fs.String("owner", "", "who holds the key (shown by list)")
 		expires := fs.String("expires", "", "lifetime, e.g. 30d or 12h (default: none)")
 		keyID := fs.String("id", "", "the key's id (default: TENANT-<8 random hex digits>)")
-		budget := fs.String("budget-usd-month", "", "the key's own budget per calendar month (UTC), a decimal amount of the prices' currency, e.g. 500; policies see it as input.principal.budget_month")
+		budget := fs.String("budget-month", "", "the key's own budget per calendar month (UTC), a decimal amount of the prices' currency (prices.currency), e.g. 500; policies see it as input.principal.budget_month")
+		// The flag's first name said dollars whatever the currency: still read.
+		fs.Var(stringAlias{budget}, "budget-usd-month", "the same as --budget-month (its former name)")
 		if err := flagset.Parse(fs, rest); err != nil {
 			return err
 		}
 		if *budget != "" {
 			if _, err := price.ParseAmount(*budget); err != nil {
-				fmt.Fprintf(stderr, "infergate keys create: --budget-usd-month %v\n", err)
+				fmt.Fprintf(stderr, "infergate keys create: --budget-month %v\n", err)
 				return ErrUsage
 			}
 		}
@@ -422,3 +424,14 @@ func keysHandler(keys *identity.KeySet) http.HandlerFunc {
 		json.NewEncoder(w).Encode(keys.Load().Status())
 	}
 }
+
+// stringAlias is a second name of a string flag.
+type stringAlias struct{ p *string }
+
+func (a stringAlias) String() string {
+	if a.p == nil {
+		return ""
+	}
+	return *a.p
+}
+func (a stringAlias) Set(s string) error { *a.p = s; return nil }

@@ -211,13 +211,14 @@ func TestKeysUsageErrors(t *testing.T) {
 	}
 }
 
-// create --budget-usd-month writes the key's monthly budget, which the
-// gate's loader reads in pico-units and rotate carries over; a budget
-// that is no amount is refused before anything is written.
+// create --budget-month (or its former name, --budget-usd-month) writes
+// the key's monthly budget, which the gate's loader reads in pico-units
+// and rotate carries over; a budget that is no amount is refused before
+// anything is written.
 func TestKeysCreateBudget(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.yaml")
 	t0 := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
-	key, err := keysCmd(t, t0, "create", "--tenant", "acme", "--budget-usd-month", "500", "--file", path)
+	key, err := keysCmd(t, t0, "create", "--tenant", "acme", "--budget-month", "500", "--file", path)
 	if err != nil {
 		t.Fatal(err)
 	}
