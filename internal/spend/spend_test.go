@@ -143,7 +143,7 @@ func TestChargedPricesWhatTheLimiterCharged(t *testing.T) {
 // key it holds keeps counting once it is full.
 func TestMemoryCapsTheKeysOfABucket(t *testing.T) {
 	ctx := context.Background()
-	m := &Memory{MaxKeys: 3}
+	m := &Memory{Shares: Shares{Total: 3}}
 	one := Amount{Requests: 1, Cost: 7}
 	for _, model := range []string{"a", "b", "c", "d", "e", "a"} {
 		if err := m.Add(ctx, 100, Key{Tenant: "t", Model: model}, one); err != nil {
