@@ -26,7 +26,7 @@ func newRedis(t testing.TB) *redis.Client {
 
 // Against a real Redis: what two replicas add reads back whole, a bucket
 // lives Retention, and concurrent adds never take a bucket past
-// MaxKeys+1 keys.
+// Shares.Total+1 keys.
 func TestRedisStore(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)

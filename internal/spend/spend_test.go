@@ -139,7 +139,7 @@ func TestChargedPricesWhatTheLimiterCharged(t *testing.T) {
 	}
 }
 
-// A bucket holds at most MaxKeys keys; the rest folds into OtherKey, and a
+// A bucket holds at most Shares.Total keys; the rest folds into OtherKey, and a
 // key it holds keeps counting once it is full.
 func TestMemoryCapsTheKeysOfABucket(t *testing.T) {
 	ctx := context.Background()
