@@ -8,6 +8,7 @@ package admission
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -382,12 +383,6 @@ func policyError(d policy.Decision, a *request.Admission) *openai.Error {
 	return openai.NewError(status, openai.TypePermission, "permission_denied", "", msg)
 }
 
-// maxReservedOutput bounds the output tokens a request reserves
-// (max_tokens × choices): far above any budget, so that such a request is
-// denied as larger than its limit, and far from overflowing int64 once the
-// prompt is added.
-const maxReservedOutput = 1 << 48
-
 // effectiveMaxTokens is what a request may write per choice: the client's
 // max_tokens (the largest of every output cap key it sets, see
 // openai.Request.MaxTokens), held to the policy's cap when it names one;
@@ -412,12 +407,15 @@ func (c *Controller) effectiveMaxTokens(a *request.Admission, limit int) int {
 // reservationCost is what a request reserves: one request, its estimated
 // prompt, and its effective max_tokens for each of the choices completions
 // it asks for (n, best_of: each may write up to max_tokens; fewer than 1
-// counts as 1). A policy's reserve replaces each token figure it states,
-// as it states it; one it leaves out (policy.Unset) keeps this default.
+// counts as 1). The product saturates at math.MaxInt64, a cost no limit
+// admits (ratelimit.ErrTooLarge), rather than wrapping or being clamped
+// below the true worst case. A policy's reserve replaces each token figure
+// it states, as it states it; one it leaves out (policy.Unset) keeps this
+// default.
 func reservationCost(promptTokens, maxTokens, choices int, spec *ratelimit.Cost) ratelimit.Cost {
 	out := int64(max(maxTokens, 0))
-	if n := int64(max(choices, 1)); out > maxReservedOutput/n {
-		out = maxReservedOutput
+	if n := int64(max(choices, 1)); out > math.MaxInt64/n {
+		out = math.MaxInt64
 	} else {
 		out *= n
 	}
@@ -458,6 +456,17 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		}
 	}
 	res, err := c.Limiter.Reserve(ctx, d.Limits, cost)
+	if tl := (*ratelimit.TooLargeError)(nil); errors.As(err, &tl) {
+		// No window of this budget could ever hold the request's worst
+		// case: a 429 would invite retries that cannot succeed.
+		c.Metrics.limited(ctx, tl.Limit.Name)
+		v.Deny = openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "request_exceeds_budget", "",
+			fmt.Sprintf("This request may cost %s, more than the budget %s allows in any window (%s per %s). "+
+				"Lower max_tokens, n or the number of prompts or inputs.",
+				c.quantity(tl), tl.Limit.Name, c.amount(&tl.Limit), ratelimit.WindowName(tl.Limit.Window)))
+		v.Reason = "request_exceeds_budget:" + tl.Limit.Name
+		return nil, true
+	}
 	if err != nil {
 		c.Log.Error("rate limit backend unavailable; denying", "request_id", a.RequestID, "err", err)
 		c.Metrics.limiterError(ctx)
@@ -502,6 +511,16 @@ func (c *Controller) amount(l *ratelimit.Limit) string {
 		return price.FormatCost(l.Amount) + cur
 	}
 	return strconv.FormatInt(l.Amount, 10) + " " + string(l.Unit)
+}
+
+// quantity is a too-large request's worst case as a client reads it, in
+// the limit's unit: "at least" it when the arithmetic saturated.
+func (c *Controller) quantity(tl *ratelimit.TooLargeError) string {
+	q := c.amount(&ratelimit.Limit{Unit: tl.Limit.Unit, Amount: tl.Cost})
+	if tl.Saturated() {
+		return "at least " + q
+	}
+	return q
 }
 
 // hasMoney reports whether a limit counts money.

@@ -58,7 +58,7 @@ func (m *Metrics) reserved(ctx context.Context, c ratelimit.Cost) {
 		return
 	}
 	m.reservations.Add(ctx, 1, stateReserved)
-	m.tokens.Add(ctx, c.InputTokens+c.OutputTokens, stateReserved)
+	m.tokens.Add(ctx, c.Of(ratelimit.TotalTokens), stateReserved)
 }
 
 func (m *Metrics) settled(ctx context.Context, c ratelimit.Cost) {
@@ -66,7 +66,7 @@ func (m *Metrics) settled(ctx context.Context, c ratelimit.Cost) {
 		return
 	}
 	m.reservations.Add(ctx, 1, stateSettled)
-	m.tokens.Add(ctx, c.InputTokens+c.OutputTokens, stateSettled)
+	m.tokens.Add(ctx, c.Of(ratelimit.TotalTokens), stateSettled)
 }
 
 func (m *Metrics) limited(ctx context.Context, name string) {

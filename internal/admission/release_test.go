@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -256,7 +257,10 @@ func TestReservationCost(t *testing.T) {
 		{name: "negative choices count as one", prompt: 20, maxTokens: 100, choices: -3, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 100}},
 		{name: "no output (not a completion)", prompt: 0, maxTokens: 0, choices: 1, want: ratelimit.Cost{Requests: 1}},
 		{name: "largest request the gate accepts", prompt: 20, maxTokens: 1<<31 - 1, choices: 128, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: (1<<31 - 1) * 128}},
-		{name: "bounded", prompt: 20, maxTokens: 1 << 40, choices: 1 << 20, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: maxReservedOutput}},
+		{name: "exact far past any budget", prompt: 20, maxTokens: 1 << 40, choices: 1 << 20, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 1 << 60}},
+		{name: "saturated", prompt: 20, maxTokens: 1 << 40, choices: 1 << 23, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: math.MaxInt64}},
+		{name: "saturated at the edge", prompt: 0, maxTokens: math.MaxInt64 / 3, choices: 4, want: ratelimit.Cost{Requests: 1, OutputTokens: math.MaxInt64}},
+		{name: "exact at the edge", prompt: 0, maxTokens: math.MaxInt64 / 3, choices: 3, want: ratelimit.Cost{Requests: 1, OutputTokens: math.MaxInt64 / 3 * 3}},
 		{name: "policy reserve as stated", prompt: 20, maxTokens: 100, choices: 4, spec: &ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 9}, want: ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 9}},
 		{name: "policy reserve without output", prompt: 20, maxTokens: 100, choices: 4, spec: &ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: unset}, want: ratelimit.Cost{Requests: 1, InputTokens: 7, OutputTokens: 400}},
 		{name: "policy reserve without input", prompt: 20, maxTokens: 100, choices: 4, spec: &ratelimit.Cost{Requests: 1, InputTokens: unset, OutputTokens: 0}, want: ratelimit.Cost{Requests: 1, InputTokens: 20, OutputTokens: 0}},

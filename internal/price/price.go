@@ -17,12 +17,8 @@ import (
 )
 
 // Max is the highest price accepted: 1000 units of the currency per
-// million tokens, in micro-units. With MaxTokens it keeps one request's
-// cost within an int64 (2³¹ tokens × 10⁹ < 2⁶³).
+// million tokens, in micro-units.
 const Max = 1_000 * 1_000_000
-
-// MaxTokens bounds each count a cost is computed from.
-const MaxTokens = 1 << 30
 
 // Price is one model's (or one model on one pool's) price, in micro-units
 // of the currency per million tokens.
@@ -39,37 +35,40 @@ type Tokens struct {
 	Prompt, Cached, CacheWrite, Completion int
 }
 
-// Cost is what t costs at p, in pico-units of the currency. Counts are
-// clamped to [0, MaxTokens], the cached parts to the prompt, so the
-// product never overflows whatever it is given.
+// Cost is what t costs at p, in pico-units of the currency. Negative
+// counts count as 0, the cached parts at most the prompt; the sum of
+// products saturates at math.MaxInt64 rather than overflowing (a cost no
+// money budget admits), whatever it is given: a count is never clamped
+// below what was used, so a cost is never understated.
 func (p Price) Cost(t Tokens) int64 {
-	prompt := clamp(t.Prompt, MaxTokens)
-	cached := clamp(t.Cached, prompt)
-	written := clamp(t.CacheWrite, prompt-cached)
-	return (prompt-cached-written)*p.Input + cached*p.CachedInput + written*p.CacheWrite +
-		clamp(t.Completion, MaxTokens)*p.Output
+	prompt := max(int64(t.Prompt), 0)
+	cached := min(max(int64(t.Cached), 0), prompt)
+	written := min(max(int64(t.CacheWrite), 0), prompt-cached)
+	in := satAdd(satAdd(satMul(prompt-cached-written, p.Input), satMul(cached, p.CachedInput)), satMul(written, p.CacheWrite))
+	return satAdd(in, satMul(max(int64(t.Completion), 0), p.Output))
 }
-
-func clamp(n int, hi int64) int64 { return min(max(int64(n), 0), hi) }
 
 // Worst is the most input and output tokens can cost at p, whatever part
 // of the input a pool reads from or writes to its cache: input at the
 // dearest of its three prices. The products saturate at math.MaxInt64
-// (a cost no money budget admits) instead of overflowing, as a
-// reservation's tokens are not bounded by MaxTokens.
+// (a cost no money budget admits) instead of overflowing.
 func (p Price) Worst(input, output int64) int64 {
 	in := max(p.Input, p.CachedInput, p.CacheWrite)
 	return satAdd(satMul(max(input, 0), in), satMul(max(output, 0), p.Output))
 }
 
-func satMul(a, b int64) int64 { // a, b >= 0
+// satMul is a × b, saturating at math.MaxInt64; a, b >= 0 (a negative
+// price counts as 0).
+func satMul(a, b int64) int64 {
+	b = max(b, 0)
 	if a != 0 && b > math.MaxInt64/a {
 		return math.MaxInt64
 	}
 	return a * b
 }
 
-func satAdd(a, b int64) int64 { // a, b >= 0
+// satAdd is a + b, saturating at math.MaxInt64; a, b >= 0.
+func satAdd(a, b int64) int64 {
 	if a > math.MaxInt64-b {
 		return math.MaxInt64
 	}

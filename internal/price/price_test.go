@@ -3,6 +3,8 @@ package price
 import (
 	"errors"
 	"math"
+	"math/big"
+	"math/rand/v2"
 	"testing"
 )
 
@@ -67,10 +69,57 @@ func TestCost(t *testing.T) {
 			t.Errorf("%s: cost %s, want %s", tc.name, got, tc.want)
 		}
 	}
-	// The largest cost fits: no overflow at the bounds, whatever the counts.
+	// No overflow at the bounds, whatever the counts: saturated.
 	top := Price{Input: Max, CachedInput: Max, CacheWrite: Max, Output: Max}
-	if c := top.Cost(Tokens{Prompt: math.MaxInt, Cached: math.MaxInt, CacheWrite: math.MaxInt, Completion: math.MaxInt}); c != 2*MaxTokens*Max {
-		t.Errorf("cost at the bounds %d, want %d", c, int64(2*MaxTokens*Max))
+	if c := top.Cost(Tokens{Prompt: math.MaxInt, Cached: math.MaxInt, CacheWrite: math.MaxInt, Completion: math.MaxInt}); c != math.MaxInt64 {
+		t.Errorf("cost at the bounds %d, want %d", c, int64(math.MaxInt64))
+	}
+}
+
+// Cost and Worst are exact, or saturated at math.MaxInt64, never wrapped
+// nor clamped below the true figure: a seeded property test against
+// big-integer arithmetic, with counts and prices at and around 0, 1,
+// 2⁵³±1, math.MaxInt64-1 and math.MaxInt64.
+func TestCostSaturatesExactly(t *testing.T) {
+	extremes := []int64{0, 1, 2, 1<<53 - 1, 1 << 53, 1<<53 + 1, 1 << 30, math.MaxInt64 / 2, math.MaxInt64 - 1, math.MaxInt64}
+	r := rand.New(rand.NewPCG(32, 2))
+	draw := func(hi int64) int64 {
+		switch r.IntN(3) {
+		case 0:
+			return r.Int64N(min(hi, 1<<20) + 1)
+		case 1:
+			return min(extremes[r.IntN(len(extremes))], hi)
+		}
+		return r.Int64N(hi) + 1
+	}
+	exact := func(terms ...[2]int64) int64 {
+		sum := new(big.Int)
+		for _, tm := range terms {
+			sum.Add(sum, new(big.Int).Mul(big.NewInt(tm[0]), big.NewInt(tm[1])))
+		}
+		if !sum.IsInt64() {
+			return math.MaxInt64
+		}
+		return sum.Int64()
+	}
+	for range 20_000 {
+		p := Price{Input: draw(Max), CachedInput: draw(Max), CacheWrite: draw(Max), Output: draw(Max)}
+		prompt, completion := draw(math.MaxInt64), draw(math.MaxInt64)
+		cached := min(draw(math.MaxInt64), prompt)
+		written := min(draw(math.MaxInt64), prompt-cached)
+		got := p.Cost(Tokens{Prompt: int(prompt), Cached: int(cached), CacheWrite: int(written), Completion: int(completion)})
+		want := exact([2]int64{prompt - cached - written, p.Input}, [2]int64{cached, p.CachedInput}, [2]int64{written, p.CacheWrite}, [2]int64{completion, p.Output})
+		if got != want {
+			t.Fatalf("%+v.Cost(%d, %d cached, %d written, %d out) = %d, want %d", p, prompt, cached, written, completion, got, want)
+		}
+		worst := max(p.Input, p.CachedInput, p.CacheWrite)
+		if got, want := p.Worst(prompt, completion), exact([2]int64{prompt, worst}, [2]int64{completion, p.Output}); got != want {
+			t.Fatalf("%+v.Worst(%d, %d) = %d, want %d", p, prompt, completion, got, want)
+		}
+		// The worst case is never below the cost, whatever was cached.
+		if p.Worst(prompt, completion) < got {
+			t.Fatalf("%+v: Worst below Cost", p)
+		}
 	}
 }
 

@@ -99,7 +99,7 @@ func (m *Memory) Reserve(_ context.Context, limits []Limit, cost Cost) (Result, 
 		if c != nil {
 			used[i] = c.used
 		}
-		if exceeded < 0 && used[i]+cost.Of(limits[i].Unit) > limits[i].Amount {
+		if exceeded < 0 && !admits(used[i], cost.Of(limits[i].Unit), limits[i].Amount) {
 			exceeded = i
 		}
 	}
@@ -127,7 +127,7 @@ func (m *Memory) Reserve(_ context.Context, limits []Limit, cost Cost) (Result, 
 			ctrs[i] = c
 		}
 		if !sameCounterBefore(ctrs, i) {
-			c.used += cost.Of(limits[i].Unit)
+			c.used += cost.Of(limits[i].Unit) // <= Amount - used: admits checked it
 		}
 	}
 	for i := range limits {
@@ -144,7 +144,7 @@ func (m *Memory) Reserve(_ context.Context, limits []Limit, cost Cost) (Result, 
 }
 
 // Settle implements Limiter: each token entry's counter gets actual minus
-// reserved added, not below zero, while its window is in force; an entry
+// reserved added, not below zero nor past math.MaxInt64, while its window is in force; an entry
 // whose window has ended has any excess charged to its limit's counter in
 // the window in force (created if need be) and nothing refunded (see
 // settlePlan). Request entries are final. Call it once per admitted
@@ -169,7 +169,7 @@ func (m *Memory) Release(_ context.Context, r Reservation) error {
 
 // apply makes the changes of a Settle or Release: counters of windows in
 // force that still exist are adjusted, not below zero; carried charges
-// create their counter if needed.
+// create their counter if needed. Counters saturate at math.MaxInt64.
 func (m *Memory) apply(adj []adjustment, nowMs int64) error {
 	if len(adj) == 0 {
 		return nil
@@ -198,7 +198,7 @@ func (m *Memory) apply(adj []adjustment, nowMs int64) error {
 		}
 		// An ended window's counter, while still held, takes refunds only.
 		if c != nil && (c.end > nowMs || a.delta < 0) {
-			c.used = max(0, c.used+a.delta)
+			c.used = addSat(c.used, a.delta)
 		}
 	}
 	return errors.Join(errs...)

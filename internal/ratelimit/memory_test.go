@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -45,15 +46,25 @@ func TestMemoryDropsEndedWindows(t *testing.T) {
 	}
 }
 
-// Denied requests create no counters.
+// Denied and too large requests create no counters.
 func TestMemoryDenyCreatesNothing(t *testing.T) {
+	ctx := context.Background()
 	m := NewMemory(newFakeClock(t0).Now)
-	res, err := m.Reserve(context.Background(), []Limit{tpm("tpm", "k", 5)}, req(3, 3))
+	if _, err := m.Reserve(ctx, []Limit{tpm("tpm", "k", 5)}, req(3, 3)); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("Reserve = %v; want ErrTooLarge", err)
+	}
+	if m.Len() != 0 {
+		t.Errorf("Len = %d after a refusal, want 0", m.Len())
+	}
+	if res, err := m.Reserve(ctx, []Limit{tpm("b", "k2", 5)}, req(2, 2)); err != nil || !res.Allowed {
+		t.Fatalf("Reserve = %+v, %v", res, err)
+	}
+	res, err := m.Reserve(ctx, []Limit{tpm("a", "k1", 5), tpm("b", "k2", 5)}, req(1, 1))
 	if err != nil || res.Allowed {
 		t.Fatalf("Reserve = %+v, %v; want denied", res, err)
 	}
-	if m.Len() != 0 {
-		t.Errorf("Len = %d after a denial, want 0", m.Len())
+	if m.Len() != 1 {
+		t.Errorf("Len = %d after a denial, want 1", m.Len())
 	}
 }
 

@@ -22,21 +22,34 @@
 // request charges once.
 //
 // Reserve admits a request only if, for every limit,
-// used + cost.Of(limit.Unit) <= limit.Amount; it then increments every
-// counter by its cost. Otherwise it increments nothing, Result.Exceeded is
-// the first limit (in the order given) that would have been exceeded, and
-// RetryAfter is the time until that limit's window ends. A cost larger
-// than a limit's Amount is denied even on an unused counter (RetryAfter is
-// then still the window's end, though retrying cannot succeed). Result
-// has one State per limit, in order: Remaining is
-// max(0, Amount - used) after the charge (or as found, when denied) and
-// Reset the time until the window ends. Limits that cannot be enforced
-// (window not a positive whole number of milliseconds, negative amount or
-// cost, total tokens overflowing int64, unknown unit) fail with ErrInvalid
-// and charge nothing.
+// used + cost.Of(limit.Unit) <= limit.Amount (compared exactly, without
+// overflow); it then increments every counter by its cost. Otherwise it
+// increments nothing, Result.Exceeded is the first limit (in the order
+// given) that would have been exceeded, and RetryAfter is the time until
+// that limit's window ends. Result has one State per limit, in order:
+// Remaining is max(0, Amount - used) after the charge (or as found, when
+// denied) and Reset the time until the window ends. Limits that cannot be
+// enforced (window not a positive whole number of milliseconds, negative
+// amount or cost, unknown unit) fail with ErrInvalid and charge nothing.
 //
-// Settle adds actual.Of(unit) - Reserved to each entry's counter, never
-// taking it below zero, while the counter's window is in force (it ends
+// A cost that no window could admit, larger than a limit's Amount or
+// saturated at math.MaxInt64 (see Cost.Of and the callers' saturating
+// worst cases), fails with a *TooLargeError (ErrTooLarge) before any
+// counter is read: retrying it can never succeed, so it is not a denial
+// with a RetryAfter. Every backend shares this check (validate).
+//
+// # Arithmetic
+//
+// Every counter stays within [0, math.MaxInt64] and never wraps: an
+// admission keeps used + cost <= Amount, a settlement that would pass
+// math.MaxInt64 leaves the counter at math.MaxInt64, saturated: it then
+// stays so until its window ends, refunds included, since what it lost
+// past math.MaxInt64 is unknown (an over-charge, never a forgotten
+// charge). A settlement or release that would go below zero leaves it at
+// zero.
+//
+// Settle adds actual.Of(unit) - Reserved to each entry's counter,
+// saturating as above, while the counter's window is in force (it ends
 // at Entry.ExpiresAt, by the settling limiter's clock) and the counter
 // still exists: settling a window in force never creates a counter. A
 // settlement that lands after its entry's window has ended (a stream
@@ -81,6 +94,7 @@ package ratelimit
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 )
 
@@ -145,6 +159,11 @@ func (c Cost) Of(u Unit) int64 {
 	case OutputTokens:
 		return c.OutputTokens
 	case TotalTokens:
+		// Saturates rather than wraps: a total past int64 is a cost no
+		// limit admits (ErrTooLarge), never a small or negative one.
+		if c.InputTokens > 0 && c.OutputTokens > math.MaxInt64-c.InputTokens {
+			return math.MaxInt64
+		}
 		return c.InputTokens + c.OutputTokens
 	case Money:
 		return c.Money

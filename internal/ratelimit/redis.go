@@ -98,7 +98,9 @@ func NewRedis(client redis.UniversalClient, clock Clock, opts RedisOptions) *Red
 // amounts stay the decimal strings Redis and the client write, and are
 // compared exactly, as strings or split at 10⁹ into parts a double holds
 // exactly. Counters never go below zero, so every string is a
-// non-negative integer without leading zeros.
+// non-negative integer without leading zeros. Nothing wraps: the reserve
+// script increments only when used + cost <= amount <= math.MaxInt64, and
+// the settle script saturates at MAXINT instead of letting INCRBY fail.
 const luaExact = `
 local function split(s)
   local n = #s
@@ -114,6 +116,7 @@ local function exceeds(used, cost, amount)
   lo = lo % 1e9
   return hi > ah or (hi == ah and lo > al)
 end
+local MAXINT = '9223372036854775807'
 local function less(a, b)
   if #a ~= #b then return #a < #b end
   return a < b
@@ -175,7 +178,11 @@ return res
 //	             over from an ended window into the window in force, which
 //	             creates the counter with this TTL (ms) if it is absent
 //
-// A settlement of a window in force never creates a counter (Redis lost
+// A counter saturates at math.MaxInt64 (INCRBY would fail on overflow,
+// and a failed settlement would forget its charge), and then stays
+// saturated, refunds included (see addSat); it is floored at zero.
+// SET ... KEEPTTL needs Redis 6.0 or later. A settlement of a window in
+// force never creates a counter (Redis lost
 // it: restart, eviction); a carried charge must, or it would be dropped
 // whenever no request of the new window came first. All keys of one call
 // share the hash tag of the reservation's counters, hence one slot.
@@ -184,9 +191,17 @@ for i = 1, #KEYS do
   local k = KEYS[i]
   local d = ARGV[2 * i - 1]
   local v = redis.call('GET', k)
-  if v then
-    if string.sub(d, 1, 1) == '-' and less(v, string.sub(d, 2)) then
-      redis.call('DECRBY', k, v)
+  if v == MAXINT then
+    -- saturated: stays so until its window ends (see addSat)
+  elseif v then
+    if string.sub(d, 1, 1) == '-' then
+      if less(v, string.sub(d, 2)) then
+        redis.call('DECRBY', k, v)
+      else
+        redis.call('INCRBY', k, d)
+      end
+    elseif exceeds(v, d, MAXINT) then
+      redis.call('SET', k, MAXINT, 'KEEPTTL')
     else
       redis.call('INCRBY', k, d)
     end

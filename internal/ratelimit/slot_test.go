@@ -166,7 +166,7 @@ func limitSets() [][]Limit {
 		shippedLimits("initech", "", "qwen2.5-7b-instruct"), // an anonymous principal
 		shippedLimits("{acme}", "}{", "{"),
 		append(shippedLimits("acme", "acme-prod", "m"), Limit{Name: "model-wide", Key: "model=m", Unit: Requests, Amount: 1000, Window: time.Second}),
-		{tpm("braces", "t={x}:y", 1000), rpm("open", "{", 10), rpm("close", "}", 10), rpm("empty", "", 10), tpm("pair", "{}", 10)},
+		{tpm("braces", "t={x}:y", 1000), rpm("open", "{", 10), rpm("close", "}", 10), rpm("empty", "", 10), tpm("pair", "{}", 100)},
 		{tpm("spaces", "tenant=a b/c d", 100), tpm("unicode", "租户=甲/模型=乙", 100), rpm("colons", "a:b:c:1:2", 5)},
 	}
 	var all []Limit

@@ -10,10 +10,43 @@ import (
 )
 
 // ErrInvalid reports limits or costs no backend can enforce: a window that
-// is not a positive whole number of milliseconds, a negative amount or cost,
-// a cost whose total tokens overflow int64, or an unknown unit. It does not wrap ErrUnavailable, so WithFallback
-// returns it as is instead of falling back.
+// is not a positive whole number of milliseconds, a negative amount or
+// cost, or an unknown unit. It does not wrap ErrUnavailable, so
+// WithFallback returns it as is instead of falling back.
 var ErrInvalid = errors.New("invalid rate limit")
+
+// ErrTooLarge reports a cost that no window of a limit can admit: larger
+// than the limit's Amount, or saturated (math.MaxInt64, which stands for
+// "at least that much": a worst case whose arithmetic saturated). Retrying
+// cannot succeed, so it is an error, not a denial with a RetryAfter. Every
+// backend returns it, as a *TooLargeError, before reading or charging any
+// counter. It does not wrap ErrUnavailable or ErrInvalid.
+var ErrTooLarge = errors.New("cost larger than the limit")
+
+// TooLargeError is the ErrTooLarge of one limit: the first, in the order
+// given, whose unit's cost no window of it can hold.
+type TooLargeError struct {
+	Limit Limit
+	Cost  int64 // cost.Of(Limit.Unit); math.MaxInt64 when saturated
+}
+
+func (e *TooLargeError) Error() string {
+	return fmt.Sprintf("%v: limit %q allows %d %s per %s, the request costs %s", ErrTooLarge,
+		e.Limit.Name, e.Limit.Amount, e.Limit.Unit, WindowName(e.Limit.Window), e.CostString())
+}
+
+// Saturated reports whether the cost saturated (it is at least Cost).
+func (e *TooLargeError) Saturated() bool { return e.Cost == math.MaxInt64 }
+
+// CostString is the cost as a count, "at least" it when it saturated.
+func (e *TooLargeError) CostString() string {
+	if e.Saturated() {
+		return "at least " + strconv.FormatInt(e.Cost, 10)
+	}
+	return strconv.FormatInt(e.Cost, 10)
+}
+
+func (e *TooLargeError) Unwrap() error { return ErrTooLarge }
 
 // DefaultCounterPrefix starts every counter id unless RedisOptions.Prefix
 // says otherwise.
@@ -23,9 +56,6 @@ const DefaultCounterPrefix = "ig:rl:"
 func validate(limits []Limit, cost Cost) error {
 	if cost.Requests < 0 || cost.InputTokens < 0 || cost.OutputTokens < 0 || cost.Money < 0 {
 		return fmt.Errorf("%w: negative cost %+v", ErrInvalid, cost)
-	}
-	if totalOverflows(cost) {
-		return fmt.Errorf("%w: cost %+v: total tokens overflow", ErrInvalid, cost)
 	}
 	for i := range limits {
 		l := &limits[i]
@@ -41,8 +71,43 @@ func validate(limits []Limit, cost Cost) error {
 			return fmt.Errorf("%w: limit %q: negative amount %d", ErrInvalid, l.Name, l.Amount)
 		}
 	}
+	return tooLarge(limits, cost)
+}
+
+// tooLarge is the *TooLargeError of the first limit whose cost exceeds its
+// Amount or saturated; nil when every limit could admit cost on an unused
+// counter. Checked before any counter is read, so every backend refuses
+// the same requests the same way.
+func tooLarge(limits []Limit, cost Cost) error {
+	for i := range limits {
+		if c := cost.Of(limits[i].Unit); c > limits[i].Amount || c == math.MaxInt64 {
+			return &TooLargeError{Limit: limits[i], Cost: c}
+		}
+	}
 	return nil
 }
+
+// addSat is what a counter at used (>= 0) becomes when a settlement adds
+// delta to it: used + delta held to [0, math.MaxInt64], never wrapping. A
+// saturated counter (math.MaxInt64) stays saturated until its window ends:
+// what it lost past math.MaxInt64 is unknown, so subtracting a refund from
+// it could forget a charge, while keeping it can only over-charge.
+func addSat(used, delta int64) int64 {
+	switch {
+	case used == math.MaxInt64:
+		return used
+	case delta > 0 && used > math.MaxInt64-delta:
+		return math.MaxInt64
+	case used+delta < 0: // delta < 0 here: no overflow
+		return 0
+	}
+	return used + delta
+}
+
+// admits reports whether a counter at used can take cost under amount,
+// without overflowing (used, cost and amount non-negative; used may be
+// above amount after a settlement charged more than reserved).
+func admits(used, cost, amount int64) bool { return used <= amount && cost <= amount-used }
 
 // window returns the start and end (Unix ms) of the fixed window of length
 // w that holds nowMs. Windows are aligned to multiples of w since the Unix
@@ -322,17 +387,10 @@ func cutLast(s string) (before, after string, ok bool) {
 }
 
 // checkActual rejects an actual cost no counter can be settled with:
-// negative, or whose total tokens overflow (it would read as a refund).
+// negative (a settlement's total tokens saturate, see Cost.Of).
 func checkActual(actual Cost) error {
 	if actual.Requests < 0 || actual.InputTokens < 0 || actual.OutputTokens < 0 || actual.Money < 0 {
 		return fmt.Errorf("%w: negative actual cost %+v", ErrInvalid, actual)
 	}
-	if totalOverflows(actual) {
-		return fmt.Errorf("%w: actual cost %+v: total tokens overflow", ErrInvalid, actual)
-	}
 	return nil
 }
-
-// totalOverflows reports whether c.Of(TotalTokens) overflows int64 (both
-// parts non-negative).
-func totalOverflows(c Cost) bool { return c.InputTokens > math.MaxInt64-c.OutputTokens }

@@ -82,7 +82,9 @@ func amountOf(s *request.Settlement, c ratelimit.Cost, proved bool, prices *pric
 	return a
 }
 
-func tokens(n int64) int { return int(min(max(n, 0), price.MaxTokens)) }
+// tokens is a charged count as price.Tokens holds it: never negative, and
+// never clamped (price.Price.Cost saturates).
+func tokens(n int64) int { return int(max(n, 0)) }
 
 // Report answers q from the store.
 func (l *Ledger) Report(ctx context.Context, q Query) (Report, error) {

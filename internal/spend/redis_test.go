@@ -26,12 +26,12 @@ func newRedis(t testing.TB) *redis.Client {
 
 // Against a real Redis: what two replicas add reads back whole, a bucket
 // lives Retention, and concurrent adds never take a bucket past
-// MaxKeys+1 keys.
+// Shares.Total+1 keys.
 func TestRedisStore(t *testing.T) {
 	ctx := context.Background()
 	rdb := newRedis(t)
-	a := &Redis{Client: rdb, MaxKeys: 4}
-	b := &Redis{Client: rdb, MaxKeys: 4} // another replica
+	a := &Redis{Client: rdb, Shares: Shares{Total: 4}}
+	b := &Redis{Client: rdb, Shares: Shares{Total: 4}} // another replica
 	k := Key{Tenant: "acme", Team: "search", KeyID: "k1", Model: "m1"}
 	one := Amount{Requests: 1, InputTokens: 10, CachedTokens: 4, OutputTokens: 20, Cost: 123}
 	if err := a.Add(ctx, 500, k, one); err != nil {

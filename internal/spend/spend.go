@@ -14,6 +14,7 @@ package spend
 import (
 	"cmp"
 	"encoding/json"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -121,15 +122,141 @@ func HourTime(h int64) time.Time { return time.Unix(h*3600, 0).UTC() }
 // Bucket is one hour's spend, by key.
 type Bucket map[Key]Amount
 
-// Slot is the key k is counted under in b: k itself when b holds it or
-// has room for it (fewer than max keys), else OtherKey (which may take b
-// to max+1 keys).
-func (b Bucket) Slot(k Key, max int) Key {
-	if _, ok := b[k]; ok || len(b) < max {
+// Shares bounds the rows (keys) of an hour's bucket, so that no tenant can
+// fill it for the others: the model is the client's to choose (any name
+// on a "*" tier), so a key could otherwise make a row per request.
+//
+//   - PerKey: the rows of one (tenant, team, key), one per model; past it,
+//     the key's new models are counted under its own fold row
+//     (tenant, team, key, Other).
+//   - PerTenant: the rows of one tenant; past it, the tenant's new rows are
+//     counted under its own fold row (tenant, Other, Other, Other).
+//   - Total: the rows of the bucket, a last-resort memory bound that only
+//     many tenants filling their shares at once reach; past it, new rows
+//     go to OtherKey.
+//
+// So a key or a tenant that exhausts its share folds only its own rows,
+// and every other tenant's rows are exactly as they would have been. A
+// bucket holds at most Total+1 rows, a tenant at most PerTenant+1 (its
+// fold), a key at most PerKey+1 (its fold). A zero field means its
+// default.
+type Shares struct {
+	PerKey, PerTenant, Total int
+}
+
+// The default shares: a key may use 64 models an hour, a tenant 256 rows;
+// a bucket holds 16,384 rows (64 tenants' full shares) of at most ~600
+// bytes each (four fields of at most MaxField bytes, an Amount, overhead):
+// ~10 MB an hour at worst.
+const (
+	DefaultRowsPerKey    = 64
+	DefaultRowsPerTenant = 256
+	DefaultMaxKeys       = 16384
+)
+
+// OrDefault is s with each zero field set to its default.
+func (s Shares) OrDefault() Shares {
+	return Shares{PerKey: cmp.Or(s.PerKey, DefaultRowsPerKey), PerTenant: cmp.Or(s.PerTenant, DefaultRowsPerTenant),
+		Total: cmp.Or(s.Total, DefaultMaxKeys)}
+}
+
+// Rows is what placing a key needs of a bucket.
+type Rows interface {
+	// Has reports whether the bucket has a row for k.
+	Has(k Key) bool
+	// Count is how many rows the bucket has: in all, of k's tenant, and of
+	// k's tenant, team and key. A row counts for its own tenant and
+	// (tenant, team, key), except OtherKey, which counts only in all.
+	Count(k Key) (all, tenant, key int)
+}
+
+// Slot is the row k (bounded, Key.Bounded) is counted under in a bucket
+// with rows r, within the shares s (zero fields: defaults): k itself when
+// the bucket has it or k's key, tenant and the bucket all have room; else
+// k's key's fold row, if it exists or the tenant and the bucket have room;
+// else the tenant's fold row, if it exists or the bucket has room; else
+// OtherKey. Every Store places keys with it (Bucket.Slot, Tally.Add).
+func (s Shares) Slot(k Key, r Rows) Key {
+	if r.Has(k) {
 		return k
+	}
+	s = s.OrDefault()
+	all, tenant, key := r.Count(k)
+	room := all < s.Total
+	if room && tenant < s.PerTenant && key < s.PerKey {
+		return k
+	}
+	if ko := k.keyFold(); r.Has(ko) || room && tenant < s.PerTenant {
+		return ko
+	}
+	if to := k.tenantFold(); r.Has(to) || room {
+		return to
 	}
 	return OtherKey
 }
+
+// keyFold is where k's key counts the models past its share.
+func (k Key) keyFold() Key { return Key{Tenant: k.Tenant, Team: k.Team, KeyID: k.KeyID, Model: Other} }
+
+// tenantFold is where k's tenant counts the rows past its share.
+func (k Key) tenantFold() Key { return Key{Tenant: k.Tenant, Team: Other, KeyID: Other, Model: Other} }
+
+// Has implements Rows.
+func (b Bucket) Has(k Key) bool { _, ok := b[k]; return ok }
+
+// Count implements Rows, in time proportional to len(b): a store that
+// keeps its buckets in memory keeps a Tally instead.
+func (b Bucket) Count(k Key) (all, tenant, key int) {
+	for r := range b {
+		if r == OtherKey {
+			continue
+		}
+		if r.Tenant == k.Tenant {
+			tenant++
+			if r.Team == k.Team && r.KeyID == k.KeyID {
+				key++
+			}
+		}
+	}
+	return len(b), tenant, key
+}
+
+// Slot is the row k is counted under in b within s: Shares.Slot.
+func (b Bucket) Slot(k Key, s Shares) Key { return s.Slot(k, b) }
+
+// Tally is a Bucket with its rows counted, so that Add places a key in
+// constant time. The zero Tally is empty and ready to use.
+type Tally struct {
+	b       Bucket
+	tenants map[string]int
+	keys    map[Key]int // by (tenant, team, key), Model ""
+}
+
+// Has implements Rows.
+func (t *Tally) Has(k Key) bool { return t.b.Has(k) }
+
+// Count implements Rows.
+func (t *Tally) Count(k Key) (all, tenant, key int) {
+	return len(t.b), t.tenants[k.Tenant], t.keys[Key{Tenant: k.Tenant, Team: k.Team, KeyID: k.KeyID}]
+}
+
+// Add counts a (Amount.Add: saturating) under the row Shares.Slot gives k
+// (bounded first), and returns that row.
+func (t *Tally) Add(k Key, a Amount, s Shares) Key {
+	slot := s.Slot(k.Bounded(), t)
+	if t.b == nil {
+		t.b, t.tenants, t.keys = Bucket{}, map[string]int{}, map[Key]int{}
+	}
+	if !t.b.Has(slot) && slot != OtherKey {
+		t.tenants[slot.Tenant]++
+		t.keys[Key{Tenant: slot.Tenant, Team: slot.Team, KeyID: slot.KeyID}]++
+	}
+	t.b[slot] = t.b[slot].Add(a)
+	return slot
+}
+
+// Bucket is a copy of the tally's bucket.
+func (t *Tally) Bucket() Bucket { return maps.Clone(t.b) }
 
 // Dimension is one of a Key's fields a report groups by.
 type Dimension string

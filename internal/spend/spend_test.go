@@ -139,11 +139,11 @@ func TestChargedPricesWhatTheLimiterCharged(t *testing.T) {
 	}
 }
 
-// A bucket holds at most MaxKeys keys; the rest folds into OtherKey, and a
+// A bucket holds at most Shares.Total keys; the rest folds into OtherKey, and a
 // key it holds keeps counting once it is full.
 func TestMemoryCapsTheKeysOfABucket(t *testing.T) {
 	ctx := context.Background()
-	m := &Memory{MaxKeys: 3}
+	m := &Memory{Shares: Shares{Total: 3}}
 	one := Amount{Requests: 1, Cost: 7}
 	for _, model := range []string{"a", "b", "c", "d", "e", "a"} {
 		if err := m.Add(ctx, 100, Key{Tenant: "t", Model: model}, one); err != nil {

@@ -1,11 +1,9 @@
 package spend
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,25 +12,28 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Store keeps the hour buckets. Add counts a in hour's bucket under k (k
-// bounded, Key.Bounded) or, when the bucket is full, under OtherKey
-// (Bucket.Slot); Hours reads the buckets from hour first to last.
+// Store keeps the hour buckets. Add counts a (a charge: its parts are
+// non-negative, a negative part counts as 0) in hour's bucket under the
+// row Shares.Slot gives k (k bounded, Key.Bounded), each part saturating
+// at math.MaxInt64; Hours reads the buckets from hour first to last.
 type Store interface {
 	Add(ctx context.Context, hour int64, k Key, a Amount) error
 	Hours(ctx context.Context, first, last int64) (map[int64]Bucket, error)
 }
 
-// DefaultMaxKeys bounds the keys an hour's bucket holds (the rest is
-// folded into OtherKey).
-const DefaultMaxKeys = 2000
+// charge is a with its negative parts counted as 0: a Store adds charges.
+func (a Amount) charge() Amount {
+	return Amount{Requests: max(a.Requests, 0), InputTokens: max(a.InputTokens, 0), CachedTokens: max(a.CachedTokens, 0),
+		OutputTokens: max(a.OutputTokens, 0), Cost: max(a.Cost, 0)}
+}
 
 // Memory is a Store in this process: the budgets are counted here too
 // (ratelimit.backend: memory). Buckets older than Retention are dropped.
 type Memory struct {
-	MaxKeys int // per bucket; 0: DefaultMaxKeys
+	Shares Shares // per bucket; zero fields: the defaults
 
 	mu      sync.Mutex
-	buckets map[int64]Bucket
+	buckets map[int64]*Tally
 	newest  int64
 }
 
@@ -41,7 +42,7 @@ func (m *Memory) Add(_ context.Context, hour int64, k Key, a Amount) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.buckets == nil {
-		m.buckets = map[int64]Bucket{}
+		m.buckets = map[int64]*Tally{}
 	}
 	if hour > m.newest {
 		m.newest = hour
@@ -56,11 +57,10 @@ func (m *Memory) Add(_ context.Context, hour int64, k Key, a Amount) error {
 	}
 	b := m.buckets[hour]
 	if b == nil {
-		b = Bucket{}
+		b = &Tally{}
 		m.buckets[hour] = b
 	}
-	slot := b.Slot(k.Bounded(), cmp.Or(m.MaxKeys, DefaultMaxKeys))
-	b[slot] = b[slot].Add(a)
+	b.Add(k, a.charge(), m.Shares)
 	return nil
 }
 
@@ -71,21 +71,22 @@ func (m *Memory) Hours(_ context.Context, first, last int64) (map[int64]Bucket, 
 	out := map[int64]Bucket{}
 	for h, b := range m.buckets {
 		if h >= first && h <= last {
-			out[h] = maps.Clone(b)
+			out[h] = b.Bucket()
 		}
 	}
 	return out, nil
 }
 
 // Redis is a Store in Redis, shared by the replicas that count their
-// budgets there: one hash per hour (<Prefix><hour>), five fields per key,
-// living Retention. An Add is one round trip (addScript), which picks the
-// key's slot and counts it atomically, so replicas filling a bucket at
-// once never take it past MaxKeys+1 keys.
+// budgets there: one hash per hour (<Prefix><hour>), five fields per key
+// and the bucket's row counts, living Retention. An Add is one round trip
+// (addScript), which places the key (Shares.Slot's rule) and counts it
+// atomically, so replicas filling a bucket at once never take it, a
+// tenant or a key past its share.
 type Redis struct {
-	Client  redis.UniversalClient
-	Prefix  string // default DefaultRedisPrefix
-	MaxKeys int    // per bucket; 0: DefaultMaxKeys
+	Client redis.UniversalClient
+	Prefix string // default DefaultRedisPrefix
+	Shares Shares // per bucket; zero fields: the defaults
 }
 
 // DefaultRedisPrefix starts every bucket's Redis key.
@@ -103,20 +104,66 @@ func encodeKey(k Key) string {
 	return k.Tenant + fieldSep + k.Team + fieldSep + k.KeyID + fieldSep + k.Model
 }
 
-// addScript counts an Amount in a bucket: KEYS[1] the bucket; ARGV the
-// most keys, the key's encoding, OtherKey's, the TTL in seconds, then the
-// five parts. A key the bucket does not hold goes to OtherKey once the
-// bucket holds MaxKeys keys (five fields each).
+// addScript counts an Amount in a bucket, placing its key as Shares.Slot
+// does. KEYS[1] the bucket; ARGV: the shares per key, per tenant and in
+// all, the TTL in seconds, the encodings of the key, its key's fold row,
+// its tenant's fold row and OtherKey, then the five parts (non-negative).
+// Besides its rows' fields, a bucket counts its rows in fields starting
+// '\29' (which Bounded keeps out of keys, and decodeBucket skips): all
+// rows, a tenant's, a (tenant, team, key)'s. Parts saturate at
+// math.MaxInt64 (HINCRBY would fail on overflow, losing the charge),
+// compared exactly as decimal strings split at 10⁹ (Lua's numbers are
+// doubles).
 var addScript = redis.NewScript(`
-local f = ARGV[2]
-if redis.call('HEXISTS', KEYS[1], f .. '\30r') == 0 and redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[1]) * 5 then
-  f = ARGV[3]
+local b = KEYS[1]
+local MAX = '9223372036854775807'
+local function split(s)
+  local n = #s
+  if n <= 9 then return 0, tonumber(s) end
+  return tonumber(string.sub(s, 1, n - 9)), tonumber(string.sub(s, n - 8))
+end
+local function exceeds(v, d, m)
+  local vh, vl = split(v)
+  local dh, dl = split(d)
+  local mh, ml = split(m)
+  local lo = vl + dl
+  local hi = vh + dh + math.floor(lo / 1e9)
+  lo = lo % 1e9
+  return hi > mh or (hi == mh and lo > ml)
+end
+local function has(f) return redis.call('HEXISTS', b, f .. '\30r') == 1 end
+local function tenantField(f) return '\29t' .. string.match(f, '^[^\31]*') end
+local function keyField(f) return '\29k' .. string.match(f, '^(.*)\31') end
+local function count(f) return tonumber(redis.call('HGET', b, f) or '0') end
+local k, ko, to, other = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local f = k
+if not has(k) then
+  local all, tenant, key = count('\29a'), count(tenantField(k)), count(keyField(k))
+  local room = all < tonumber(ARGV[3])
+  local tenantRoom = room and tenant < tonumber(ARGV[2])
+  if tenantRoom and key < tonumber(ARGV[1]) then f = k
+  elseif has(ko) or tenantRoom then f = ko
+  elseif has(to) or room then f = to
+  else f = other end
+  if not has(f) then
+    redis.call('HINCRBY', b, '\29a', 1)
+    if f ~= other then
+      redis.call('HINCRBY', b, tenantField(f), 1)
+      redis.call('HINCRBY', b, keyField(f), 1)
+    end
+  end
 end
 local parts = {'r', 'i', 'c', 'o', 'm'}
 for i, p in ipairs(parts) do
-  redis.call('HINCRBY', KEYS[1], f .. '\30' .. p, ARGV[4 + i])
+  local field = f .. '\30' .. p
+  local d = ARGV[8 + i]
+  if exceeds(redis.call('HGET', b, field) or '0', d, MAX) then
+    redis.call('HSET', b, field, MAX)
+  else
+    redis.call('HINCRBY', b, field, d)
+  end
 end
-redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', b, ARGV[4])
 return 1
 `)
 
@@ -130,8 +177,9 @@ func (r *Redis) key(hour int64) string {
 
 // Add implements Store.
 func (r *Redis) Add(ctx context.Context, hour int64, k Key, a Amount) error {
-	err := addScript.Run(ctx, r.Client, []string{r.key(hour)}, cmp.Or(r.MaxKeys, DefaultMaxKeys),
-		encodeKey(k.Bounded()), encodeKey(OtherKey), int64(Retention/time.Second),
+	s, k, a := r.Shares.OrDefault(), k.Bounded(), a.charge()
+	err := addScript.Run(ctx, r.Client, []string{r.key(hour)}, s.PerKey, s.PerTenant, s.Total, int64(Retention/time.Second),
+		encodeKey(k), encodeKey(k.keyFold()), encodeKey(k.tenantFold()), encodeKey(OtherKey),
 		a.Requests, a.InputTokens, a.CachedTokens, a.OutputTokens, a.Cost).Err()
 	if err != nil {
 		return fmt.Errorf("spend: adding to %s: %w", r.key(hour), err)
