@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -463,7 +464,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Deny = openai.NewError(http.StatusBadRequest, openai.TypeInvalidRequest, "request_exceeds_budget", "",
 			fmt.Sprintf("This request may cost %s, more than the budget %s allows in any window (%s per %s). "+
 				"Lower max_tokens, n or the number of prompts or inputs.",
-				c.quantity(tl), tl.Limit.Name, c.amount(&tl.Limit), ratelimit.WindowName(tl.Limit.Window)))
+				c.quantity(tl), tl.Limit.Name, c.amount(&tl.Limit), windowWords(tl.Limit.Window)))
 		v.Reason = "request_exceeds_budget:" + tl.Limit.Name
 		return nil, true
 	}
@@ -484,9 +485,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		c.Metrics.limited(ctx, res.Exceeded.Name)
 		retry := int64(math.Ceil(res.RetryAfter.Seconds()))
 		headers["retry-after"] = strconv.FormatInt(max(retry, 1), 10)
-		v.Deny = openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "rate_limit_exceeded", "",
-			fmt.Sprintf("Rate limit reached for %s (%s per %s). Please try again in %s.",
-				res.Exceeded.Name, c.amount(res.Exceeded), ratelimit.WindowName(res.Exceeded.Window), res.RetryAfter.Round(time.Millisecond)))
+		v.Deny = c.exceeded(res.Exceeded, res.RetryAfter)
 		v.Headers = headers
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return nil, true
@@ -498,6 +497,71 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Metadata[k] = val
 	}
 	return &res.Reservation, false
+}
+
+// exceeded is the 429 of a budget that is spent for now: a money budget
+// answers as OpenAI does when the quota is gone (insufficient_quota), the
+// others as its rate limits (rate_limit_exceeded); both say when the
+// window resets in words a person reads.
+func (c *Controller) exceeded(l *ratelimit.Limit, retry time.Duration) *openai.Error {
+	when := "Please try again in " + waitWords(retry) + "."
+	if retry > 48*time.Hour {
+		when = "It resets " + c.now().Add(retry).UTC().Format("2006-01-02 15:04 MST") + " (in " + waitWords(retry) + ")."
+	}
+	if l.Unit == ratelimit.Money {
+		return openai.NewError(http.StatusTooManyRequests, "insufficient_quota", "insufficient_quota", "",
+			fmt.Sprintf("You exceeded your budget %s (%s per %s). %s", l.Name, c.amount(l), windowWords(l.Window), when))
+	}
+	return openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "rate_limit_exceeded", "",
+		fmt.Sprintf("Rate limit reached for %s (%s per %s). %s", l.Name, c.amount(l), windowWords(l.Window), when))
+}
+
+// waitWords is how long until a window resets, as a person says it: 850ms,
+// 12.5s, 4m10s, 5h56m, 27d5h.
+func waitWords(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		return shortDuration(d.Round(time.Second))
+	case d < 48*time.Hour:
+		return shortDuration(d.Round(time.Minute))
+	}
+	d = d.Round(time.Hour)
+	return fmt.Sprintf("%dd%dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
+}
+
+// windowWords names a budget's window: minute, hour, day, week, month, or
+// its length (30m, 6h, 1h30m).
+func windowWords(w time.Duration) string {
+	switch w {
+	case ratelimit.Month:
+		return "month"
+	case time.Minute:
+		return "minute"
+	case time.Hour:
+		return "hour"
+	case 24 * time.Hour:
+		return "day"
+	case 7 * 24 * time.Hour:
+		return "week"
+	}
+	return shortDuration(w)
+}
+
+// shortDuration is d's String without its trailing zero units: 6h, 30m,
+// 1h30m, 10s (not 6h0m0s).
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // amount is a limit's amount as a client reads it: money as a decimal of

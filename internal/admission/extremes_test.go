@@ -87,7 +87,7 @@ func TestOverflowingRequestUnderMoneyBudget(t *testing.T) {
 				v.Reason != "request_exceeds_budget:tenant-money-per-day" || v.Reservation != "" || v.Headers["retry-after"] != "" {
 				t.Fatalf("overflowing request: %+v, %q; want a 400 request_exceeds_budget", v.Deny, v.Reason)
 			}
-			for _, want := range []string{"at least 9223372.036854775807 USD", "tenant-money-per-day", "(5 USD per 24h0m0s)"} {
+			for _, want := range []string{"at least 9223372.036854775807 USD", "tenant-money-per-day", "(5 USD per day)"} {
 				if !strings.Contains(v.Deny.Message, want) {
 					t.Errorf("message %q does not say %q", v.Deny.Message, want)
 				}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,5 +133,33 @@ func TestKeyBudgetMonthInPolicyInput(t *testing.T) {
 	}
 	if got := fp.last.Principal.BudgetMonth; got != 500_250_000_000_000 {
 		t.Errorf("budget_month = %d, want 500250000000000", got)
+	}
+}
+
+// A spent budget says so as OpenAI does (a money budget's quota is gone:
+// insufficient_quota; the others: rate_limit_exceeded), with its window
+// and the wait in words a person reads.
+func TestExceededInWords(t *testing.T) {
+	now := time.Date(2026, 12, 4, 20, 3, 49, 0, time.UTC)
+	c := &Controller{Now: func() time.Time { return now }}
+	for _, tc := range []struct {
+		l                 ratelimit.Limit
+		retry             time.Duration
+		typ, code, inText string
+	}{
+		{ratelimit.Limit{Name: "tenant-money-month", Unit: ratelimit.Money, Amount: 10_000_000_000, Window: ratelimit.Month},
+			time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC).Sub(now), "insufficient_quota", "insufficient_quota",
+			"per month). It resets 2027-01-01 00:00 UTC (in 27d4h)."},
+		{ratelimit.Limit{Name: "key-rpm", Unit: ratelimit.Requests, Amount: 20, Window: time.Minute},
+			12345 * time.Millisecond, "rate_limit_error", "rate_limit_exceeded", "(20 requests per minute). Please try again in 12.3s."},
+		{ratelimit.Limit{Name: "tenant-tokens", Unit: ratelimit.TotalTokens, Amount: 1000, Window: 6 * time.Hour},
+			4*time.Hour + 10*time.Minute + 20*time.Second, "rate_limit_error", "rate_limit_exceeded", "per 6h). Please try again in 4h10m."},
+		{ratelimit.Limit{Name: "t", Unit: ratelimit.Requests, Amount: 1, Window: 90 * time.Minute},
+			250 * time.Second, "rate_limit_error", "rate_limit_exceeded", "per 1h30m). Please try again in 4m10s."},
+	} {
+		e := c.exceeded(&tc.l, tc.retry)
+		if e.Status != 429 || e.Type != tc.typ || e.Code != tc.code || !strings.Contains(e.Message, tc.inText) {
+			t.Errorf("%s: %d %s %s %q, want %s %s and %q", tc.l.Name, e.Status, e.Type, e.Code, e.Message, tc.typ, tc.code, tc.inText)
+		}
 	}
 }
