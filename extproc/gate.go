@@ -19,6 +19,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
@@ -209,7 +210,7 @@ func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.Proc
 	h := g.headers
 	path, _, _ := strings.Cut(h[":path"], "?")
 	adm := &request.Admission{
-		RequestID:  truncate(h["x-request-id"], maxStampField),
+		RequestID:  request.Truncate(h["x-request-id"], request.MaxStampField),
 		Method:     h[":method"],
 		Path:       path,
 		Headers:    h,
@@ -248,7 +249,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	}
 	g.policyAt = s.now()
 	v := s.policy.Decide(ctx, adm)
-	p := planGate(s.gateRules(), adm, removed, v)
+	p := gate.PlanOf(s.gateRules(), adm, removed, v)
 	return s.answer(ctx, g, adm, v, &p)
 }
 
@@ -263,7 +264,7 @@ func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []st
 	h := g.headers
 	path, _, _ := strings.Cut(h[":path"], "?")
 	adm = &request.Admission{
-		RequestID:  truncate(h["x-request-id"], maxStampField), // a client may set it
+		RequestID:  request.Truncate(h["x-request-id"], request.MaxStampField), // a client may set it
 		Method:     h[":method"],
 		Path:       path,
 		Headers:    h,
@@ -299,25 +300,25 @@ func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []st
 
 // answer turns a plan into the answers owed: a denial, or the admission
 // with its metadata and the meter's field, counted and traced.
-func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, p *gatePlan) []*extprocv3.ProcessingResponse {
+func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, p *gate.Plan) []*extprocv3.ProcessingResponse {
 	switch {
-	case p.deny != nil:
-		return s.deny(ctx, g, p.stamp.Model, v)
-	case p.fail != nil:
-		return s.failClosed(ctx, g, adm, v, p.fail)
+	case p.Deny != nil:
+		return s.deny(ctx, g, p.Stamp.Model, v)
+	case p.Fail != nil:
+		return s.failClosed(ctx, g, adm, v, p.Fail)
 	}
-	p.stamp.Gateway.Gate = time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(p.stamp.Decision, p.code))
-	s.metrics.GateSeconds.Record(ctx, p.stamp.Gateway.Gate.Seconds())
+	p.Stamp.Gateway.Gate = time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
+	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(p.Stamp.Decision, p.Code))
+	s.metrics.GateSeconds.Record(ctx, p.Stamp.Gateway.Gate.Seconds())
 	traceparent := ""
-	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &p.stamp); sc.IsValid() {
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &p.Stamp); sc.IsValid() {
 		traceparent = formatTraceparent(sc)
 	}
 	md, err := s.envoyMetadata(ctx, p, traceparent)
 	if err != nil {
 		return s.failClosed(ctx, g, adm, v, err)
 	}
-	return g.admit(p.mutation(), p.body, md)
+	return g.admit(mutation(p), p.Body, md)
 }
 
 // failClosed answers a request the gate admitted but cannot forward as it
@@ -444,8 +445,8 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", v.Deny.Code))
 	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
-		slog.String("request_id", truncate(g.headers["x-request-id"], maxStampField)), slog.Int("status", v.Deny.Status),
-		slog.String("code", v.Deny.Code), slog.String("message", truncate(v.Deny.Message, maxStampReason)))
+		slog.String("request_id", request.Truncate(g.headers["x-request-id"], request.MaxStampField)), slog.Int("status", v.Deny.Status),
+		slog.String("code", v.Deny.Code), slog.String("message", request.Truncate(v.Deny.Message, request.MaxStampReason)))
 	st := &request.Stamp{
 		RequestID: g.headers["x-request-id"],
 		Model:     model,
@@ -460,7 +461,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
 		Complete:  true,
 	}
-	boundStamp(st) // before the span, the log and the sinks see it
+	st.Bound() // before the span, the log and the sinks see it
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
@@ -487,24 +488,4 @@ func (g *gateRequest) immediate(e *openai.Error, extra ...*corev3.HeaderValueOpt
 		resp.GetImmediateResponse().Body = e.AnthropicJSON()
 	}
 	return resp
-}
-
-// outputLimitKeys are the body keys that cap an API's output, the first
-// the one added when none is sent (see withMaxTokens); chatKey is the one
-// added to a chat completion (Options.ChatOutputLimit).
-func outputLimitKeys(api openai.API, chatKey string) []string {
-	switch api {
-	case openai.APIResponses: // other APIs' caps are refused there (internal/openai)
-		return []string{"max_output_tokens"}
-	case openai.APIMessages:
-		return []string{"max_tokens"}
-	case openai.APIChat:
-		if chatKey == "max_completion_tokens" {
-			return []string{"max_completion_tokens", "max_tokens"}
-		}
-	}
-	// Every OpenAI-compatible server and both completion endpoints know
-	// max_tokens; max_completion_tokens is chat-only (both are read, so
-	// both are capped).
-	return []string{"max_tokens", "max_completion_tokens"}
 }

@@ -77,7 +77,7 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 	if len(id) > MaxModelBytes {
 		e := openai.BadRequest("invalid_value", "model",
 			"model is "+strconv.Itoa(len(id))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
-		return s.deny(ctx, g, truncate(id, MaxModelBytes), request.Verdict{Deny: e, Reason: e.Code})
+		return s.deny(ctx, g, request.Truncate(id, MaxModelBytes), request.Verdict{Deny: e, Reason: e.Code})
 	}
 	adm.Path = ModelsPath
 	g.policyAt = s.now()
@@ -98,7 +98,7 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 	if one {
 		if !slices.Contains(catalog, id) || !s.mayCall(ctx, adm, id) {
 			e := openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
-				"The model '"+truncate(id, MaxModelBytes)+"' does not exist or you do not have access to it.")
+				"The model '"+request.Truncate(id, MaxModelBytes)+"' does not exist or you do not have access to it.")
 			return s.deny(ctx, g, id, request.Verdict{Deny: e, Reason: e.Code, Principal: v.Principal, Tenant: v.Tenant, Timings: v.Timings})
 		}
 		body, _ = json.Marshal(modelObject(id))
@@ -129,7 +129,7 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
 		Complete:  true,
 	}
-	boundStamp(st)
+	st.Bound()
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}

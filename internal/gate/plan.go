@@ -2,88 +2,80 @@ package gate
 
 import (
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/protobuf/types/known/structpb"
-
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
 
-// gatePlan is the gate's answer to a request the policy has decided, as a
-// value: planGate computes it from the request and the verdict alone, and
-// one encoder (Server.answer) turns it into Envoy's messages, the gate's
-// metadata, the meter's sealed field and the gate's span.
-type gatePlan struct {
-	// deny is the policy's refusal, answered as it is: nothing below is set.
-	deny *openai.Error
-	// fail: the request was admitted but cannot be forwarded as it must be
+// Plan is the gate's answer to a request the policy has decided, as a
+// value: PlanOf computes it from the request and the verdict alone, and
+// an adapter's one encoder (extproc's Server.answer) turns it into the
+// proxy's answers, the gate's metadata, what the meter is told and the
+// gate's span.
+type Plan struct {
+	// Deny is the policy's refusal, answered as it is: nothing below is set.
+	Deny *openai.Error
+	// Fail: the request was admitted but cannot be forwarded as it must be
 	// (its output cap cannot be written): answered 500 gate_error, its
 	// reservation given back.
-	fail error
-	// stamp is the gate's part of the request's stamp: the request id, the
+	Fail error
+	// Stamp is the gate's part of the request's stamp: the request id, the
 	// model, API, stream and prompt tokens, the decision, reason and who
 	// called, the policy's timings. Gateway.Gate is the adapter's to set:
 	// it is the gate's own time, the plan's making included.
-	stamp request.Stamp
-	code  string // counted with the decision: "allowed", or the code a shadow denial would have answered
-	// remove and set are the request header mutations; body, when not nil,
+	Stamp request.Stamp
+	Code  string // counted with the decision: "allowed", or the code a shadow denial would have answered
+	// Remove and Set are the request header mutations; Body, when not nil,
 	// replaces the request body.
-	remove    []string
-	set       []headerValue
-	body      []byte
-	maxTokens int    // the output cap as sent upstream
-	reserved  string // the policy's reservation, settled by the meter
-	metadata  map[string]any
+	Remove      []string
+	Set         []Header
+	Body        []byte
+	MaxTokens   int    // the output cap as sent upstream
+	Reservation string // the policy's reservation, settled by the meter
+	Metadata    map[string]any
 }
 
-type headerValue struct{ key, value string }
+// Header is a request header to set.
+type Header struct{ Key, Value string }
 
-// gateRules are the options planGate follows.
-type gateRules struct {
-	keepUsageOption, honourUsageOptOut bool
-	chatOutputLimit                    string
+// Rules are the options PlanOf follows (see extproc.Options).
+type Rules struct {
+	KeepUsageOption, HonourUsageOptOut bool
+	ChatOutputLimit                    string
 }
 
-func (s *Server) gateRules() gateRules {
-	return gateRules{keepUsageOption: s.opts.KeepUsageOption, honourUsageOptOut: s.opts.HonourUsageOptOut,
-		chatOutputLimit: s.opts.ChatOutputLimit}
-}
-
-// planGate is the gate's answer to adm, a request the policy answered v:
+// PlanOf is the gate's answer to adm, a request the policy answered v:
 // a denial, or the mutations that let it through (the client's reserved
 // headers and credential removed, the routing header set, usage asked of a
 // stream, the output capped at the reservation's) and what the meter is
 // told. removed are the headers to remove.
-func planGate(r gateRules, adm *request.Admission, removed []string, v request.Verdict) gatePlan {
+func PlanOf(r Rules, adm *request.Admission, removed []string, v request.Verdict) Plan {
 	req := adm.Request
-	refused := gatePlan{stamp: request.Stamp{RequestID: adm.RequestID, Model: req.Model, API: adm.API}}
+	refused := Plan{Stamp: request.Stamp{RequestID: adm.RequestID, Model: req.Model, API: adm.API}}
 	if v.Deny != nil && v.Decision != "shadow_deny" {
-		refused.deny = v.Deny
+		refused.Deny = v.Deny
 		return refused
 	}
 	p := refused
-	p.stamp.Stream, p.stamp.PromptTokens = req.Stream, adm.PromptTokens
-	p.stamp.Decision, p.stamp.Reason = cmp.Or(v.Decision, "allow"), v.Reason
-	p.stamp.Principal, p.stamp.Tenant = v.Principal, v.Tenant
-	p.stamp.Gateway.Timings = v.Timings
-	p.code = "allowed"
+	p.Stamp.Stream, p.Stamp.PromptTokens = req.Stream, adm.PromptTokens
+	p.Stamp.Decision, p.Stamp.Reason = cmp.Or(v.Decision, "allow"), v.Reason
+	p.Stamp.Principal, p.Stamp.Tenant = v.Principal, v.Tenant
+	p.Stamp.Gateway.Timings = v.Timings
+	p.Code = "allowed"
 	if v.Deny != nil { // shadow_deny: what would have been answered
-		p.code = v.Deny.Code
+		p.Code = v.Deny.Code
 	}
-	p.reserved, p.metadata, p.maxTokens = v.Reservation, v.Metadata, req.MaxTokens
+	p.Reservation, p.Metadata, p.MaxTokens = v.Reservation, v.Metadata, req.MaxTokens
 	if req.Model != "" {
-		p.set = append(make([]headerValue, 0, 2), headerValue{request.ModelHeader, req.Model}) // room for content-length
+		p.Set = append(make([]Header, 0, 2), Header{request.ModelHeader, req.Model}) // room for content-length
 	}
 	var err error
-	if p.remove, p.set, err = pickerIdentity(removed, p.set, v); err != nil {
-		refused.fail = err // a Policy that did not validate them: never sent unchecked
+	if p.Remove, p.Set, err = pickerIdentity(removed, p.Set, v); err != nil {
+		refused.Fail = err // a Policy that did not validate them: never sent unchecked
 		return refused
 	}
 	// Usage on every stream: a client's include_usage: false would leave
@@ -93,9 +85,9 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 	// message_start and message_delta.
 	optedOut := req.IncludeUsage != nil && !*req.IncludeUsage
 	asksUsage := adm.API == openai.APIChat || adm.API == openai.APICompletions
-	if asksUsage && req.Stream && !r.keepUsageOption && (req.IncludeUsage == nil || optedOut && !r.honourUsageOptOut) {
+	if asksUsage && req.Stream && !r.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !r.HonourUsageOptOut) {
 		if b, err := openai.WithUsage(adm.Body); err == nil {
-			p.body = b
+			p.Body = b
 		}
 	}
 	if v.MaxTokens > 0 && adm.Completion && adm.API.Generates() {
@@ -103,19 +95,19 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 		// not be asked for more (a client that set none, or more than
 		// its cap). Not rewritable (it was validated): fail closed
 		// rather than let the pool write past the reservation.
-		body := p.body
+		body := p.Body
 		if body == nil {
 			body = adm.Body
 		}
-		b, err := withMaxTokens(body, v.MaxTokens, outputLimitKeys(adm.API, r.chatOutputLimit)...)
+		b, err := withMaxTokens(body, v.MaxTokens, outputLimitKeys(adm.API, r.ChatOutputLimit)...)
 		if err != nil {
-			refused.fail = fmt.Errorf("max_tokens: %w", err)
+			refused.Fail = fmt.Errorf("max_tokens: %w", err)
 			return refused
 		}
-		p.body, p.maxTokens = b, v.MaxTokens
+		p.Body, p.MaxTokens = b, v.MaxTokens
 	}
-	if p.body != nil {
-		p.set = append(p.set, headerValue{"content-length", strconv.Itoa(len(p.body))})
+	if p.Body != nil {
+		p.Set = append(p.Set, Header{"content-length", strconv.Itoa(len(p.Body))})
 	}
 	return p
 }
@@ -128,7 +120,7 @@ func planGate(r gateRules, adm *request.Admission, removed []string, v request.V
 // (request.TenantFairnessID). Without, nothing is set: a hosted pool is
 // not told the tenant, and a picker queues the request in its default
 // flow at its default priority.
-func pickerIdentity(remove []string, set []headerValue, v request.Verdict) ([]string, []headerValue, error) {
+func pickerIdentity(remove []string, set []Header, v request.Verdict) ([]string, []Header, error) {
 	remove = slices.Grow(slices.Clip(remove), len(request.PickerHeaders))
 	switch {
 	case v.FairnessID == "" && v.Objective == "":
@@ -142,100 +134,12 @@ func pickerIdentity(remove []string, set []headerValue, v request.Verdict) ([]st
 	for _, h := range request.PickerHeaders {
 		switch {
 		case h == request.FairnessIDHeader && fairness != "":
-			set = append(set, headerValue{h, fairness})
+			set = append(set, Header{h, fairness})
 		case h == request.ObjectiveHeader && v.Objective != "":
-			set = append(set, headerValue{h, v.Objective})
+			set = append(set, Header{h, v.Objective})
 		default:
 			remove = append(remove, h)
 		}
 	}
 	return remove, set, nil
-}
-
-// mutation is the plan's header mutation.
-func (p *gatePlan) mutation() *extprocv3.HeaderMutation {
-	m := &extprocv3.HeaderMutation{RemoveHeaders: p.remove}
-	if len(p.set) > 0 {
-		m.SetHeaders = make([]*corev3.HeaderValueOption, 0, len(p.set))
-	}
-	for _, h := range p.set {
-		m.SetHeaders = append(m.SetHeaders, setHeader(h.key, h.value))
-	}
-	return m
-}
-
-// gateMetadata is the gate's metadata namespace, built as the Struct Envoy
-// receives, field by field (structpb.NewStruct would convert a
-// map[string]any first); the policy's own fields come last. An error: not
-// encodable (a policy's value, a string that is not UTF-8).
-func (p *gatePlan) gateMetadata(traceparent string) (*structpb.Struct, error) {
-	st := &p.stamp
-	var f metaFields
-	f.init(16 + len(p.metadata))
-	f.str("model", st.Model)
-	f.str("api", string(st.API))
-	f.set("stream", structpb.NewBoolValue(st.Stream))
-	f.num("max_tokens", int64(p.maxTokens)) // as sent upstream
-	f.num("prompt_tokens", int64(st.PromptTokens))
-	f.str("decision", st.Decision)
-	f.str("reason", st.Reason)
-	f.str("principal", st.Principal)
-	f.str("tenant", st.Tenant)
-	f.num("gate_us", st.Gateway.Gate.Microseconds())
-	f.num("auth_us", st.Gateway.Auth.Microseconds())
-	f.num("policy_us", st.Gateway.Policy.Microseconds())
-	f.num("ratelimit_us", st.Gateway.RateLimit.Microseconds())
-	f.num("checks_us", st.Gateway.Checks.Microseconds())
-	if p.reserved != "" {
-		f.str("reservation", p.reserved)
-	}
-	if traceparent != "" {
-		f.str(request.TraceparentKey, traceparent)
-	}
-	for k, val := range p.metadata {
-		pv, err := structpb.NewValue(val)
-		if err != nil {
-			return nil, err
-		}
-		f.set(k, pv)
-	}
-	return &f.s, f.err
-}
-
-// meterField is what the meter needs of the plan (see meterfield.go), the
-// gate's answer sent at sent (Unix µs): its strings valid UTF-8 and cut to
-// the stamp's bounds.
-func (p *gatePlan) meterField(sent int64, traceparent string) gateField {
-	st := &p.stamp
-	g := &st.Gateway
-	return gateField{
-		sent: sent, stream: st.Stream, promptTokens: int64(st.PromptTokens),
-		gateUS: g.Gate.Microseconds(), authUS: g.Auth.Microseconds(), policyUS: g.Policy.Microseconds(),
-		rateLimitUS: g.RateLimit.Microseconds(), checksUS: g.Checks.Microseconds(),
-		decision: fieldString(st.Decision, maxStampField), requestID: fieldString(st.RequestID, maxStampField),
-		model: fieldString(st.Model, maxStampField), tenant: fieldString(st.Tenant, maxStampField),
-		principal: fieldString(st.Principal, maxStampField), reason: fieldString(st.Reason, maxStampReason),
-		traceparent: traceparent, reservation: p.reserved, api: string(st.API),
-	}
-}
-
-// envoyMetadata is the dynamic metadata of an admitted request: the gate's
-// namespace and the meter's sealed field, in a namespace of its own. Sent
-// is now: the request leaves the gateway with these answers, and a meter
-// that skips the request headers times the response from here.
-func (s *Server) envoyMetadata(ctx context.Context, p *gatePlan, traceparent string) (*structpb.Struct, error) {
-	gate, err := p.gateMetadata(traceparent)
-	if err != nil {
-		return nil, fmt.Errorf("metadata: %w", err)
-	}
-	mf := p.meterField(s.now().UnixMicro(), traceparent)
-	field := sealField(ctx, s.sealer, &mf)
-	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
-		return nil, errors.New("the meter's field is " + strconv.Itoa(len(field)) + " bytes; the limit is " + strconv.Itoa(maxMeterField))
-	}
-	return &structpb.Struct{Fields: map[string]*structpb.Value{
-		request.MetadataNamespace: structpb.NewStructValue(gate),
-		request.MeterNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			request.MeterKey: structpb.NewStringValue(field)}}),
-	}}, nil
 }

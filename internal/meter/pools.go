@@ -3,12 +3,7 @@ package meter
 import (
 	"sync"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/tidwall/gjson"
-	"google.golang.org/protobuf/encoding/prototext"
-	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/infergate/infergate/internal/request"
 )
 
 // Which pool served a request.
@@ -21,40 +16,15 @@ import (
 // (request.PoolOrderAttribute: a JSON array in a string, as CEL cannot pass
 // a list); an older config asks for the whole cluster metadata
 // (xds.cluster_metadata), which Envoy hands over as the text form of the
-// Metadata proto.
+// Metadata proto, read by the adapter (PoolOrders.Legacy).
 
-// clusterOf names what served the request: Envoy's cluster; where the
-// cluster name is not available (Envoy Gateway does not let ext_proc ask
-// for xds.cluster_name), the route's x-infergate-pool response header, else
-// the upstream locality's region (Envoy Gateway puts a rule's backends in
-// one cluster as localities, e.g. "httproute/default/llm/rule/0/backend/1",
-// which the HTTPRoute weight sink maps back to its backendRef).
-func clusterOf(attrs map[string]*structpb.Value, h headers) string {
-	if c := attrString(attrs, "xds.cluster_name"); c != "" {
-		return c
-	}
-	if p := h[request.PoolHeader]; p != "" {
-		return p
-	}
-	return localityRegion(attrString(attrs, "upstream.locality"))
-}
+// PoolOrders caches parsed pool orders by their text: a handful of
+// aggregates repeat on every request. Each adapter's server has its own.
+type PoolOrders struct {
+	// Legacy reads an order from a text that is not a JSON array (an
+	// older config's cluster metadata); nil reads none.
+	Legacy func(text string) []string
 
-// localityRegion reads the region from a Locality in text form
-// (`region: "..."`), as Envoy sends upstream.locality.
-func localityRegion(text string) string {
-	if text == "" || text == "NULL" {
-		return ""
-	}
-	var l corev3.Locality
-	if prototext.Unmarshal([]byte(text), &l) != nil {
-		return ""
-	}
-	return l.GetRegion()
-}
-
-// poolOrders caches parsed metadata by its text: a handful of aggregates
-// repeat on every request. Each Server has its own.
-type poolOrders struct {
 	mu sync.Mutex
 	m  map[string][]string
 }
@@ -68,8 +38,8 @@ const (
 )
 
 // order returns the pools listed in a pool order (a JSON array of strings)
-// or in cluster metadata text, or nil.
-func (c *poolOrders) order(text string) []string {
+// or in a text Legacy reads, or nil.
+func (c *PoolOrders) order(text string) []string {
 	if text == "" || text == "NULL" || len(text) > maxPoolOrderText {
 		return nil
 	}
@@ -88,12 +58,8 @@ func (c *poolOrders) order(text string) []string {
 				return true
 			})
 		}
-	} else if md := (corev3.Metadata{}); prototext.Unmarshal([]byte(text), &md) == nil {
-		for _, v := range md.GetFilterMetadata()[request.MetadataNamespace].GetFields()[request.PoolsKey].GetListValue().GetValues() {
-			if s := v.GetStringValue(); s != "" {
-				order = append(order, s)
-			}
-		}
+	} else if c.Legacy != nil {
+		order = c.Legacy(text)
 	}
 	if c.m == nil || len(c.m) >= maxPoolOrders {
 		c.m = make(map[string][]string)
@@ -102,10 +68,10 @@ func (c *poolOrders) order(text string) []string {
 	return order
 }
 
-// servingPools returns the pools a request's attempts went to, in order;
+// ServingPools returns the pools a request's attempts went to, in order;
 // the last one served the response. Without a pool order every attempt
 // went to the cluster itself.
-func (c *poolOrders) servingPools(cluster, orderText string, attempts int) []string {
+func (c *PoolOrders) ServingPools(cluster, orderText string, attempts int) []string {
 	order := c.order(orderText)
 	if len(order) == 0 {
 		if cluster == "" {
