@@ -244,7 +244,7 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	if verr != nil {
 		return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: verr, Reason: verr.Code})
 	}
-	if id, one, ok := s.modelsRequest(adm.Method, adm.Path); ok {
+	if id, one, ok := s.catalog().Request(adm.Method, adm.Path); ok {
 		return s.models(ctx, g, adm, id, one) // answered by the gate (models.go)
 	}
 	g.policyAt = s.now()

@@ -118,7 +118,7 @@ type Options struct {
 	Tenants []string
 	// Catalog are the model names GET /v1/models lists (config models and
 	// virtualModels), each to the callers the policy lets call it (see
-	// ModelPolicy). Empty: the gate does not answer /v1/models; the path
+	// gate.ModelPolicy). Empty: the gate does not answer /v1/models; the path
 	// is the policy's, like any other.
 	Catalog []string
 	// PoolModels, with Catalog empty, returns what the pools serve now
