@@ -347,7 +347,7 @@ func (s *Server) trusted(ctx context.Context, m *meterRequest) bool {
 }
 
 // untrusted counts and logs (at most every 10 s) a stamp whose gate field
-// did not verify (stampOf blanked who called).
+// did not verify (meter.StampOf blanked who called).
 func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 	s.metrics.MeterErrors.Add(ctx, 1, unverifiedAttr)
 	if now := s.now().Unix(); now-s.lastUnverified.Load() >= 10 {

@@ -7,8 +7,10 @@
 //   - the meter (observability_mode) receives copies of the response as it
 //     streams and stamps the request with TTFT, ITL and tokens.
 //
-// Envoy protocol handling lives here; domain logic (body parsing, SSE,
-// policy) lives in the packages they call.
+// Envoy protocol handling lives here: it is the adapter over the gate's
+// and the meter's cores (internal/gate, internal/meter), which know no
+// Envoy type; domain logic (body parsing, SSE, policy) lives in the
+// packages they call.
 package extproc
 
 import (
