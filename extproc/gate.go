@@ -441,31 +441,17 @@ func (s *Server) validate(api openai.API, path, method string, h headers, body [
 // expects, and stamps the request.
 func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v request.Verdict) []*extprocv3.ProcessingResponse {
 	g.decided = true
-	gateTime := time.Since(g.started) - v.Timings.Checks
+	st := gate.Answered(gate.Answer{RequestID: g.headers["x-request-id"], Model: model, API: g.api, Status: v.Deny.Status,
+		Decision: "deny", Started: g.started, Took: time.Since(g.started)}, v)
 	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", v.Deny.Code))
-	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
+	s.metrics.GateSeconds.Record(ctx, st.Gateway.Gate.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
-		slog.String("request_id", request.Truncate(g.headers["x-request-id"], request.MaxStampField)), slog.Int("status", v.Deny.Status),
+		slog.String("request_id", st.RequestID), slog.Int("status", v.Deny.Status),
 		slog.String("code", v.Deny.Code), slog.String("message", request.Truncate(v.Deny.Message, request.MaxStampReason)))
-	st := &request.Stamp{
-		RequestID: g.headers["x-request-id"],
-		Model:     model,
-		API:       g.api,
-		Principal: v.Principal,
-		Tenant:    v.Tenant,
-		Status:    v.Deny.Status,
-		Decision:  "deny",
-		Reason:    v.Reason,
-		Start:     g.started,
-		Total:     time.Since(g.started),
-		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
-		Complete:  true,
-	}
-	st.Bound() // before the span, the log and the sinks see it
-	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
-	s.record(ctx, st)
+	s.record(ctx, &st)
 	extra := make([]*corev3.HeaderValueOption, 0, len(v.Headers))
 	for k, val := range v.Headers {
 		extra = append(extra, setHeader(k, val))

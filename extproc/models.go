@@ -60,28 +60,15 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 		body = s.catalog().List(ctx, s.policy, adm)
 	}
 
-	gateTime := time.Since(g.started) - v.Timings.Checks
 	decision := cmp.Or(v.Decision, "allow")
+	st := gate.Answered(gate.Answer{RequestID: g.headers["x-request-id"], Model: id, Status: http.StatusOK,
+		Decision: decision, Started: g.started, Took: time.Since(g.started)}, v)
 	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(decision, "allowed"))
-	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
-	st := &request.Stamp{
-		RequestID: g.headers["x-request-id"],
-		Model:     id,
-		Principal: v.Principal,
-		Tenant:    v.Tenant,
-		Status:    http.StatusOK,
-		Decision:  decision,
-		Reason:    v.Reason,
-		Start:     g.started,
-		Total:     time.Since(g.started),
-		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
-		Complete:  true,
-	}
-	st.Bound()
-	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
+	s.metrics.GateSeconds.Record(ctx, st.Gateway.Gate.Seconds())
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
-	s.record(ctx, st)
+	s.record(ctx, &st)
 	return []*extprocv3.ProcessingResponse{{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status: &typev3.HttpStatus{Code: typev3.StatusCode_OK},
