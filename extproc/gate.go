@@ -207,25 +207,7 @@ const MaxModelBytes = 256
 // still owed and closes the stream. nil: decide as ever, once the body is
 // in (Decide identifies the caller again).
 func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
-	h := g.headers
-	path, _, _ := strings.Cut(h[":path"], "?")
-	adm := &request.Admission{
-		RequestID:  request.Truncate(h["x-request-id"], request.MaxStampField),
-		Method:     h[":method"],
-		Path:       path,
-		Headers:    h,
-		Completion: slices.Contains(s.opts.CompletionPaths, path),
-		Metadata:   g.metadata,
-	}
-	if adm.Completion {
-		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
-	}
-	if spoofed := g.spoofed(); len(spoofed) > 0 {
-		adm.Headers = maps.Clone(h)
-		for _, k := range spoofed {
-			delete(adm.Headers, k)
-		}
-	}
+	adm, _ := s.newAdmission(g)
 	policyAt := s.now()
 	v := s.policy.Identify(ctx, adm)
 	if v.Deny == nil || v.Decision == "shadow_deny" {
@@ -253,14 +235,13 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	return s.answer(ctx, g, adm, v, &p)
 }
 
-// admission is what the policy is asked about the request, and the request
-// headers to remove before it leaves: the client's reserved ones and its
-// gateway credential. An inference request must be well-formed before
-// anything else looks at it (an error: refused, adm.Request partial); every
-// request, inference or not, then gets the policy's decision. A configured
+// newAdmission is what the policy is asked about the request from its
+// headers and Envoy's metadata, without its body: the one builder of
+// request.Admission, for identify and for admission. The client's reserved
+// headers (spoofed, returned) are not the policy's to read. A configured
 // path that names no API is read as a chat or text completion, as every
 // path was before the gate knew other APIs.
-func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []string, verr *openai.Error) {
+func (s *Server) newAdmission(g *gateRequest) (adm *request.Admission, spoofed []string) {
 	h := g.headers
 	path, _, _ := strings.Cut(h[":path"], "?")
 	adm = &request.Admission{
@@ -269,29 +250,41 @@ func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []st
 		Path:       path,
 		Headers:    h,
 		Completion: slices.Contains(s.opts.CompletionPaths, path),
-		Body:       g.body,
 		Metadata:   g.metadata,
 	}
 	if adm.Completion {
 		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
-		g.api = adm.API
-		if adm.Request, verr = s.validate(adm.API, path, adm.Method, h, g.body); verr != nil {
-			return adm, nil, verr
-		}
-		adm.PromptTokens = adm.Request.PromptTokens
 	}
-	spoofed := g.spoofed()
-	if len(spoofed) > 0 {
+	if spoofed = g.spoofed(); len(spoofed) > 0 {
 		adm.Headers = maps.Clone(h)
 		for _, k := range spoofed {
 			delete(adm.Headers, k)
 		}
 	}
+	return adm, spoofed
+}
+
+// admission is what the policy is asked about the request, body included,
+// and the request headers to remove before it leaves: the client's
+// reserved ones and its gateway credential. An inference request must be
+// well-formed before anything else looks at it (an error: refused,
+// adm.Request partial); every request, inference or not, then gets the
+// policy's decision.
+func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []string, verr *openai.Error) {
+	adm, spoofed := s.newAdmission(g)
+	adm.Body = g.body
+	if adm.Completion {
+		g.api = adm.API
+		if adm.Request, verr = s.validate(adm.API, adm.Path, adm.Method, g.headers, g.body); verr != nil {
+			return adm, nil, verr
+		}
+		adm.PromptTokens = adm.Request.PromptTokens
+	}
 	// The client's gateway credential stops here: a pool (or a hosted
 	// API's access log) never receives it.
 	removed = spoofed
 	for _, k := range credentialHeaders {
-		if _, ok := h[k]; ok {
+		if _, ok := g.headers[k]; ok {
 			removed = append(removed, k)
 		}
 	}
