@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/wasmmeter"
 )
@@ -124,7 +125,7 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	if !ok {
 		return
 	}
-	requestID := fieldString(e.GetRequest().GetRequestId(), maxStampField)
+	requestID := fieldString(e.GetRequest().GetRequestId(), request.MaxStampField)
 	sum, err := wasmmeter.Parse(raw)
 	now := s.now()
 	if err == nil && (sum.Start.Before(now.Add(-maxSummaryAge)) || sum.Start.After(now.Add(time.Minute))) {
@@ -137,8 +138,8 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 		return
 	}
 	m := s.newMeterRequest()
-	m.seen, m.sentAt, m.envoyTimed = true, sum.Start, true
-	m.stamp.RequestID = requestID
+	m.seen, m.Sent, m.EnvoyTimed = true, sum.Start, true
+	m.Stamp.RequestID = requestID
 	if f, fs, ok := readGateField(m.sealer, c.GetMetadata().GetFilterMetadata()[request.MeterNamespace].GetFields()[request.MeterKey].GetStringValue()); ok {
 		m.fieldSeal = fs
 		m.fromField(&f)
@@ -147,27 +148,24 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	// before the request left, by no more than a gateway could take.
 	if t := c.GetStartTime(); t.IsValid() {
 		if st := t.AsTime(); !st.After(sum.Start) && sum.Start.Sub(st) <= time.Hour {
-			m.envoyStart = st
+			m.EnvoyStart = st
 		}
 	}
-	m.stamp.Status = clampInt(float64(e.GetResponse().GetResponseCode().GetValue()), 100, 599)
-	m.stamp.Upstream = addressString(c.GetUpstreamRemoteAddress())
-	m.origin = originOf(e.GetResponse().GetResponseCodeDetails())
-	m.stamp.Attempts = clampInt(float64(c.GetUpstreamRequestAttemptCount()), 0, maxAttempts)
+	m.Stamp.Status = meter.ClampInt(float64(e.GetResponse().GetResponseCode().GetValue()), 100, 599)
+	m.Stamp.Upstream = addressString(c.GetUpstreamRemoteAddress())
+	m.Origin = meter.OriginOf(e.GetResponse().GetResponseCodeDetails())
+	m.Stamp.Attempts = meter.ClampInt(float64(c.GetUpstreamRequestAttemptCount()), 0, meter.MaxAttempts)
 	cluster := c.GetUpstreamCluster()
 	if cluster == "" {
 		cluster = e.GetResponse().GetResponseHeaders()[request.PoolHeader]
 	}
-	m.stamp.PoolsTried = m.orders.servingPools(truncate(cluster, maxStampField), c.GetCustomTags()[request.PoolOrderKey], m.stamp.Attempts)
-	if n := len(m.stamp.PoolsTried); n > 0 {
-		m.stamp.Pool = m.stamp.PoolsTried[n-1]
-	}
+	m.Served(m.orders.ServingPools(request.Truncate(cluster, request.MaxStampField), c.GetCustomTags()[request.PoolOrderKey], m.Stamp.Attempts))
 	// What the module counted, as the ext_proc meter's own count (its End
 	// finds nothing left to read). The API is the gate's, else the one
 	// the module read from the response.
-	t := &m.tally
+	t := &m.Tally
 	if t.API == "" {
-		t.API = knownAPI(string(sum.API))
+		t.API = meter.KnownAPI(string(sum.API))
 	}
 	t.SSE = sum.SSE
 	if sum.HasFirst {
@@ -178,10 +176,10 @@ func (s *Server) meterSummary(ctx context.Context, e *accesslogdatav3.HTTPAccess
 	t.Usage, t.OutputOnly = sum.Usage, sum.OutputOnly
 	t.Input, t.HasInput = sum.Input, sum.HasInput
 	t.BadEvents, t.Parser.Dropped, t.Parser.Overflowed = sum.BadEvents, sum.Dropped, sum.Overflowed
-	m.cut = !sum.Complete // the module ends a record early only when Envoy ended the stream
+	m.Cut = !sum.Complete // the module ends a record early only when Envoy ended the stream
 	// The summary does not tell [DONE] from a stream's end: a stream
 	// that reached its end (or its [DONE]) counts as ended properly.
-	m.ended = sum.SSE && sum.Complete
+	m.Ended = sum.SSE && sum.Complete
 	s.finish(ctx, m, sum.Start.Add(sum.E2E), sum.Complete)
 }
 
@@ -206,7 +204,7 @@ func filterStateString(a *anypb.Any) (string, bool) {
 // attribute does (host:port, or a pipe's path), bounded.
 func addressString(a *corev3.Address) string {
 	if sa := a.GetSocketAddress(); sa != nil {
-		return truncate(net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)), maxStampField)
+		return request.Truncate(net.JoinHostPort(sa.GetAddress(), strconv.FormatUint(uint64(sa.GetPortValue()), 10)), request.MaxStampField)
 	}
-	return truncate(a.GetPipe().GetPath(), maxStampField)
+	return request.Truncate(a.GetPipe().GetPath(), request.MaxStampField)
 }

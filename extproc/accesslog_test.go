@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/wasmmeter"
@@ -261,8 +262,8 @@ func FuzzAccessLogSummary(f *testing.F) {
 		sink.stamps = sink.stamps[:0]
 		s.meterSummary(context.Background(), entry(t, summary, now))
 		for _, st := range sink.stamps {
-			if st.TTFT < 0 || st.E2E < 0 || st.CompletionTokens < 0 || st.CompletionTokens > maxTokens ||
-				math.IsNaN(st.ITLP50.Seconds()) || len(st.ResponseModel) > maxStampField {
+			if st.TTFT < 0 || st.E2E < 0 || st.CompletionTokens < 0 || st.CompletionTokens > meter.MaxTokens ||
+				math.IsNaN(st.ITLP50.Seconds()) || len(st.ResponseModel) > request.MaxStampField {
 				t.Fatalf("stamp out of bounds: %+v", st)
 			}
 		}

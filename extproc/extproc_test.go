@@ -289,18 +289,18 @@ func BenchmarkGateDecide(b *testing.B) {
 // per response-body message, as Envoy delivers a streamed token.
 func BenchmarkMeterChunk(b *testing.B) {
 	m := testMeter(1<<30, nil)
-	m.tally.SSE = true
+	m.Tally.SSE = true
 	msg := respBody(contentChunk, false)
 	at := time.Now()
 	b.SetBytes(int64(len(contentChunk)))
 	b.ReportAllocs()
 	for b.Loop() {
 		m.observe(msg, at)
-		if m.tally.ContentEvents == 0 {
+		if m.Tally.ContentEvents == 0 {
 			b.Fatal("event not counted")
 		}
-		if len(m.tally.Gaps) > 1<<16 {
-			m.tally.Gaps = m.tally.Gaps[:0]
+		if len(m.Tally.Gaps) > 1<<16 {
+			m.Tally.Gaps = m.Tally.Gaps[:0]
 		}
 	}
 }

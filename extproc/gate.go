@@ -19,6 +19,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
@@ -206,25 +207,7 @@ const MaxModelBytes = 256
 // still owed and closes the stream. nil: decide as ever, once the body is
 // in (Decide identifies the caller again).
 func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
-	h := g.headers
-	path, _, _ := strings.Cut(h[":path"], "?")
-	adm := &request.Admission{
-		RequestID:  truncate(h["x-request-id"], maxStampField),
-		Method:     h[":method"],
-		Path:       path,
-		Headers:    h,
-		Completion: slices.Contains(s.opts.CompletionPaths, path),
-		Metadata:   g.metadata,
-	}
-	if adm.Completion {
-		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
-	}
-	if spoofed := g.spoofed(); len(spoofed) > 0 {
-		adm.Headers = maps.Clone(h)
-		for _, k := range spoofed {
-			delete(adm.Headers, k)
-		}
-	}
+	adm, _ := s.newAdmission(g)
 	policyAt := s.now()
 	v := s.policy.Identify(ctx, adm)
 	if v.Deny == nil || v.Decision == "shadow_deny" {
@@ -243,54 +226,65 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 	if verr != nil {
 		return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: verr, Reason: verr.Code})
 	}
-	if id, one, ok := s.modelsRequest(adm.Method, adm.Path); ok {
+	if id, one, ok := s.catalog().Request(adm.Method, adm.Path); ok {
 		return s.models(ctx, g, adm, id, one) // answered by the gate (models.go)
 	}
 	g.policyAt = s.now()
 	v := s.policy.Decide(ctx, adm)
-	p := planGate(s.gateRules(), adm, removed, v)
+	p := gate.PlanOf(s.gateRules(), adm, removed, v)
 	return s.answer(ctx, g, adm, v, &p)
 }
 
-// admission is what the policy is asked about the request, and the request
-// headers to remove before it leaves: the client's reserved ones and its
-// gateway credential. An inference request must be well-formed before
-// anything else looks at it (an error: refused, adm.Request partial); every
-// request, inference or not, then gets the policy's decision. A configured
+// newAdmission is what the policy is asked about the request from its
+// headers and Envoy's metadata, without its body: the one builder of
+// request.Admission, for identify and for admission. The client's reserved
+// headers (spoofed, returned) are not the policy's to read. A configured
 // path that names no API is read as a chat or text completion, as every
 // path was before the gate knew other APIs.
-func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []string, verr *openai.Error) {
+func (s *Server) newAdmission(g *gateRequest) (adm *request.Admission, spoofed []string) {
 	h := g.headers
 	path, _, _ := strings.Cut(h[":path"], "?")
 	adm = &request.Admission{
-		RequestID:  truncate(h["x-request-id"], maxStampField), // a client may set it
+		RequestID:  request.Truncate(h["x-request-id"], request.MaxStampField), // a client may set it
 		Method:     h[":method"],
 		Path:       path,
 		Headers:    h,
 		Completion: slices.Contains(s.opts.CompletionPaths, path),
-		Body:       g.body,
 		Metadata:   g.metadata,
 	}
 	if adm.Completion {
 		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
-		g.api = adm.API
-		if adm.Request, verr = s.validate(adm.API, path, adm.Method, h, g.body); verr != nil {
-			return adm, nil, verr
-		}
-		adm.PromptTokens = adm.Request.PromptTokens
 	}
-	spoofed := g.spoofed()
-	if len(spoofed) > 0 {
+	if spoofed = g.spoofed(); len(spoofed) > 0 {
 		adm.Headers = maps.Clone(h)
 		for _, k := range spoofed {
 			delete(adm.Headers, k)
 		}
 	}
+	return adm, spoofed
+}
+
+// admission is what the policy is asked about the request, body included,
+// and the request headers to remove before it leaves: the client's
+// reserved ones and its gateway credential. An inference request must be
+// well-formed before anything else looks at it (an error: refused,
+// adm.Request partial); every request, inference or not, then gets the
+// policy's decision.
+func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []string, verr *openai.Error) {
+	adm, spoofed := s.newAdmission(g)
+	adm.Body = g.body
+	if adm.Completion {
+		g.api = adm.API
+		if adm.Request, verr = s.validate(adm.API, adm.Path, adm.Method, g.headers, g.body); verr != nil {
+			return adm, nil, verr
+		}
+		adm.PromptTokens = adm.Request.PromptTokens
+	}
 	// The client's gateway credential stops here: a pool (or a hosted
 	// API's access log) never receives it.
 	removed = spoofed
 	for _, k := range credentialHeaders {
-		if _, ok := h[k]; ok {
+		if _, ok := g.headers[k]; ok {
 			removed = append(removed, k)
 		}
 	}
@@ -299,25 +293,25 @@ func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []st
 
 // answer turns a plan into the answers owed: a denial, or the admission
 // with its metadata and the meter's field, counted and traced.
-func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, p *gatePlan) []*extprocv3.ProcessingResponse {
+func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, p *gate.Plan) []*extprocv3.ProcessingResponse {
 	switch {
-	case p.deny != nil:
-		return s.deny(ctx, g, p.stamp.Model, v)
-	case p.fail != nil:
-		return s.failClosed(ctx, g, adm, v, p.fail)
+	case p.Deny != nil:
+		return s.deny(ctx, g, p.Stamp.Model, v)
+	case p.Fail != nil:
+		return s.failClosed(ctx, g, adm, v, p.Fail)
 	}
-	p.stamp.Gateway.Gate = time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(p.stamp.Decision, p.code))
-	s.metrics.GateSeconds.Record(ctx, p.stamp.Gateway.Gate.Seconds())
+	p.Stamp.Gateway.Gate = time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
+	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(p.Stamp.Decision, p.Code))
+	s.metrics.GateSeconds.Record(ctx, p.Stamp.Gateway.Gate.Seconds())
 	traceparent := ""
-	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &p.stamp); sc.IsValid() {
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &p.Stamp); sc.IsValid() {
 		traceparent = formatTraceparent(sc)
 	}
 	md, err := s.envoyMetadata(ctx, p, traceparent)
 	if err != nil {
 		return s.failClosed(ctx, g, adm, v, err)
 	}
-	return g.admit(p.mutation(), p.body, md)
+	return g.admit(mutation(p), p.Body, md)
 }
 
 // failClosed answers a request the gate admitted but cannot forward as it
@@ -440,31 +434,17 @@ func (s *Server) validate(api openai.API, path, method string, h headers, body [
 // expects, and stamps the request.
 func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v request.Verdict) []*extprocv3.ProcessingResponse {
 	g.decided = true
-	gateTime := time.Since(g.started) - v.Timings.Checks
+	st := gate.Answered(gate.Answer{RequestID: g.headers["x-request-id"], Model: model, API: g.api, Status: v.Deny.Status,
+		Decision: "deny", Started: g.started, Took: time.Since(g.started)}, v)
 	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", v.Deny.Code))
-	s.metrics.GateSeconds.Record(ctx, gateTime.Seconds())
+	s.metrics.GateSeconds.Record(ctx, st.Gateway.Gate.Seconds())
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
-		slog.String("request_id", truncate(g.headers["x-request-id"], maxStampField)), slog.Int("status", v.Deny.Status),
-		slog.String("code", v.Deny.Code), slog.String("message", truncate(v.Deny.Message, maxStampReason)))
-	st := &request.Stamp{
-		RequestID: g.headers["x-request-id"],
-		Model:     model,
-		API:       g.api,
-		Principal: v.Principal,
-		Tenant:    v.Tenant,
-		Status:    v.Deny.Status,
-		Decision:  "deny",
-		Reason:    v.Reason,
-		Start:     g.started,
-		Total:     time.Since(g.started),
-		Gateway:   request.GatewayTime{Total: gateTime, Gate: gateTime, Timings: v.Timings},
-		Complete:  true,
-	}
-	boundStamp(st) // before the span, the log and the sinks see it
-	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), st); sc.IsValid() {
+		slog.String("request_id", st.RequestID), slog.Int("status", v.Deny.Status),
+		slog.String("code", v.Deny.Code), slog.String("message", request.Truncate(v.Deny.Message, request.MaxStampReason)))
+	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
-	s.record(ctx, st)
+	s.record(ctx, &st)
 	extra := make([]*corev3.HeaderValueOption, 0, len(v.Headers))
 	for k, val := range v.Headers {
 		extra = append(extra, setHeader(k, val))
@@ -487,24 +467,4 @@ func (g *gateRequest) immediate(e *openai.Error, extra ...*corev3.HeaderValueOpt
 		resp.GetImmediateResponse().Body = e.AnthropicJSON()
 	}
 	return resp
-}
-
-// outputLimitKeys are the body keys that cap an API's output, the first
-// the one added when none is sent (see withMaxTokens); chatKey is the one
-// added to a chat completion (Options.ChatOutputLimit).
-func outputLimitKeys(api openai.API, chatKey string) []string {
-	switch api {
-	case openai.APIResponses: // other APIs' caps are refused there (internal/openai)
-		return []string{"max_output_tokens"}
-	case openai.APIMessages:
-		return []string{"max_tokens"}
-	case openai.APIChat:
-		if chatKey == "max_completion_tokens" {
-			return []string{"max_completion_tokens", "max_tokens"}
-		}
-	}
-	// Every OpenAI-compatible server and both completion endpoints know
-	// max_tokens; max_completion_tokens is chat-only (both are read, so
-	// both are capped).
-	return []string{"max_tokens", "max_completion_tokens"}
 }

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/tally"
@@ -21,32 +22,15 @@ import (
 // whether or not the stream that carried it is still there.
 const settleTimeout = 2 * time.Second
 
-// meterRequest is the meter's per-request state. Everything it holds is
-// bounded: the response's count (tally) and the stamp.
+// meterRequest is the meter's per-request state: the core's (what it
+// reads and stamps) and what the adapter keeps to read Envoy's messages.
 type meterRequest struct {
-	stamp  request.Stamp
-	sentAt time.Time // the request left the gateway (see departure, stampClock)
-	// envoyTimed: the times are Envoy's own (the in-Envoy meter's summary),
-	// not infergate's reads: nothing of infergate's can have held them up.
-	envoyTimed bool
+	meter.Request
 	// seen: this stream is a request's, to be stamped: the meter saw its
 	// request headers or what the gate decided.
-	seen       bool
-	gate       gateSource // where what the gate decided came from
-	gateSent   time.Time  // when the gate answered (its clock), from its field
-	envoyStart time.Time  // Envoy's request.time
-	tally      tally.Response
-	orders     *poolOrders
-	cut        bool // Envoy closed the stream before the response's end
-	// origin is who wrote the response, from Envoy's response.code_details.
-	origin request.Origin
-	// ended: the stream's terminal event was seen, as the in-Envoy meter's
-	// summary tells it (the ext_proc meter reads it from its tally).
-	ended bool
-	// reservation is the rate-limit charge the gate made, settled here.
-	reservation string
-	// gateTraceparent is the gate's span, the parent when Envoy sends none.
-	gateTraceparent string
+	seen   bool
+	gate   gateSource // where what the gate decided came from
+	orders *meter.PoolOrders
 	// sealer opens the gate's field; fieldSeal is the seal of a field that
 	// verified, claimed once the response ended.
 	sealer    FieldSealer
@@ -89,7 +73,7 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 		if msg, err = stream.Recv(); err != nil {
 			// io.EOF: Envoy closed the stream because the response ended
 			// early (client or pool reset); anything else: the stream broke.
-			m.cut = errors.Is(err, io.EOF)
+			m.Cut = errors.Is(err, io.EOF)
 			s.finish(ctx, m, s.now(), false)
 			return err
 		}
@@ -99,9 +83,7 @@ func (s *Server) meter(ctx context.Context, stream extprocv3.ExternalProcessor_P
 
 // newMeterRequest is one request's meter state, bounded as configured.
 func (s *Server) newMeterRequest() *meterRequest {
-	m := &meterRequest{orders: &s.orders, sealer: s.sealer}
-	m.tally.MaxGaps, m.tally.Parser.MaxLine = s.opts.MaxTrackedGaps, s.opts.MaxEventBytes
-	return m
+	return &meterRequest{Request: *meter.New(s.opts.MaxTrackedGaps, s.opts.MaxEventBytes), orders: &s.orders, sealer: s.sealer}
 }
 
 // gateSource ranks where the meter learnt what the gate decided: the gate's
@@ -128,15 +110,15 @@ const (
 // own namespace, read here from the first message that has it. An older
 // config that forwards the gate's namespace of one key per field is read as
 // before. A config that skips the request headers (the field then a
-// response attribute) is timed from the gate's answer (see departure).
+// response attribute) is timed from the gate's answer (see meter.Request.Departure).
 func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) bool {
 	switch r := msg.Request.(type) {
 	case *extprocv3.ProcessingRequest_RequestHeaders:
-		m.sentAt, m.seen = at, true
+		m.Sent, m.seen = at, true
 		hm := r.RequestHeaders.GetHeaders()
-		m.stamp.RequestID = header(hm, "x-request-id")
-		m.stamp.Model = header(hm, request.ModelHeader)
-		m.stamp.Endpoint = header(hm, request.EndpointHeader) // an Endpoint Picker's choice (bounded with the stamp)
+		m.Stamp.RequestID = header(hm, "x-request-id")
+		m.Stamp.Model = header(hm, request.ModelHeader)
+		m.Stamp.Endpoint = header(hm, request.EndpointHeader) // an Endpoint Picker's choice (bounded with the stamp)
 		m.fromGateOf(msg)
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		hm := r.ResponseHeaders.GetHeaders()
@@ -145,30 +127,27 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 			h = headers{request.PoolHeader: p}
 		}
 		attrs := m.fromGateOf(msg)
-		if m.sentAt.IsZero() {
-			m.sentAt = m.departure(at)
+		if m.Sent.IsZero() {
+			m.Sent = m.Departure(at)
 		}
-		m.stamp.Status = clampInt(attrFloat(attrs, "response.code"), 100, 599)
-		if m.stamp.Status == 0 {
-			m.stamp.Status = clampInt(float64(atoi(header(hm, ":status"))), 100, 599)
+		m.Stamp.Status = meter.ClampInt(attrFloat(attrs, "response.code"), 100, 599)
+		if m.Stamp.Status == 0 {
+			m.Stamp.Status = meter.ClampInt(float64(atoi(header(hm, ":status"))), 100, 599)
 		}
-		m.stamp.Upstream = attrString(attrs, "upstream.address")
-		m.origin = originOf(attrString(attrs, "response.code_details"))
-		m.stamp.Attempts = clampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, maxAttempts)
+		m.Stamp.Upstream = attrString(attrs, "upstream.address")
+		m.Origin = meter.OriginOf(attrString(attrs, "response.code_details"))
+		m.Stamp.Attempts = meter.ClampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, meter.MaxAttempts)
 		order := attrString(attrs, request.PoolOrderAttribute)
 		if order == "" {
 			order = attrString(attrs, "xds.cluster_metadata") // an older config's whole cluster metadata
 		}
-		m.stamp.PoolsTried = m.orders.servingPools(clusterOf(attrs, h), order, m.stamp.Attempts)
-		if n := len(m.stamp.PoolsTried); n > 0 {
-			m.stamp.Pool = m.stamp.PoolsTried[n-1]
-		}
-		m.tally.SSE = strings.HasPrefix(header(hm, "content-type"), "text/event-stream")
+		m.Served(m.orders.ServingPools(clusterOf(attrs, h), order, m.Stamp.Attempts))
+		m.Tally.SSE = strings.HasPrefix(header(hm, "content-type"), "text/event-stream")
 		if r.ResponseHeaders.GetEndOfStream() {
 			return true
 		}
 	case *extprocv3.ProcessingRequest_ResponseBody:
-		m.tally.Body(r.ResponseBody.GetBody(), at)
+		m.Chunk(r.ResponseBody.GetBody(), at)
 		return r.ResponseBody.GetEndOfStream()
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
 		return true
@@ -203,7 +182,7 @@ func passThrough(msg *extprocv3.ProcessingRequest) *extprocv3.ProcessingResponse
 func (m *meterRequest) fromGateOf(msg *extprocv3.ProcessingRequest) map[string]*structpb.Value {
 	attrs := attributes(msg)
 	if t := attrTime(attrs, "request.time"); !t.IsZero() {
-		m.envoyStart = t
+		m.EnvoyStart = t
 	}
 	if m.gate == fromField {
 		return attrs
@@ -230,25 +209,25 @@ func (m *meterRequest) fromGateOf(msg *extprocv3.ProcessingRequest) map[string]*
 func (m *meterRequest) fromField(f *gateField) {
 	m.gate, m.seen = fromField, true
 	if f.requestID != "" {
-		m.stamp.RequestID = f.requestID
+		m.Stamp.RequestID = f.requestID
 	}
 	if f.model != "" {
-		m.stamp.Model = f.model
+		m.Stamp.Model = f.model
 	}
-	m.stamp.Stream = f.stream
-	m.stamp.Decision, m.stamp.Reason = f.decision, f.reason
-	m.stamp.Principal, m.stamp.Tenant = f.principal, f.tenant
+	m.Stamp.Stream = f.stream
+	m.Stamp.Decision, m.Stamp.Reason = f.decision, f.reason
+	m.Stamp.Principal, m.Stamp.Tenant = f.principal, f.tenant
 	// What the gate wrote, range-checked all the same: a meter stream
 	// may come from anything that reaches the port.
-	m.stamp.Gateway.Gate = clampMicros(float64(f.gateUS))
-	m.stamp.Gateway.Auth = clampMicros(float64(f.authUS))
-	m.stamp.Gateway.Policy = clampMicros(float64(f.policyUS))
-	m.stamp.Gateway.RateLimit = clampMicros(float64(f.rateLimitUS))
-	m.stamp.Gateway.Checks = clampMicros(float64(f.checksUS))
-	m.reservation, m.gateTraceparent = f.reservation, f.traceparent
-	m.stamp.PromptTokens = clampInt(float64(f.promptTokens), 0, maxTokens)
-	m.tally.API = knownAPI(f.api)
-	m.gateSent = f.sentTime()
+	m.Stamp.Gateway.Gate = meter.ClampMicros(float64(f.gateUS))
+	m.Stamp.Gateway.Auth = meter.ClampMicros(float64(f.authUS))
+	m.Stamp.Gateway.Policy = meter.ClampMicros(float64(f.policyUS))
+	m.Stamp.Gateway.RateLimit = meter.ClampMicros(float64(f.rateLimitUS))
+	m.Stamp.Gateway.Checks = meter.ClampMicros(float64(f.checksUS))
+	m.Reservation, m.GateTraceparent = f.reservation, f.traceparent
+	m.Stamp.PromptTokens = meter.ClampInt(float64(f.promptTokens), 0, meter.MaxTokens)
+	m.Tally.API = meter.KnownAPI(f.api)
+	m.GateSent = f.sentTime()
 }
 
 // fromGate reads what the gate decided from the older namespace of one key
@@ -261,89 +240,32 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	}
 	m.gate, m.seen = fromStruct, true
 	if v := f["model"].GetStringValue(); v != "" {
-		m.stamp.Model = v
+		m.Stamp.Model = v
 	}
-	m.stamp.Stream = f["stream"].GetBoolValue()
-	m.stamp.Decision = f["decision"].GetStringValue()
-	m.stamp.Reason = f["reason"].GetStringValue()
-	m.stamp.Principal = f["principal"].GetStringValue()
-	m.stamp.Tenant = f["tenant"].GetStringValue()
+	m.Stamp.Stream = f["stream"].GetBoolValue()
+	m.Stamp.Decision = f["decision"].GetStringValue()
+	m.Stamp.Reason = f["reason"].GetStringValue()
+	m.Stamp.Principal = f["principal"].GetStringValue()
+	m.Stamp.Tenant = f["tenant"].GetStringValue()
 	// Range-checked as the field's values are.
-	us := func(k string) time.Duration { return clampMicros(f[k].GetNumberValue()) }
-	m.stamp.Gateway.Gate = us("gate_us")
-	m.stamp.Gateway.Auth = us("auth_us")
-	m.stamp.Gateway.Policy = us("policy_us")
-	m.stamp.Gateway.RateLimit = us("ratelimit_us")
-	m.stamp.Gateway.Checks = us("checks_us")
-	m.reservation = f["reservation"].GetStringValue()
-	m.gateTraceparent = f[request.TraceparentKey].GetStringValue()
-	m.stamp.PromptTokens = clampInt(f["prompt_tokens"].GetNumberValue(), 0, maxTokens)
-	m.tally.API = knownAPI(f["api"].GetStringValue())
-}
-
-// departure is when the request left the gateway, for a meter that did not
-// get its request headers (a filter with request_header_mode SKIP), seen at
-// `at`, the response headers' arrival.
-//
-// With the request headers the meter stamps their arrival: Envoy sends them
-// once the gate has answered, as the request goes upstream, and TTFT and
-// E2E are then two arrivals on one stream, one clock; stampClock checks
-// that arrival against the gate's answer (a late read is marked). Without them it takes
-// the moment the gate answered, from its field: earlier by Envoy's handling
-// of the answer and its routing (measured at 0.4–0.9 ms on a loaded
-// 2-CPU machine, moved from the gateway's time into TTFT), and on the gate's
-// clock, another replica's when gate and meter streams land on different
-// ones. Skipping them saved nothing measurable (Envoy 1.40, non-streamed and
-// streamed, ±5 % run to run), so the shipped configs send them, with no
-// metadata and only the headers the meter reads. The time is bounded by
-// what the meter knows: never before Envoy received the request
-// (request.time) nor after the response reached the meter, and within the
-// hour before that (as every duration the gate reports). Without the
-// gate's field (a gate that wrote none), Envoy's request.time: the
-// gateway's time then counts as the upstream's.
-func (m *meterRequest) departure(at time.Time) time.Time {
-	t := m.gateSent
-	if t.IsZero() {
-		t = m.envoyStart
-	}
-	if !m.envoyStart.IsZero() && t.Before(m.envoyStart) {
-		t = m.envoyStart
-	}
-	if t.IsZero() || t.After(at) || t.Before(at.Add(-time.Hour)) {
-		t = at
-	}
-	return t
-}
-
-// originOf is who wrote a response, by Envoy's response.code_details:
-// "via_upstream" is the pool's answer, any other detail one of Envoy's own
-// local replies (a timeout, no healthy upstream, a reset before the
-// response); none, a config that does not ask for it.
-func originOf(details string) request.Origin {
-	switch details {
-	case "":
-		return request.OriginUnknown
-	case "via_upstream":
-		return request.OriginPool
-	}
-	return request.OriginEnvoy
+	us := func(k string) time.Duration { return meter.ClampMicros(f[k].GetNumberValue()) }
+	m.Stamp.Gateway.Gate = us("gate_us")
+	m.Stamp.Gateway.Auth = us("auth_us")
+	m.Stamp.Gateway.Policy = us("policy_us")
+	m.Stamp.Gateway.RateLimit = us("ratelimit_us")
+	m.Stamp.Gateway.Checks = us("checks_us")
+	m.Reservation = f["reservation"].GetStringValue()
+	m.GateTraceparent = f[request.TraceparentKey].GetStringValue()
+	m.Stamp.PromptTokens = meter.ClampInt(f["prompt_tokens"].GetNumberValue(), 0, meter.MaxTokens)
+	m.Tally.API = meter.KnownAPI(f["api"].GetStringValue())
 }
 
 // generates reports whether api writes output (an unknown API is read as
 // a chat's, as before the meter knew others).
 func generates(api openai.API) bool { return api == "" || api.Generates() }
 
-// knownAPI is s, the API a gate's field names, when the meter knows it: the
-// field may come from anything that reaches the port.
-func knownAPI(s string) openai.API {
-	if a := openai.API(s); a.Operation() != "" {
-		return a
-	}
-	return ""
-}
-
-// finish stamps a request whose response ended at end (stampOf), settles
-// it (settlementOf, admission's to charge), and hands the stamp to the
+// finish stamps a request whose response ended at end (meter.StampOf),
+// settles it (meter.SettlementOf, admission's to charge), and hands the stamp to the
 // metrics, the span and the sinks.
 func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, complete bool) {
 	if !m.seen {
@@ -351,29 +273,29 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		// the gate answered itself (stamped there), or not a request's.
 		return
 	}
-	if m.sentAt.IsZero() { // the stream ended before the response headers
-		m.sentAt = m.departure(end)
+	if m.Sent.IsZero() { // the stream ended before the response headers
+		m.Sent = m.Departure(end)
 	}
-	m.tally.End(end)
-	e := meterEnd{at: end, complete: complete, trusted: s.trusted(ctx, m), poolName: s.pool, prices: s.opts.Prices}
-	if !m.envoyTimed {
-		e.stalls = s.stalls.recent(s.now())
+	m.Tally.End(end)
+	e := meter.End{At: end, Complete: complete, Trusted: s.trusted(ctx, m), PoolName: s.pool, Prices: s.opts.Prices}
+	if !m.EnvoyTimed {
+		e.Stalls = s.stalls.Recent(s.now())
 	}
-	o := stampOf(m, e)
-	m.stamp, m.sentAt = o.stamp, o.sent // as the span reads them
-	st := &m.stamp
+	o := meter.StampOf(&m.Request, e)
+	m.Stamp, m.Sent = o.Stamp, o.Sent // as the span reads them
+	st := &m.Stamp
 	if st.Unverified {
 		s.untrusted(ctx, st)
 	}
-	s.countStamp(ctx, &m.tally, st)
-	if settle := settlementOf(m, &o); settle != nil {
+	s.countStamp(ctx, &m.Tally, st)
+	if settle := meter.SettlementOf(&m.Request, &o); settle != nil {
 		// The stream's context is gone when the client reset: the charge
 		// must reach the limiter anyway.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 		s.policy.Settle(sctx, settle)
 		cancel()
 	}
-	if sc := s.traceMeter(ctx, m, o.end); sc.IsValid() {
+	if sc := s.traceMeter(ctx, m, o.End); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
 	s.record(ctx, st)
@@ -419,13 +341,13 @@ func (s *Server) trusted(ctx context.Context, m *meterRequest) bool {
 	first, err := m.sealer.Claim(cctx, m.fieldSeal.id, m.fieldSeal.expires)
 	if err != nil {
 		s.log.Warn("could not record the gate's field as used; the request is recorded unverified",
-			"request_id", truncate(m.stamp.RequestID, maxStampField), "err", err)
+			"request_id", request.Truncate(m.Stamp.RequestID, request.MaxStampField), "err", err)
 	}
 	return err == nil && first
 }
 
 // untrusted counts and logs (at most every 10 s) a stamp whose gate field
-// did not verify (stampOf blanked who called).
+// did not verify (meter.StampOf blanked who called).
 func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 	s.metrics.MeterErrors.Add(ctx, 1, unverifiedAttr)
 	if now := s.now().Unix(); now-s.lastUnverified.Load() >= 10 {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/request"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -241,15 +242,15 @@ func TestGateRefusesHugeModelNames(t *testing.T) {
 	if !strings.Contains(string(out[0].GetImmediateResponse().GetBody()), "the limit is 256") {
 		t.Errorf("body %s", out[0].GetImmediateResponse().GetBody())
 	}
-	if st := sink.stamps[0]; len(st.Model) > maxStampField {
+	if st := sink.stamps[0]; len(st.Model) > request.MaxStampField {
 		t.Errorf("the stamp keeps a %d-byte model", len(st.Model))
 	}
 }
 
 // testMeter is a meter's state as Server.meter starts it.
-func testMeter(maxGaps int, orders *poolOrders) *meterRequest {
+func testMeter(maxGaps int, orders *meter.PoolOrders) *meterRequest {
 	m := &meterRequest{orders: orders, sealer: testSealer()}
-	m.tally.MaxGaps = maxGaps
+	m.Tally.MaxGaps = maxGaps
 	return m
 }
 
@@ -266,8 +267,8 @@ func TestOriginOfCodeDetails(t *testing.T) {
 		"no_healthy_upstream":        request.OriginEnvoy,
 		"via_upstream_but_not_quite": request.OriginEnvoy,
 	} {
-		if got := originOf(details); got != want {
-			t.Errorf("originOf(%q) = %v, want %v", details, got, want)
+		if got := meter.OriginOf(details); got != want {
+			t.Errorf("meter.OriginOf(%q) = %v, want %v", details, got, want)
 		}
 	}
 }

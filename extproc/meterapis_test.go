@@ -216,18 +216,18 @@ func BenchmarkMeterEvent(b *testing.B) {
 	} {
 		b.Run(string(tc.api), func(b *testing.B) {
 			m := testMeter(1<<30, nil)
-			m.tally.SSE, m.tally.API = true, tc.api
+			m.Tally.SSE, m.Tally.API = true, tc.api
 			msg := respBody(tc.body, false)
 			at := time.Now()
 			b.SetBytes(int64(len(tc.body)))
 			b.ReportAllocs()
 			for b.Loop() {
 				m.observe(msg, at)
-				if len(m.tally.Gaps) > 1<<16 {
-					m.tally.Gaps = m.tally.Gaps[:0]
+				if len(m.Tally.Gaps) > 1<<16 {
+					m.Tally.Gaps = m.Tally.Gaps[:0]
 				}
 			}
-			if m.tally.ContentEvents == 0 || m.tally.BadEvents > 0 {
+			if m.Tally.ContentEvents == 0 || m.Tally.BadEvents > 0 {
 				b.Fatal("event not counted")
 			}
 		})

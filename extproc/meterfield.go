@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/infergate/infergate/internal/request"
 )
 
 // The meter's field: what the meter needs of the gate's decision, as one
@@ -238,7 +240,7 @@ func fieldString(s string, n int) string {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}
-	return truncate(s, n)
+	return request.Truncate(s, n)
 }
 
 // sentTime is when the gate answered, or zero.

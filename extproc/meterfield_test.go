@@ -118,7 +118,7 @@ func TestFieldString(t *testing.T) {
 	if got := fieldString("id-\xff\xfe", 256); got != "id-\uFFFD" {
 		t.Errorf("%q", got)
 	}
-	if got := fieldString(strings.Repeat("é", 300), maxStampField); len(got) > maxStampField || !utf8.ValidString(got) {
+	if got := fieldString(strings.Repeat("é", 300), request.MaxStampField); len(got) > request.MaxStampField || !utf8.ValidString(got) {
 		t.Errorf("%d bytes, valid %v", len(got), utf8.ValidString(got))
 	}
 }

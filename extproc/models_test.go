@@ -15,7 +15,7 @@ import (
 	"github.com/infergate/infergate/internal/request"
 )
 
-// tierPolicy is a ModelPolicy in the example policies' spirit: a key's tier
+// tierPolicy is a gate.ModelPolicy in the example policies' spirit: a key's tier
 // says which models and APIs it may use; no key, 401.
 type tierPolicy struct {
 	settled []request.Settlement
@@ -90,7 +90,7 @@ func listed(t *testing.T, ir *extprocv3.ImmediateResponse) []string {
 	}
 	var ids []string
 	for _, m := range list.Data {
-		if m.Object != "model" || m.Created != modelsCreated || m.OwnedBy != "infergate" {
+		if m.Object != "model" || m.Created != 1735689600 || m.OwnedBy != "infergate" {
 			t.Errorf("model %+v", m)
 		}
 		ids = append(ids, m.ID)

@@ -12,6 +12,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/tally"
 )
@@ -168,18 +169,18 @@ func FuzzProtocol(f *testing.F) {
 			if m.observe(sc.message(), time.Now()) {
 				break
 			}
-			if m.tally.Kept() > tally.MaxKept || len(m.tally.Gaps) > m.tally.MaxGaps {
-				t.Fatalf("meter holds %d body bytes, %d gaps", m.tally.Kept(), len(m.tally.Gaps))
+			if m.Tally.Kept() > tally.MaxKept || len(m.Tally.Gaps) > m.Tally.MaxGaps {
+				t.Fatalf("meter holds %d body bytes, %d gaps", m.Tally.Kept(), len(m.Tally.Gaps))
 			}
 		}
 		s.finish(ctx, m, time.Now(), sc.byte()%2 == 0)
 		for _, st := range sink.stamps {
 			for _, v := range []string{st.RequestID, st.Model, st.Pool, st.Upstream, st.Tenant, st.Principal, st.ResponseModel} {
-				if len(v) > maxStampField {
+				if len(v) > request.MaxStampField {
 					t.Fatalf("a stamp field of %d bytes", len(v))
 				}
 			}
-			if st.Attempts < 0 || st.Attempts > maxAttempts || len(st.PoolsTried) > maxPoolsTried || st.PromptTokens < 0 {
+			if st.Attempts < 0 || st.Attempts > meter.MaxAttempts || len(st.PoolsTried) > request.MaxPoolsTried || st.PromptTokens < 0 {
 				t.Fatalf("stamp out of range: attempts %d, pools tried %d, prompt tokens %d", st.Attempts, len(st.PoolsTried), st.PromptTokens)
 			}
 			// Whatever time the gate's field claims, the meter's own

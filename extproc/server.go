@@ -7,8 +7,10 @@
 //   - the meter (observability_mode) receives copies of the response as it
 //     streams and stamps the request with TTFT, ITL and tokens.
 //
-// Envoy protocol handling lives here; domain logic (body parsing, SSE,
-// policy) lives in the packages they call.
+// Envoy protocol handling lives here: it is the adapter over the gate's
+// and the meter's cores (internal/gate, internal/meter), which know no
+// Envoy type; domain logic (body parsing, SSE, policy) lives in the
+// packages they call.
 package extproc
 
 import (
@@ -34,6 +36,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/seal"
@@ -52,10 +55,10 @@ type Server struct {
 	pool    func(string) string
 	now     func() time.Time
 	meters  *meters
-	orders  poolOrders
+	orders  meter.PoolOrders
 	peers   peerStreams
 	sealer  FieldSealer
-	stalls  *stallWatch // when infergate did not run (WatchStalls)
+	stalls  *meter.StallWatch // when infergate did not run (WatchStalls)
 	// lastUnverified: Unix seconds of the last log line on an unverified stamp.
 	lastUnverified atomic.Int64
 }
@@ -117,7 +120,7 @@ type Options struct {
 	Tenants []string
 	// Catalog are the model names GET /v1/models lists (config models and
 	// virtualModels), each to the callers the policy lets call it (see
-	// ModelPolicy). Empty: the gate does not answer /v1/models; the path
+	// gate.ModelPolicy). Empty: the gate does not answer /v1/models; the path
 	// is the policy's, like any other.
 	Catalog []string
 	// PoolModels, with Catalog empty, returns what the pools serve now
@@ -152,7 +155,7 @@ func New(opts Options) (*Server, error) {
 	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
 	opts.MaxGateStreamsPerPeer = cmp.Or(opts.MaxGateStreamsPerPeer, DefaultMaxGateStreamsPerPeer)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
-		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer, stalls: &stallWatch{tick: stallTick},
+		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer, stalls: meter.NewStallWatch(), orders: meter.PoolOrders{Legacy: clusterMetadataPools},
 		peers: peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -242,7 +245,7 @@ func (s *Server) recovered(ctx context.Context, role string, r any) error {
 	s.metrics.Panics.Add(ctx, 1, metric.WithAttributes(attribute.String("role", role)))
 	stack := debug.Stack()
 	s.log.Error("ext_proc stream panicked; the process carries on", "role", role, "panic", fmt.Sprint(r),
-		"stack", truncate(string(stack), 4096))
+		"stack", request.Truncate(string(stack), 4096))
 	return fmt.Errorf("%s: panic: %v", role, r)
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -14,101 +13,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/wasmmeter"
 	"github.com/infergate/infergate/xds/controller"
 	"github.com/infergate/infergate/xds/routing"
 )
-
-func TestStampClock(t *testing.T) {
-	t0 := time.Unix(1_796_000_000, 0)
-	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
-	ok, late, lateStream := request.TimingOK, request.TimingLateRead, request.TimingLateStream
-	for _, tc := range []struct {
-		name string
-		f    clockFacts
-		want clockVerdict
-	}{
-		{"read as the gate answered",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.5), firstRead: at(20), endRead: at(40)},
-			clockVerdict{sent: at(2.5), timing: ok}},
-		{"read just within the handoff",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(12), firstRead: at(12.1), endRead: at(40)},
-			clockVerdict{sent: at(12), timing: ok}},
-		{"read late, the first token in its backlog",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(176), firstRead: at(176.07), endRead: at(176.1)},
-			clockVerdict{sent: at(2), timing: late}},
-		{"read late, no token, the end in its backlog",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(176), endRead: at(180)},
-			clockVerdict{sent: at(2), timing: late}},
-		{"read late, the first token read after the backlog",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(15), firstRead: at(40.1), endRead: at(60)},
-			clockVerdict{sent: at(2), timing: ok}},
-		{"no gate answer to compare with",
-			clockFacts{envoyStart: at(0), departed: at(176), firstRead: at(176.07), endRead: at(176.1)},
-			clockVerdict{sent: at(176), timing: ok}},
-		{"a gate clock ahead of the read",
-			clockFacts{envoyStart: at(0), gateSent: at(80), departed: at(50), firstRead: at(60), endRead: at(70)},
-			clockVerdict{sent: at(50), timing: ok}},
-		{"a gate clock behind Envoy's",
-			clockFacts{envoyStart: at(0), gateSent: at(-30), departed: at(3), firstRead: at(4), endRead: at(5)},
-			clockVerdict{sent: at(3), timing: ok}},
-		{"a gate answer over an hour old",
-			clockFacts{gateSent: at(-3_600_001), departed: at(3), firstRead: at(4), endRead: at(5)},
-			clockVerdict{sent: at(3), timing: ok}},
-		{"request headers skipped: departed at the gate's answer",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2), firstRead: at(176), endRead: at(180)},
-			clockVerdict{sent: at(2), timing: ok}},
-		{"stalled while the first token passed",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(160.02), endRead: at(160.1),
-				stalls: []stall{{at(10), at(160)}}},
-			clockVerdict{sent: at(2.6), timing: late}},
-		{"stalled, then drained just before the first token's read",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(39), endRead: at(60),
-				stalls: []stall{{at(10), at(30)}}},
-			clockVerdict{sent: at(2.6), timing: late}},
-		{"a stall over before the first token",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(60),
-				stalls: []stall{{at(10), at(30)}}},
-			clockVerdict{sent: at(2.6), timing: ok}},
-		{"a stall between tokens",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
-				stalls: []stall{{at(50), at(120)}}},
-			clockVerdict{sent: at(2.6), timing: lateStream}},
-		{"a stall between tokens, and one as the first token passed",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
-				stalls: []stall{{at(50), at(120)}, {at(20), at(35)}}},
-			clockVerdict{sent: at(2.6), timing: late}},
-		{"a stall ending just after the first token's read",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
-				stalls: []stall{{at(40), at(60)}}},
-			clockVerdict{sent: at(2.6), timing: late}},
-		{"a stall before the request or after its end",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), firstRead: at(40.1), endRead: at(130),
-				stalls: []stall{{at(-50), at(-30)}, {at(131), at(300)}}},
-			clockVerdict{sent: at(2.6), timing: ok}},
-		{"no token, a stall ending as the end was read",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(2.6), endRead: at(130),
-				stalls: []stall{{at(50), at(125)}}},
-			clockVerdict{sent: at(2.6), timing: late}},
-		{"a picker between the gate and the meter: its time, the read the departure",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(40), picked: true, firstRead: at(40.5), endRead: at(60)},
-			clockVerdict{sent: at(40), timing: ok, picker: 38 * time.Millisecond}},
-		{"a picker, and a stall while it chose: not measured, read late",
-			clockFacts{envoyStart: at(0), gateSent: at(2), departed: at(40), picked: true, firstRead: at(40.5), endRead: at(60),
-				stalls: []stall{{at(5), at(39)}}},
-			clockVerdict{sent: at(2), timing: late}},
-		{"a picker, no gate answer to compare with: not measured",
-			clockFacts{envoyStart: at(0), departed: at(40), picked: true, firstRead: at(41), endRead: at(60)},
-			clockVerdict{sent: at(40), timing: ok}},
-	} {
-		if got := stampClock(tc.f); !got.sent.Equal(tc.want.sent) || got.timing != tc.want.timing || got.picker != tc.want.picker {
-			t.Errorf("%s: sent %v %s picker %v; want %v %s picker %v", tc.name, got.sent.Sub(t0), got.timing, got.picker,
-				tc.want.sent.Sub(t0), tc.want.timing, tc.want.picker)
-		}
-	}
-}
 
 // scriptedStream is a meter stream whose messages infergate reads at the
 // times given: a message read late sat in the queue since Envoy sent it.
@@ -166,11 +77,11 @@ func TestMeterStalledReader(t *testing.T) {
 			stallFrom, stallTo := at(tc.stall[0]), at(tc.stall[1])
 			beat := t0
 			runUntil := func(to time.Time) {
-				for ; !beat.After(to); beat = beat.Add(stallTick) {
+				for ; !beat.After(to); beat = beat.Add(meter.StallTick) {
 					if beat.After(stallFrom) && beat.Before(stallTo) {
 						beat = stallTo
 					}
-					s.stalls.beat(beat)
+					s.stalls.Beat(beat)
 				}
 			}
 			f := sampleField
@@ -204,9 +115,9 @@ func TestMeterStalledReader(t *testing.T) {
 			// Right: the departure within the handoff after the gate's
 			// answer, the first token no later than the handoff after it
 			// passed Envoy; the gateway's time the same way.
-			sentOK := !st.Sent.Before(at(2)) && !st.Sent.After(at(departure).Add(maxHandoff))
-			firstOK := !st.Sent.Add(st.TTFT).Before(at(firstToken)) && !st.Sent.Add(st.TTFT).After(at(firstToken).Add(maxHandoff))
-			gatewayOK := st.Gateway.Total >= 2*time.Millisecond && st.Gateway.Total <= 2*time.Millisecond+maxHandoff
+			sentOK := !st.Sent.Before(at(2)) && !st.Sent.After(at(departure).Add(meter.MaxHandoff))
+			firstOK := !st.Sent.Add(st.TTFT).Before(at(firstToken)) && !st.Sent.Add(st.TTFT).After(at(firstToken).Add(meter.MaxHandoff))
+			gatewayOK := st.Gateway.Total >= 2*time.Millisecond && st.Gateway.Total <= 2*time.Millisecond+meter.MaxHandoff
 			if st.Timing.FirstTokenTimed() && !(sentOK && firstOK && gatewayOK) {
 				t.Errorf("silently wrong: sent at %v, TTFT %v, gateway %v; the request left at %vms, its first token passed at %vms",
 					st.Sent.Sub(t0), st.TTFT, st.Gateway.Total, departure, firstToken)
@@ -215,58 +126,13 @@ func TestMeterStalledReader(t *testing.T) {
 	}
 }
 
-// The watch sees a stall when it wakes later than it was due by more than
-// maxHandoff, and one under way when its beat is overdue; it forgets the
-// oldest beyond its ring.
-func TestStallWatch(t *testing.T) {
-	t0 := time.Unix(1_796_000_000, 0)
-	at := func(ms float64) time.Time { return t0.Add(time.Duration(ms * float64(time.Millisecond))) }
-	w := &stallWatch{tick: stallTick}
-	if got := w.recent(at(100)); len(got) != 0 {
-		t.Errorf("a watch that never beat saw %v", got)
-	}
-	for _, ms := range []float64{0, 5, 10, 25, 41, 46} { // due at 15: 10 ms late at 25 is no stall; due at 30: 11 ms late at 41 is
-		w.beat(at(ms))
-	}
-	if got := w.recent(at(50)); len(got) != 1 || !got[0].from.Equal(at(30)) || !got[0].to.Equal(at(41)) {
-		t.Errorf("stalls %v, want 30–41 ms", got)
-	}
-	if got := w.recent(at(62)); len(got) != 2 || !got[1].from.Equal(at(51)) || !got[1].to.Equal(at(62)) {
-		t.Errorf("stalls %v, want 30–41 ms and one under way since 51 ms", got)
-	}
-	for i := range 2 * len(w.ring) {
-		w.beat(at(float64(100 + 20*i)))
-	}
-	if got := w.recent(w.last); len(got) != len(w.ring) {
-		t.Errorf("%d stalls kept, want %d", len(got), len(w.ring))
-	}
-}
-
-// Running, the watch beats on its tick (virtual time): no stall.
-func TestStallWatchRuns(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		w := &stallWatch{tick: stallTick}
-		ctx, cancel := context.WithCancel(t.Context())
-		done := make(chan struct{})
-		go func() { w.Run(ctx, time.Now); close(done) }()
-		start := time.Now()
-		time.Sleep(time.Second)
-		synctest.Wait()
-		if got := w.recent(time.Now()); len(got) != 0 || !w.last.Equal(start.Add(time.Second)) {
-			t.Errorf("stalls %v, last beat %v after the start; want none, 1s", got, w.last.Sub(start))
-		}
-		cancel()
-		<-done
-	})
-}
-
 // The in-Envoy meter's times are Envoy's own: a stall of infergate's while
 // its summary's request passed, or after, marks nothing.
 func TestEnvoyTimedStampIgnoresStalls(t *testing.T) {
 	s, sink, _, reader := alsServer(t)
 	start := time.Now().Add(-time.Second).Truncate(time.Microsecond)
-	s.stalls.beat(start.Add(-stallTick))
-	s.stalls.beat(start.Add(time.Second)) // infergate did not run for the whole request
+	s.stalls.Beat(start.Add(-meter.StallTick))
+	s.stalls.Beat(start.Add(time.Second)) // infergate did not run for the whole request
 	sum := wasmmeter.Summary{Start: start.Add(time.Millisecond), Complete: true, SSE: true, HasFirst: true,
 		TTFT: 40 * time.Millisecond, E2E: 60 * time.Millisecond, ContentEvents: 1,
 		Usage: &openai.Usage{PromptTokens: 1, CompletionTokens: 1}}
@@ -309,8 +175,8 @@ func TestMeterStampsThePicker(t *testing.T) {
 			request.MeterAttribute: structpb.NewStringValue(sealed(&f)),
 			"request.time":         structpb.NewStringValue(t0.UTC().Format(time.RFC3339Nano))}}}
 		stream := &scriptedStream{now: &now, runUntil: func(to time.Time) {
-			for beat := t0; !beat.After(to); beat = beat.Add(stallTick) {
-				s.stalls.beat(beat) // infergate ran throughout
+			for beat := t0; !beat.After(to); beat = beat.Add(meter.StallTick) {
+				s.stalls.Beat(beat) // infergate ran throughout
 			}
 		}, msgs: []*extprocv3.ProcessingRequest{hdrs, respHeaders("text/event-stream"), respBody(contentChunk, false),
 			respBody(usageChunk+"data: [DONE]\n\n", true)}}

@@ -126,15 +126,15 @@ func (s *Server) traceGate(ctx context.Context, g *gateRequest, policyAt, end ti
 // (decode), with the stamp's breakdown as attributes.
 func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time) trace.SpanContext {
 	var gate map[string]string
-	if m.gateTraceparent != "" {
-		gate = map[string]string{request.TraceparentKey: m.gateTraceparent}
+	if m.GateTraceparent != "" {
+		gate = map[string]string{request.TraceparentKey: m.GateTraceparent}
 	}
-	st := &m.stamp
+	st := &m.Stamp
 	name := operation(st.API) // the GenAI span name: "{operation} {model}"
 	if st.Model != "" {
 		name += " " + st.Model
 	}
-	ctx, span := s.tracer.Start(traceParent(ctx, gate), name, trace.WithTimestamp(m.sentAt), trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := s.tracer.Start(traceParent(ctx, gate), name, trace.WithTimestamp(m.Sent), trace.WithSpanKind(trace.SpanKindClient))
 	if !span.IsRecording() {
 		span.End(trace.WithTimestamp(end))
 		return span.SpanContext()
@@ -176,16 +176,16 @@ func (s *Server) traceMeter(ctx context.Context, m *meterRequest, end time.Time)
 			attribute.String("infergate.cost.currency", c.Currency), attribute.String("infergate.price_source", c.Price))
 	}
 	for i, p := range st.PoolsTried {
-		span.AddEvent("attempt", trace.WithTimestamp(m.sentAt),
+		span.AddEvent("attempt", trace.WithTimestamp(m.Sent),
 			trace.WithAttributes(attribute.Int("infergate.attempt", i+1), attribute.String("infergate.pool", p)))
 	}
 	if st.Status >= 500 || !st.Complete {
 		span.SetStatus(codes.Error, "upstream error or incomplete response")
 	}
-	if !m.tally.First.IsZero() {
-		_, wait := s.tracer.Start(ctx, "infergate.upstream.first_token", trace.WithTimestamp(m.sentAt))
-		wait.End(trace.WithTimestamp(m.tally.First))
-		_, decode := s.tracer.Start(ctx, "infergate.upstream.stream", trace.WithTimestamp(m.tally.First))
+	if !m.Tally.First.IsZero() {
+		_, wait := s.tracer.Start(ctx, "infergate.upstream.first_token", trace.WithTimestamp(m.Sent))
+		wait.End(trace.WithTimestamp(m.Tally.First))
+		_, decode := s.tracer.Start(ctx, "infergate.upstream.stream", trace.WithTimestamp(m.Tally.First))
 		decode.End(trace.WithTimestamp(end))
 	}
 	span.End(trace.WithTimestamp(end))

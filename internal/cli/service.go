@@ -27,6 +27,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/poolmodels"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
@@ -227,7 +228,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 }
 
 // The gate lists GET /v1/models by asking the controller per model.
-var _ extproc.ModelPolicy = (*admission.Controller)(nil)
+var _ gate.ModelPolicy = (*admission.Controller)(nil)
 
 // extprocCerts loads extproc.tls, or returns nil without it. A unix:
 // socket takes no TLS (its file permissions are its boundary); the

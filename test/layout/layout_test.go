@@ -48,6 +48,28 @@ var rules = []rule{
 		allowFrom: []string{"internal/testutil/...", "bench/overhead"}},
 }
 
+// The cores a second adapter (a dynamic module inside Envoy) calls as the
+// ext_proc adapter does: no Envoy, gRPC or protobuf types, not even
+// through what they import.
+var (
+	cores     = []string{"internal/gate", "internal/meter", "internal/tally", "internal/request"}
+	transport = []string{"github.com/envoyproxy/go-control-plane", "google.golang.org/grpc", "google.golang.org/protobuf"}
+)
+
+// transportDeps lists the dependencies of a core (full import paths) that
+// are Envoy's or gRPC's types.
+func transportDeps(deps []string) []string {
+	var out []string
+	for _, d := range deps {
+		for _, t := range transport {
+			if d == t || strings.HasPrefix(d, t+"/") {
+				out = append(out, d)
+			}
+		}
+	}
+	return out
+}
+
 func match(pkg string, patterns []string) bool {
 	for _, p := range patterns {
 		switch {
@@ -132,6 +154,24 @@ func TestImportsPointOneWay(t *testing.T) {
 	}
 	for _, v := range violations(imports) {
 		t.Error(v)
+	}
+}
+
+func TestCoresHaveNoTransport(t *testing.T) {
+	for _, c := range cores {
+		cmd := exec.Command("go", "list", "-deps", module+"/"+c)
+		cmd.Dir = "../.."
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", c, err)
+		}
+		if bad := transportDeps(strings.Fields(string(out))); len(bad) > 0 {
+			t.Errorf("%s depends on %v: the cores take no Envoy, gRPC or protobuf types (the adapters decode them)", c, bad)
+		}
+	}
+	if got := transportDeps([]string{"fmt", "google.golang.org/protobuf/types/known/structpb", "github.com/envoyproxy/go-control-plane/envoy/config/core/v3",
+		"google.golang.org/grpc", "google.golang.org/grpcx"}); len(got) != 3 {
+		t.Errorf("transportDeps caught %v, want the protobuf, go-control-plane and grpc packages", got)
 	}
 }
 

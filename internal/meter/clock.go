@@ -1,4 +1,4 @@
-package extproc
+package meter
 
 import (
 	"time"
@@ -6,14 +6,14 @@ import (
 	"github.com/infergate/infergate/internal/request"
 )
 
-// maxHandoff bounds how long after the gate answered the meter may read
+// MaxHandoff bounds how long after the gate answered the meter may read
 // the request headers and still vouch for the read: Envoy hands them on
 // as the request goes upstream, 0.4–0.9 ms after the gate's answer on a
 // loaded 2-CPU machine. A later read was held up in infergate (its CPU
 // starved, the process stopped, its streams backlogged), not in Envoy. It
 // bounds, the same way, how soon after a stall the meter drains what
 // queued during it.
-const maxHandoff = 10 * time.Millisecond
+const MaxHandoff = 10 * time.Millisecond
 
 // clockFacts are what the meter knows of one request's times, each on the
 // clock it was read from: Envoy's, the gate's, the meter's reads.
@@ -29,7 +29,7 @@ type clockFacts struct {
 	picked    bool
 	firstRead time.Time // the meter read the first content token (or the body's end); zero: none
 	endRead   time.Time // the meter read the response's end
-	stalls    []stall   // when infergate did not run (stallWatch)
+	stalls    []Stall   // when infergate did not run (StallWatch)
 }
 
 // clockVerdict is when the request left the gateway, and whether the meter
@@ -45,10 +45,10 @@ type clockVerdict struct {
 //
 // The departure is the meter's read of the request headers, checked
 // against the gate's answer: the request cannot leave before the gate
-// answered, and Envoy hands the meter its headers within maxHandoff of
+// answered, and Envoy hands the meter its headers within MaxHandoff of
 // that. A later read was late: the request left at the gate's answer
-// (right within maxHandoff), and whatever the meter read in the backlog
-// that followed (within maxHandoff of the late read) may have passed Envoy
+// (right within MaxHandoff), and whatever the meter read in the backlog
+// that followed (within MaxHandoff of the late read) may have passed Envoy
 // at any time since. A gate's answer that runs ahead of the read, or
 // before Envoy had the request, or over an hour before, is another
 // replica's skewed clock or no gate's: not comparable, the read stands.
@@ -61,7 +61,7 @@ type clockVerdict struct {
 //
 // The response's reads have no Envoy time to be checked against (Envoy
 // stamps none on a message): a stall of infergate's that ended less than
-// maxHandoff before the first token's read (the end's, without one) may
+// MaxHandoff before the first token's read (the end's, without one) may
 // have held it up, and the stamp is late_read: its TTFT and E2E are upper
 // bounds, its gaps not the stream's. A stall after that read, before the
 // end, held up only what followed: late_stream, its TTFT measured, its
@@ -78,20 +78,20 @@ func stampClock(f clockFacts) clockVerdict {
 	switch {
 	case comparable && f.picked && !stalled(f.stalls, gate, read):
 		v.picker = read.Sub(gate)
-	case comparable && read.Sub(gate) > maxHandoff:
+	case comparable && read.Sub(gate) > MaxHandoff:
 		v.sent = gate
-		if !next.After(read.Add(maxHandoff)) {
+		if !next.After(read.Add(MaxHandoff)) {
 			v.timing = request.TimingLateRead
 		}
 	}
 	from := v.sent
-	if b := next.Add(-maxHandoff); b.After(from) {
+	if b := next.Add(-MaxHandoff); b.After(from) {
 		from = b
 	}
 	for _, s := range f.stalls {
 		switch {
-		case !s.to.After(from) || !s.from.Before(f.endRead):
-		case s.from.Before(next):
+		case !s.To.After(from) || !s.From.Before(f.endRead):
+		case s.From.Before(next):
 			v.timing = request.TimingLateRead
 		case v.timing == request.TimingOK:
 			v.timing = request.TimingLateStream
@@ -101,9 +101,9 @@ func stampClock(f clockFacts) clockVerdict {
 }
 
 // stalled reports whether a stall overlapped (from, to).
-func stalled(stalls []stall, from, to time.Time) bool {
+func stalled(stalls []Stall, from, to time.Time) bool {
 	for _, s := range stalls {
-		if s.to.After(from) && s.from.Before(to) {
+		if s.To.After(from) && s.From.Before(to) {
 			return true
 		}
 	}

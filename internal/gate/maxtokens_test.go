@@ -1,4 +1,4 @@
-package extproc
+package gate
 
 import (
 	"encoding/json"

@@ -1,20 +1,15 @@
-package extproc
+package meter
 
 import (
-	"context"
-	"fmt"
 	"testing"
 	"time"
-
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 )
 
-// stampOf prices the stamp's tokens at its model's price on its pool,
+// StampOf prices the stamp's tokens at its model's price on its pool,
 // exactly: the pool's usage (its cached part at the cached price), or
 // what the meter counted, marked as such.
 func TestStampOfCost(t *testing.T) {
@@ -70,15 +65,15 @@ func TestStampOfCost(t *testing.T) {
 			if api == "" {
 				api = openai.APIChat
 			}
-			m := &meterRequest{seen: true, reservation: "r-1", origin: request.OriginPool}
-			m.stamp = request.Stamp{Model: tc.model, Pool: tc.pool, Tenant: "acme", Status: 200, PromptTokens: tc.gateEstimate}
-			m.tally.API, m.tally.MaxGaps, m.tally.SSE = api, 8, tc.nonSSE == ""
-			m.tally.Parser.MaxLine = 1 << 16
-			m.tally.Body([]byte(tc.stream+tc.nonSSE), time.Unix(1, 0))
-			m.tally.End(time.Unix(2, 0))
-			o := stampOf(m, meterEnd{at: time.Unix(2, 0), complete: true, trusted: !tc.untrustedField,
-				poolName: func(p string) string { return "pool-" + p }, prices: prices})
-			st := o.stamp
+			m := &Request{Reservation: "r-1", Origin: request.OriginPool}
+			m.Stamp = request.Stamp{Model: tc.model, Pool: tc.pool, Tenant: "acme", Status: 200, PromptTokens: tc.gateEstimate}
+			m.Tally.API, m.Tally.MaxGaps, m.Tally.SSE = api, 8, tc.nonSSE == ""
+			m.Tally.Parser.MaxLine = 1 << 16
+			m.Tally.Body([]byte(tc.stream+tc.nonSSE), time.Unix(1, 0))
+			m.Tally.End(time.Unix(2, 0))
+			o := StampOf(m, End{At: time.Unix(2, 0), Complete: true, Trusted: !tc.untrustedField,
+				PoolName: func(p string) string { return "pool-" + p }, Prices: prices})
+			st := o.Stamp
 			cost := ""
 			if st.Cost.Currency != "" {
 				cost = price.FormatCost(st.Cost.Amount)
@@ -99,53 +94,4 @@ func appendInt(b []byte, n int) []byte {
 		b = appendInt(b, n/10)
 	}
 	return append(b, byte('0'+n%10))
-}
-
-// infergate.cost sums the stamps' costs exactly, by tenant, model and
-// pool, each label from a bounded set: tenants past the first 64 served
-// are "other", as unknown models and pools are.
-func TestCostMetric(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	inst, err := newInstruments(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("t"), "USD")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms := &meters{m: inst, models: newLabelSet([]string{"mini"}), pools: newLabelSet([]string{"p"}), tenants: newLabelSet(nil)}
-	stamp := func(tenant, model string, amount int64) *request.Stamp {
-		return &request.Stamp{Tenant: tenant, Model: model, Pool: "p", Status: 200, Decision: "allow", Complete: true,
-			API: openai.APIChat, Cost: request.Cost{Amount: amount, Currency: "USD", Price: "model"}}
-	}
-	ctx := context.Background()
-	for i := range maxLearnedLabels + 10 {
-		ms.Record(ctx, stamp(fmt.Sprintf("t%d", i), "mini", 150_000))
-	}
-	ms.Record(ctx, stamp("t0", "mini", 1))
-	ms.Record(ctx, stamp("t0", "client-named", 7))
-	ms.Record(ctx, &request.Stamp{Tenant: "t0", Model: "mini", Pool: "p", Status: 200, Decision: "deny", Cost: request.Cost{Amount: 1 << 40, Currency: "USD"}})
-	ms.Record(ctx, &request.Stamp{Model: "mini", Pool: "p", Status: 200, Unverified: true, Cost: request.Cost{Amount: 1 << 40, Currency: "USD"}})
-	ms.Record(ctx, stamp("t1", "mini", 0)) // unpriced: no currency
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "infergate.cost" {
-				continue
-			}
-			if m.Unit != "{picoUSD}" {
-				t.Errorf("unit %q", m.Unit)
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				tenant, _ := dp.Attributes.Value("infergate.tenant")
-				model, _ := dp.Attributes.Value("gen_ai.request.model")
-				got[tenant.AsString()+"/"+model.AsString()] += dp.Value
-			}
-		}
-	}
-	if len(got) != maxLearnedLabels+2 || got["t0/mini"] != 150_001 || got["t0/other"] != 7 || got["t1/mini"] != 150_000 ||
-		got["other/mini"] != 10*150_000 {
-		t.Errorf("cost by tenant/model: %v", got)
-	}
 }

@@ -1,4 +1,4 @@
-package extproc
+package gate
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 	"strconv"
 
 	"github.com/tidwall/gjson"
+
+	"github.com/infergate/infergate/internal/openai"
 )
 
 // withMaxTokens returns body with its output held to n, the effective
@@ -66,4 +68,24 @@ func withMaxTokens(body []byte, n int, keys ...string) ([]byte, error) {
 		last = s[1]
 	}
 	return append(out, body[last:]...), nil
+}
+
+// outputLimitKeys are the body keys that cap an API's output, the first
+// the one added when none is sent (see withMaxTokens); chatKey is the one
+// added to a chat completion (Options.ChatOutputLimit).
+func outputLimitKeys(api openai.API, chatKey string) []string {
+	switch api {
+	case openai.APIResponses: // other APIs' caps are refused there (internal/openai)
+		return []string{"max_output_tokens"}
+	case openai.APIMessages:
+		return []string{"max_tokens"}
+	case openai.APIChat:
+		if chatKey == "max_completion_tokens" {
+			return []string{"max_completion_tokens", "max_tokens"}
+		}
+	}
+	// Every OpenAI-compatible server and both completion endpoints know
+	// max_tokens; max_completion_tokens is chat-only (both are read, so
+	// both are capped).
+	return []string{"max_tokens", "max_completion_tokens"}
 }

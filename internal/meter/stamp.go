@@ -1,4 +1,4 @@
-package extproc
+package meter
 
 import (
 	"slices"
@@ -10,114 +10,115 @@ import (
 	"github.com/infergate/infergate/internal/stats"
 )
 
-// meterEnd is how a request's response ended, and what the meter's
+// End is how a request's response ended, and what the meter's
 // adapter learnt of it beyond what the meter read.
-type meterEnd struct {
-	at       time.Time // the response's end, as read (or as the in-Envoy meter timed it)
-	complete bool      // the response ended whole
-	// trusted: the gate's sealed field verified and its seal was claimed
-	// first (Server.trusted).
-	trusted bool
-	stalls  []stall // when infergate did not run (stampClock); unused when Envoy timed the stream
-	// poolName names a pool (an Envoy cluster) as the stamp shows it.
-	poolName func(string) string
-	prices   *price.Table // the models' prices; nil prices nothing
+type End struct {
+	At       time.Time // the response's end, as read (or as the in-Envoy meter timed it)
+	Complete bool      // the response ended whole
+	// Trusted: what the gate decided reached the meter intact, once (the
+	// ext_proc adapter: its sealed field verified and its seal was
+	// claimed first).
+	Trusted bool
+	Stalls  []Stall // when infergate did not run (stampClock); unused when Envoy timed the stream
+	// PoolName names a pool (an Envoy cluster) as the stamp shows it.
+	PoolName func(string) string
+	Prices   *price.Table // the models' prices; nil prices nothing
 }
 
-// meterOutcome is what the meter makes of one request once its response
+// Outcome is what the meter makes of one request once its response
 // ended: the stamp, when the request left the gateway, when its response
 // ended, and what settles it.
-type meterOutcome struct {
-	stamp request.Stamp
-	sent  time.Time // the departure, as stampClock dated it
-	// end is the response's end: its terminal event's arrival ([DONE])
+type Outcome struct {
+	Stamp request.Stamp
+	Sent  time.Time // the departure, as stampClock dated it
+	// End is the response's end: its terminal event's arrival ([DONE])
 	// when the client left right there.
-	end time.Time
-	cut bool // Envoy closed the stream before the response ended
-	// usage is the pool's usage as it is charged (an output reported alone
+	End time.Time
+	Cut bool // Envoy closed the stream before the response ended
+	// Usage is the pool's usage as it is charged (an output reported alone
 	// takes the gate's estimate as its input); nil: none read.
-	usage       *openai.Usage
-	reservation string // the gate's reservation; "" once the field is not trusted
+	Usage       *openai.Usage
+	Reservation string // the gate's reservation; "" once the field is not trusted
 }
 
-// stampOf is the meter's arithmetic for one request whose response ended
+// StampOf is the meter's arithmetic for one request whose response ended
 // (m's tally closed): the stamp's times (TTFT, E2E, the gateway's, the
 // total), its timing verdict (stampClock), its counts and their source, the
 // gaps' percentiles, its bounds, and what an untrusted field may not say.
 // It reads m and changes nothing.
-func stampOf(m *meterRequest, e meterEnd) meterOutcome {
-	t := &m.tally
-	o := meterOutcome{stamp: m.stamp, sent: m.sentAt, end: e.at, cut: m.cut, reservation: m.reservation}
-	st := &o.stamp
+func StampOf(m *Request, e End) Outcome {
+	t := &m.Tally
+	o := Outcome{Stamp: m.Stamp, Sent: m.Sent, End: e.At, Cut: m.Cut, Reservation: m.Reservation}
+	st := &o.Stamp
 	st.PoolsTried = slices.Clone(st.PoolsTried) // named in place below
-	st.Complete = e.complete
+	st.Complete = e.Complete
 	if at, ok := t.Terminal(); ok && !st.Complete { // the client left at [DONE]
-		st.Complete, o.end, o.cut = true, at, false
+		st.Complete, o.End, o.Cut = true, at, false
 	}
 	st.API, st.ResponseModel, st.ContentEvents, st.ITLMax = t.API, t.Model, t.ContentEvents, t.ITLMax
 	// The response's counts, range-checked: they are charged to a budget.
 	// An input reported ahead of the output replaces the gate's estimate;
 	// an output reported alone takes it as its input.
 	if t.HasInput {
-		st.PromptTokens = clampInt(float64(t.Input), 0, maxTokens)
+		st.PromptTokens = ClampInt(float64(t.Input), 0, MaxTokens)
 		st.CachedTokens, st.CacheWriteTokens = cacheParts(st.PromptTokens, t.InputCached, t.InputCacheWrite)
 	}
-	o.usage = t.Usage
-	if o.usage != nil && t.OutputOnly {
-		o.usage = &openai.Usage{PromptTokens: st.PromptTokens, CompletionTokens: o.usage.CompletionTokens}
+	o.Usage = t.Usage
+	if o.Usage != nil && t.OutputOnly {
+		o.Usage = &openai.Usage{PromptTokens: st.PromptTokens, CompletionTokens: o.Usage.CompletionTokens}
 	}
-	boundStamp(st) // before anything uses it: labels, the settlement, the sinks
-	if !e.trusted {
+	st.Bound() // before anything uses it: labels, the settlement, the sinks
+	if !e.Trusted {
 		// Who called and what the gate decided are the gate's word only
 		// in a sealed field that verified, once: anything else (no field,
 		// an unsealed one, a forgery, a replay) settles nothing and is
 		// recorded under no tenant's name, and feeds no controller.
 		st.Tenant, st.Principal, st.Reason = "", "", ""
 		st.Decision, st.Unverified = "unverified", true
-		o.reservation = ""
+		o.Reservation = ""
 	}
 	for i, p := range st.PoolsTried {
-		st.PoolsTried[i] = e.poolName(p)
+		st.PoolsTried[i] = e.PoolName(p)
 	}
-	st.Pool = e.poolName(st.Pool)
+	st.Pool = e.PoolName(st.Pool)
 	if st.Decision == "" {
 		st.Decision = "allow"
 	}
 	st.Timing = request.TimingOK
-	if !m.envoyTimed {
-		v := stampClock(clockFacts{envoyStart: m.envoyStart, gateSent: m.gateSent, departed: o.sent,
-			picked: st.Endpoint != "", firstRead: t.First, endRead: o.end, stalls: e.stalls})
-		o.sent, st.Timing, st.Gateway.Picker = v.sent, v.timing, v.picker
+	if !m.EnvoyTimed {
+		v := stampClock(clockFacts{envoyStart: m.EnvoyStart, gateSent: m.GateSent, departed: o.Sent,
+			picked: st.Endpoint != "", firstRead: t.First, endRead: o.End, stalls: e.Stalls})
+		o.Sent, st.Timing, st.Gateway.Picker = v.sent, v.timing, v.picker
 	}
-	st.E2E = o.end.Sub(o.sent)
+	st.E2E = o.End.Sub(o.Sent)
 	if !t.First.IsZero() {
-		st.TTFT = t.First.Sub(o.sent)
+		st.TTFT = t.First.Sub(o.Sent)
 	}
-	st.Sent, st.Start = o.sent, o.sent
-	if !m.envoyStart.IsZero() {
+	st.Sent, st.Start = o.Sent, o.Sent
+	if !m.EnvoyStart.IsZero() {
 		// External checks (moderation) happen before the request leaves but
 		// are neither gateway nor model time: the stamp keeps them apart.
 		// The start is Envoy's clock, the rest infergate's: where they
 		// disagree by more than the gateway took, its time is 0 and the
 		// start moves, so that Total stays the sum of the parts.
-		st.Start = m.envoyStart
-		if earliest := o.sent.Add(-st.Gateway.Checks); earliest.Before(st.Start) {
+		st.Start = m.EnvoyStart
+		if earliest := o.Sent.Add(-st.Gateway.Checks); earliest.Before(st.Start) {
 			st.Start = earliest
 		}
-		st.Gateway.Total = o.sent.Sub(st.Start) - st.Gateway.Checks
+		st.Gateway.Total = o.Sent.Sub(st.Start) - st.Gateway.Checks
 	}
-	st.Total = o.end.Sub(st.Start)
+	st.Total = o.End.Sub(st.Start)
 	switch {
-	case o.usage != nil:
+	case o.Usage != nil:
 		st.TokenSource = "usage"
-		st.PromptTokens = clampInt(float64(o.usage.PromptTokens), 0, maxTokens)
-		st.CompletionTokens = clampInt(float64(o.usage.CompletionTokens), 0, maxTokens)
-		st.CachedTokens, st.CacheWriteTokens = cacheParts(st.PromptTokens, o.usage.CachedTokens, o.usage.CacheWriteTokens)
+		st.PromptTokens = ClampInt(float64(o.Usage.PromptTokens), 0, MaxTokens)
+		st.CompletionTokens = ClampInt(float64(o.Usage.CompletionTokens), 0, MaxTokens)
+		st.CachedTokens, st.CacheWriteTokens = cacheParts(st.PromptTokens, o.Usage.CachedTokens, o.Usage.CacheWriteTokens)
 	case t.SSE:
 		st.TokenSource = "events"
 		st.CompletionTokens = st.ContentEvents
 	}
-	st.Cost = costOf(st, e.prices)
+	st.Cost = costOf(st, e.Prices)
 	st.Gaps = t.Gaps
 	// What the meter could not read (the response itself passed untouched).
 	st.UnreadEvents = t.Unread()
@@ -134,8 +135,8 @@ func stampOf(m *meterRequest, e meterEnd) meterOutcome {
 // a part out of range (negative, or more than the prompt left) is 0, so
 // those tokens are priced as input, never less.
 func cacheParts(prompt, cached, written int) (int, int) {
-	cached = clampInt(float64(cached), 0, prompt)
-	return cached, clampInt(float64(written), 0, prompt-cached)
+	cached = ClampInt(float64(cached), 0, prompt)
+	return cached, ClampInt(float64(written), 0, prompt-cached)
 }
 
 // costOf is st's cost at its model's price on its pool, from its tokens:
@@ -157,7 +158,7 @@ func costOf(st *request.Stamp, prices *price.Table) request.Cost {
 	}
 }
 
-// settlementOf is what the meter saw of o's request, for admission to
+// SettlementOf is what the meter saw of o's request, for admission to
 // settle (the accounting rule is admission's), or nil: a request that was
 // denied or whose field is not trusted settles nothing.
 //
@@ -174,24 +175,24 @@ func costOf(st *request.Stamp, prices *price.Table) request.Cost {
 // (admission keeps its reservation unless its usage or its end was seen).
 // (Hedged requests, which the routes infergate serves never configure,
 // would break "the last attempt".)
-func settlementOf(m *meterRequest, o *meterOutcome) *request.Settlement {
-	st, t := &o.stamp, &m.tally
+func SettlementOf(m *Request, o *Outcome) *request.Settlement {
+	st, t := &o.Stamp, &m.Tally
 	if st.Decision == "deny" || st.Unverified {
 		return nil
 	}
-	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.reservation,
-		API: st.API, Status: st.Status, Origin: m.origin, SSE: t.SSE, End: request.EndLost,
-		Terminal: t.Ended() || m.ended, UsageRead: o.usage != nil,
-		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.usage != nil && !t.OutputOnly,
+	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.Reservation,
+		API: st.API, Status: st.Status, Origin: m.Origin, SSE: t.SSE, End: request.EndLost,
+		Terminal: t.Ended() || m.Ended, UsageRead: o.Usage != nil,
+		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.Usage != nil && !t.OutputOnly,
 		Events: st.ContentEvents, Principal: st.Principal, Model: st.Model, Pool: st.Pool}
-	if o.usage != nil {
+	if o.Usage != nil {
 		s.CompletionTokens = st.CompletionTokens
 		s.CachedTokens, s.CacheWriteTokens = st.CachedTokens, st.CacheWriteTokens
 	}
 	switch {
 	case st.Complete:
 		s.End = request.EndComplete
-	case o.cut:
+	case o.Cut:
 		s.End = request.EndCut
 	}
 	return s
