@@ -72,6 +72,11 @@ type Request struct {
 	//     chat_template or chat_template_kwargs, prompt_embeds,
 	//     response_format (if a server renders it into the prompt).
 	PromptTokens int
+	// MaxPromptTokens is the most prompt tokens the body can make a server
+	// count, whatever its tokenizer and template: see maxPrompt. 0 when
+	// the body cannot bound it (it refers to input the gate cannot see: a
+	// file, a video, audio by URL, a server-side tool, stored items).
+	MaxPromptTokens int
 	// Choices is the number of completions to charge for: max(n, best_of),
 	// 1 when both are absent, for each prompt of a /v1/completions batch (an
 	// array of strings, or of token-ID arrays, is a prompt per element,
