@@ -149,7 +149,9 @@ func TestChargeBounds(t *testing.T) {
 		s.UsageRead = false
 		return s
 	}
-	cost := func(in, out int64) ratelimit.Cost { return ratelimit.Cost{Requests: 1, InputTokens: in, OutputTokens: out} }
+	cost := func(in, out int64) ratelimit.Cost {
+		return ratelimit.Cost{Requests: 1, InputTokens: in, OutputTokens: out}
+	}
 	for _, tc := range []struct {
 		name    string
 		s       request.Settlement
