@@ -58,7 +58,7 @@ type estimate struct {
 	// mediaMax is the most the media parts may count (MaxTokensPerImage
 	// an image); blind: a part or a tool adds input the gate cannot see.
 	mediaMax int
-	blind bool
+	blind    bool
 	// rendered is the JSON text a template may render again with spaces
 	// (tools, tool calls and their arguments, Anthropic's tool_use input).
 	rendered int

@@ -128,8 +128,8 @@ func TestParseRequest(t *testing.T) {
 				{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},
 				{"type":"text","text":" this image?"}]}]}`,
 			want: Request{
-				Model:        "m",
-				PromptChars:  len("What is in") + len(" this image?"),
+				Model:       "m",
+				PromptChars: len("What is in") + len(" this image?"),
 				// an image by URL at high detail: the most any size costs;
 				// 3 bytes of audio: a token
 				PromptTokens: chat(len("What is in")+len(" this image?"), 1) + ImageTokens("high", 0, 0) + 1,
