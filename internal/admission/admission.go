@@ -490,7 +490,7 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return nil, true
 	}
-	v.Reservation = c.sealReservation(ctx, v.Tenant, res.Reservation)
+	v.Reservation = c.sealReservation(ctx, v.Tenant, sealedReservation{res.Reservation, boundsOf(a, maxTokens)})
 	c.Metrics.reserved(ctx, cost)
 	v.Metadata = make(map[string]any, len(headers))
 	for k, val := range headers {
@@ -562,6 +562,27 @@ func shortDuration(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// boundsOf is what a request's admission proves of its charge: its
+// output at most the cap sent upstream (maxTokens, which the gate writes
+// into the body of every request it reserves for) for each choice, its
+// input at most what its body can hold. A request the gate did not parse
+// is bounded by neither, and one on a path that names no API (parsed as a
+// chat) has no output cap written for it (only known APIs' bodies are
+// rewritten: extproc's planGate).
+func boundsOf(a *request.Admission, maxTokens int) proofBounds {
+	if !a.Completion {
+		return unknownBounds
+	}
+	b := proofBounds{MaxOutput: reservationCost(0, maxTokens, choices(a), nil).OutputTokens, MaxInput: -1}
+	if a.API == "" {
+		b.MaxOutput = -1
+	}
+	if n := a.Request.MaxPromptTokens; n > 0 {
+		b.MaxInput = int64(n)
+	}
+	return b
 }
 
 // amount is a limit's amount as a client reads it: money as a decimal of

@@ -66,13 +66,13 @@ func TestCharge(t *testing.T) {
 		{"an error the pool answered, read whole, no usage", with(pool, func(s *request.Settlement) { s.Status = 503 }), ratelimit.Cost{Requests: 1}, false},
 		{"count_tokens", with(pool, func(s *request.Settlement) { s.API = openai.APICountTokens }), ratelimit.Cost{Requests: 1}, false},
 		{"count_tokens, cut", with(pool, func(s *request.Settlement) { s.API, s.End = openai.APICountTokens, request.EndCut }), ratelimit.Cost{Requests: 1}, false},
-		// The bound: reserved + maxOverReservation, whatever the pool says.
+		// Without sealed bounds: reserved + maxOverReservation, whatever the pool says.
 		{"usage past the bound", with(usage(pool), func(s *request.Settlement) { s.PromptTokens, s.CompletionTokens = maxUsage, maxUsage }),
 			ratelimit.Cost{Requests: 1, InputTokens: 16012 + maxOverReservation}, false},
 		{"output past the bound", with(usage(pool), func(s *request.Settlement) { s.CompletionTokens = maxUsage }),
 			ratelimit.Cost{Requests: 1, InputTokens: 4000, OutputTokens: 16012 + maxOverReservation - 4000}, false},
 	} {
-		got, keep := charge(&tc.s, reserved)
+		got, keep, _ := charge(&tc.s, reserved, unknownBounds)
 		if keep != tc.keep || got != tc.want {
 			t.Errorf("%s: charge = %+v, keep %v; want %+v, keep %v", tc.name, got, keep, tc.want, tc.keep)
 		}
@@ -96,7 +96,7 @@ func TestChargeEveryCombination(t *testing.T) {
 							s := request.Settlement{API: api, End: end, Origin: origin, Status: status,
 								SSE: bits&1 != 0, Terminal: bits&2 != 0, UsageRead: bits&4 != 0,
 								PromptTokens: 60, CompletionTokens: tokens, Events: tokens}
-							got, keep := charge(&s, reserved)
+							got, keep, _ := charge(&s, reserved, unknownBounds)
 							inRange := tokens <= maxUsage
 							proof := end != request.EndLost && origin != request.OriginEnvoy &&
 								(s.UsageRead && (!s.SSE || s.Terminal) && inRange ||
@@ -128,6 +128,62 @@ func TestChargeEveryCombination(t *testing.T) {
 		}
 	}
 	t.Logf("%d combinations", n)
+}
+
+// The bounds a request's admission proves: output at most the cap sent
+// upstream × choices, input at most what the body can hold, output never
+// below what the meter counted; each held charge is named.
+func TestChargeBounds(t *testing.T) {
+	reserved := ratelimit.Cost{Requests: 1, InputTokens: 100, OutputTokens: 1000}
+	b := proofBounds{MaxOutput: 1000, MaxInput: 5000}
+	stream := func(prompt, completion, events int) request.Settlement {
+		return request.Settlement{Status: 200, Origin: request.OriginPool, End: request.EndComplete, SSE: true, Terminal: true,
+			UsageRead: true, PromptTokens: prompt, CompletionTokens: completion, Events: events}
+	}
+	body := func(prompt, completion int) request.Settlement {
+		return request.Settlement{Status: 200, Origin: request.OriginPool, End: request.EndComplete,
+			UsageRead: true, PromptTokens: prompt, CompletionTokens: completion}
+	}
+	counted := func(prompt, events int) request.Settlement {
+		s := stream(prompt, 0, events)
+		s.UsageRead = false
+		return s
+	}
+	cost := func(in, out int64) ratelimit.Cost {
+		return ratelimit.Cost{Requests: 1, InputTokens: in, OutputTokens: out}
+	}
+	for _, tc := range []struct {
+		name    string
+		s       request.Settlement
+		b       proofBounds
+		want    ratelimit.Cost
+		bounded string
+	}{
+		{"within both", body(4000, 900), b, cost(4000, 900), ""},
+		{"at both", body(5000, 1000), b, cost(5000, 1000), ""},
+		{"output one past the cap", body(4000, 1001), b, cost(4000, 1000), "output"},
+		{"output at the largest usage", body(4000, maxUsage), b, cost(4000, 1000), "output"},
+		{"input one past what the body holds", body(5001, 10), b, cost(5000, 10), "input"},
+		{"both at the largest usage", body(maxUsage, maxUsage), b, cost(5000, 1000), "input,output"},
+		{"a cap of zero (embeddings)", body(40, 7), proofBounds{MaxOutput: 0, MaxInput: 5000}, cost(40, 0), "output"},
+		{"a stream's usage below what was counted", stream(40, 3, 30), b, cost(40, 30), "counted"},
+		{"a stream's usage of zero, counted", stream(40, 0, 1), b, cost(40, 1), "counted"},
+		{"counted above the cap: the cap", stream(40, 3, 2000), b, cost(40, 1000), "counted,output"},
+		{"a stream's usage above what was counted", stream(40, 300, 30), b, cost(40, 300), ""},
+		{"a body's usage: no events to count", body(40, 3), b, cost(40, 3), ""},
+		{"counted, no usage, within", counted(40, 30), b, cost(40, 30), ""},
+		{"counted, no usage, past the cap", counted(40, 3000), b, cost(40, 1000), "output"},
+		{"input unbounded: reserved + maxOverReservation", body(maxUsage, 10), proofBounds{MaxOutput: 1000, MaxInput: -1},
+			cost(1100+maxOverReservation, 10), "input"},
+		{"output unbounded: the rest of reserved + maxOverReservation", body(4000, maxUsage), proofBounds{MaxOutput: -1, MaxInput: 5000},
+			cost(4000, 1100+maxOverReservation-4000), "output"},
+		{"the largest bounds", body(maxUsage, maxUsage), proofBounds{MaxOutput: maxBound, MaxInput: maxBound}, cost(maxUsage, maxUsage), ""},
+	} {
+		got, keep, bounded := charge(&tc.s, reserved, tc.b)
+		if keep || got != tc.want || bounded != tc.bounded {
+			t.Errorf("%s: charge = %+v, keep %v, bounded %q; want %+v, %q", tc.name, got, keep, bounded, tc.want, tc.bounded)
+		}
+	}
 }
 
 // The reserved cost is read back from a reservation's counters.

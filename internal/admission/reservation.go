@@ -17,12 +17,41 @@ import (
 )
 
 // A reservation travels from the gate to the meter as a string in Envoy's
-// dynamic metadata: the JSON of ratelimit.Reservation. It is written and
+// dynamic metadata: the JSON of a sealedReservation. It is written and
 // read once per request, so both ways avoid encoding/json's reflection.
 
+// sealedReservation is what the gate seals for the meter: the counters
+// the request reserved on, and the bounds its charge may not pass, fixed
+// at admission where the gate knows them (what the meter reports is the
+// pool's word; these are infergate's, under the seal).
+type sealedReservation struct {
+	ratelimit.Reservation
+	proofBounds
+}
+
+// proofBounds are the most a request can have used, as its admission
+// proves: no pool's usage is charged past them (see bound).
+type proofBounds struct {
+	// MaxOutput is the output cap sent upstream times the choices asked
+	// for: the most output tokens the pool may write. -1: unknown (a
+	// reservation sealed before the bound existed, a request whose output
+	// the gate does not cap).
+	MaxOutput int64 `json:"o"`
+	// MaxInput is the most input tokens the request's body can make a
+	// server count (openai.Request.MaxPromptTokens). -1: unknown (the
+	// body refers to input the gate cannot see).
+	MaxInput int64 `json:"i"`
+}
+
+// unknownBounds are the bounds of a reservation that carries none.
+var unknownBounds = proofBounds{MaxOutput: -1, MaxInput: -1}
+
+// maxBound is the largest bound a sealed reservation may carry.
+const maxBound = 1 << 62
+
 // encodeReservation is json.Marshal(r), byte for byte.
-func encodeReservation(r ratelimit.Reservation) string {
-	b := make([]byte, 0, 8+80*len(r.Entries))
+func encodeReservation(r sealedReservation) string {
+	b := make([]byte, 0, 32+100*len(r.Entries))
 	b = append(b, `{"e":`...)
 	if r.Entries == nil {
 		b = append(b, "null"...)
@@ -40,10 +69,18 @@ func encodeReservation(r ratelimit.Reservation) string {
 			b = strconv.AppendInt(b, e.Reserved, 10)
 			b = append(b, `,"x":`...)
 			b = strconv.AppendInt(b, e.ExpiresAt, 10)
+			if e.Limit != 0 {
+				b = append(b, `,"l":`...)
+				b = strconv.AppendInt(b, e.Limit, 10)
+			}
 			b = append(b, '}')
 		}
 		b = append(b, ']')
 	}
+	b = append(b, `,"o":`...)
+	b = strconv.AppendInt(b, r.MaxOutput, 10)
+	b = append(b, `,"i":`...)
+	b = strconv.AppendInt(b, r.MaxInput, 10)
 	return string(append(b, '}'))
 }
 
@@ -61,15 +98,30 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// decodeReservation reads what encodeReservation (or json.Marshal) wrote.
-func decodeReservation(s string) (ratelimit.Reservation, error) {
-	var r ratelimit.Reservation
+// decodeReservation reads what encodeReservation (or json.Marshal) wrote;
+// a reservation sealed without bounds (or an entry without a limit) reads
+// as unknownBounds (no debt).
+func decodeReservation(s string) (sealedReservation, error) {
+	r := sealedReservation{proofBounds: unknownBounds}
 	if len(s) > maxSealedReservation {
 		return r, errors.New("longer than " + strconv.Itoa(maxSealedReservation) + " bytes")
 	}
 	doc := gjson.Parse(s)
 	if !gjson.Valid(s) || !doc.IsObject() {
 		return r, errors.New("not a JSON object")
+	}
+	for _, f := range [...]struct {
+		key string
+		dst *int64
+	}{{"o", &r.MaxOutput}, {"i", &r.MaxInput}} {
+		v := doc.Get(f.key)
+		switch {
+		case !v.Exists():
+		case v.Type != gjson.Number || v.Int() < -1 || v.Int() > maxBound || v.Raw != strconv.FormatInt(v.Int(), 10):
+			return r, errors.New(`"` + f.key + `" is not a bound`)
+		default:
+			*f.dst = v.Int()
+		}
 	}
 	e := doc.Get("e")
 	if !e.IsArray() {
@@ -85,13 +137,13 @@ func decodeReservation(s string) (ratelimit.Reservation, error) {
 			err = errors.New("more than " + strconv.Itoa(maxEntries) + " entries")
 			return false
 		}
-		k, u, res, x := v.Get("k"), v.Get("u"), v.Get("r"), v.Get("x")
+		k, u, res, x, l := v.Get("k"), v.Get("u"), v.Get("r"), v.Get("x"), v.Get("l")
 		if !v.IsObject() || k.Type != gjson.String || u.Type != gjson.String || res.Type != gjson.Number || x.Type != gjson.Number ||
-			len(k.Str) > maxCounter || len(u.Str) > maxCounter {
+			len(k.Str) > maxCounter || len(u.Str) > maxCounter || l.Exists() && (l.Type != gjson.Number || l.Int() < 0) {
 			err = errors.New("malformed entry " + truncate(v.Raw, 256))
 			return false
 		}
-		r.Entries = append(r.Entries, ratelimit.Entry{Counter: k.Str, Unit: ratelimit.Unit(u.Str), Reserved: res.Int(), ExpiresAt: x.Int()})
+		r.Entries = append(r.Entries, ratelimit.Entry{Counter: k.Str, Unit: ratelimit.Unit(u.Str), Reserved: res.Int(), ExpiresAt: x.Int(), Limit: l.Int()})
 		return true
 	})
 	return r, err
@@ -133,7 +185,7 @@ var (
 
 // sealReservation seals r's encoding for tenant, expiring at the end of
 // its last window plus the longest stream.
-func (c *Controller) sealReservation(ctx context.Context, tenant string, r ratelimit.Reservation) string {
+func (c *Controller) sealReservation(ctx context.Context, tenant string, r sealedReservation) string {
 	end := c.now()
 	for _, e := range r.Entries {
 		if x := time.UnixMilli(e.ExpiresAt); x.After(end) {
@@ -155,7 +207,7 @@ func (c *Controller) sealReservation(ctx context.Context, tenant string, r ratel
 // seal: a second settlement of one seal (a replay) is refused, as is one
 // the claim cannot be recorded for (the store unreachable or full: the
 // reservation stays charged).
-func (c *Controller) openSealed(ctx context.Context, sealed string) (tenant string, r ratelimit.Reservation, err error) {
+func (c *Controller) openSealed(ctx context.Context, sealed string) (tenant string, r sealedReservation, err error) {
 	if len(sealed) > maxSealedReservation {
 		return "", r, errForged
 	}
@@ -174,9 +226,9 @@ func (c *Controller) openSealed(ctx context.Context, sealed string) (tenant stri
 	first, err := c.settled().Claim(ctx, seal.Reservation, s.ID, s.Expires)
 	switch {
 	case err != nil:
-		return "", ratelimit.Reservation{}, fmt.Errorf("recording the settlement: %w", err)
+		return "", sealedReservation{}, fmt.Errorf("recording the settlement: %w", err)
 	case !first:
-		return "", ratelimit.Reservation{}, errReplayed
+		return "", sealedReservation{}, errReplayed
 	}
 	return string(t), r, nil
 }

@@ -19,14 +19,15 @@ import (
 
 // The reservation codec writes what encoding/json writes and reads it back.
 func TestReservationCodec(t *testing.T) {
-	for _, r := range []ratelimit.Reservation{
-		{},
-		{Entries: []ratelimit.Entry{}},
-		{Entries: []ratelimit.Entry{{Counter: "tenant=acme/principal=k|requests|60000|1700000000000", Unit: ratelimit.Requests, Reserved: 1, ExpiresAt: 1700000060000}}},
-		{Entries: []ratelimit.Entry{
-			{Counter: `tenant=a/model="q\uote" <&> é` + "\x01", Unit: ratelimit.TotalTokens, Reserved: 1 << 40, ExpiresAt: -1},
+	for _, r := range []sealedReservation{
+		{proofBounds: unknownBounds},
+		{Reservation: ratelimit.Reservation{Entries: []ratelimit.Entry{}}, proofBounds: proofBounds{MaxOutput: 0, MaxInput: maxBound}},
+		{Reservation: ratelimit.Reservation{Entries: []ratelimit.Entry{{Counter: "tenant=acme/principal=k|requests|60000|1700000000000", Unit: ratelimit.Requests, Reserved: 1, ExpiresAt: 1700000060000, Limit: 60}}},
+			proofBounds: proofBounds{MaxOutput: 4096, MaxInput: 12345}},
+		{Reservation: ratelimit.Reservation{Entries: []ratelimit.Entry{
+			{Counter: `tenant=a/model="q\uote" <&> é` + "\x01", Unit: ratelimit.TotalTokens, Reserved: 1 << 40, ExpiresAt: -1, Limit: 1 << 62},
 			{Counter: "", Unit: ratelimit.OutputTokens, Reserved: 0, ExpiresAt: 0},
-		}},
+		}}, proofBounds: proofBounds{MaxOutput: -1, MaxInput: -1}},
 	} {
 		want, _ := json.Marshal(r)
 		got := encodeReservation(r)
@@ -37,13 +38,15 @@ func TestReservationCodec(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var std ratelimit.Reservation
+		var std sealedReservation
 		json.Unmarshal(want, &std)
 		if !reflect.DeepEqual(back, std) {
 			t.Errorf("decoded %+v, want %+v", back, std)
 		}
 	}
-	for _, bad := range []string{"", "[]", `{"e":3}`, `{"e":[{"k":1,"u":"requests","r":1,"x":1}]}`, `{"e":[{"k":"a"}]}`, `{"e":[`} {
+	for _, bad := range []string{"", "[]", `{"e":3}`, `{"e":[{"k":1,"u":"requests","r":1,"x":1}]}`, `{"e":[{"k":"a"}]}`, `{"e":[`,
+		`{"e":[{"k":"a","u":"requests","r":1,"x":1,"l":-1}]}`, `{"e":[{"k":"a","u":"requests","r":1,"x":1,"l":"1"}]}`,
+		`{"e":null,"o":-2}`, `{"e":null,"i":"1"}`, `{"e":null,"o":4611686018427387905}`, `{"e":null,"i":1.5}`} {
 		if _, err := decodeReservation(bad); err == nil {
 			t.Errorf("decoded %q", bad)
 		}
@@ -161,6 +164,19 @@ func TestUnrecordableSettlementKeepsTheCharge(t *testing.T) {
 				t.Fatalf("remaining %v, denial %v; want 60 (both kept)", v.Metadata["x-ratelimit-remaining-tokens"], v.Deny)
 			}
 		})
+	}
+}
+
+// A reservation sealed before bounds and limits were travels as unknown:
+// no bound beyond the old one, no debt.
+func TestReservationDecodeWithoutBounds(t *testing.T) {
+	r, err := decodeReservation(`{"e":[{"k":"c","u":"total_tokens","r":5,"x":9}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sealedReservation{ratelimit.Reservation{Entries: []ratelimit.Entry{{Counter: "c", Unit: ratelimit.TotalTokens, Reserved: 5, ExpiresAt: 9}}}, unknownBounds}
+	if !reflect.DeepEqual(r, want) {
+		t.Errorf("decoded %+v, want %+v", r, want)
 	}
 }
 

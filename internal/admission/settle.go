@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/infergate/infergate/internal/openai"
@@ -23,13 +24,22 @@ import (
 // nothing; only when the meter knows the pool wrote it); counting tokens
 // (count_tokens) runs the tokenizer, not the model, and costs the request
 // alone, as reserved, as does what the gate answers itself (the model
-// listing). A charge is bounded by what was reserved plus
-// maxOverReservation, so that no pool or peer moves a counter arbitrarily.
+// listing).
+//
+// A proven charge is then held between what the meter saw and what the
+// request can have used (bound): its output never below the content
+// events the meter counted in the stream (each is at least a token) and
+// never above the output cap sent upstream for each choice; its input
+// never above what the request's body can hold (see
+// openai.Request.MaxPromptTokens). Both upper bounds are sealed at
+// admission (proofBounds): a pool reporting more is out of range, charged
+// the bound and logged.
 
-// maxOverReservation is the most a charge may exceed its reservation by,
-// in tokens: the largest output an API states today (a million tokens),
-// with room for an input the gate's estimate missed. A usage above it is
-// charged at the bound.
+// maxOverReservation bounds, in tokens, a charge whose request sealed no
+// bound (a reservation sealed before bounds were, a body referring to
+// input the gate cannot see, a request the gate did not parse): the
+// reservation plus the largest context window a model offers today (two
+// million tokens), so that no pool or peer moves a counter arbitrarily.
 const maxOverReservation = 1 << 21
 
 // maxUsage is the largest count read as a usage: past it (or below 0) the
@@ -37,45 +47,70 @@ const maxOverReservation = 1 << 21
 const maxUsage = 1 << 30
 
 // charge applies the accounting rule to what the meter saw of a response,
-// given what its request reserved. keep is true when nothing lowers the
-// reservation (it stays charged whole, cost is then reserved).
-func charge(s *request.Settlement, reserved ratelimit.Cost) (cost ratelimit.Cost, keep bool) {
+// given what its request reserved and the bounds its admission sealed.
+// keep is true when nothing lowers the reservation (it stays charged
+// whole, cost is then reserved); bounded names the bounds the charge was
+// held to ("" when none).
+func charge(s *request.Settlement, reserved ratelimit.Cost, b proofBounds) (cost ratelimit.Cost, keep bool, bounded string) {
 	inRange := func(n int) bool { return n >= 0 && n <= maxUsage }
 	switch {
 	case s.API == openai.APICountTokens, s.Origin == request.OriginGate:
 		// The request alone, as reserved: a count is no usage, and the
 		// gate's own answer (the model listing) asks no pool.
-		return ratelimit.Cost{Requests: 1}, false
+		return ratelimit.Cost{Requests: 1}, false, ""
 	case s.End == request.EndLost, s.Origin == request.OriginEnvoy:
-		return reserved, true
+		return reserved, true, ""
 	case s.UsageRead && (!s.SSE || s.Terminal):
 		// The pool's own usage: a non-streamed body's is written once
 		// the answer is done (a hang-up after it changes nothing); a
-		// stream's is final only at the stream's end.
-		if !inRange(s.PromptTokens) || !inRange(s.CompletionTokens) {
-			return reserved, true
+		// stream's is final only at the stream's end, and never below
+		// the content events the meter counted in it.
+		if !inRange(s.PromptTokens) || !inRange(s.CompletionTokens) || !inRange(s.Events) {
+			return reserved, true, ""
 		}
-		cost = ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.CompletionTokens)}
+		out := s.CompletionTokens
+		if s.SSE && s.Events > out {
+			out, bounded = s.Events, "counted"
+		}
+		cost = ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(out)}
 	case s.SSE && s.Terminal && !s.UsageRead:
 		if !inRange(s.PromptTokens) || !inRange(s.Events) {
-			return reserved, true
+			return reserved, true, ""
 		}
 		cost = ratelimit.Cost{Requests: 1, InputTokens: int64(s.PromptTokens), OutputTokens: int64(s.Events)}
 	case !s.SSE && !s.UsageRead && s.End == request.EndComplete && s.Origin == request.OriginPool && s.Status >= 400:
-		return ratelimit.Cost{Requests: 1}, false
+		return ratelimit.Cost{Requests: 1}, false, ""
 	default:
-		return reserved, true
+		return reserved, true, ""
 	}
-	return bound(cost, reserved), false
+	cost, above := bound(cost, reserved, b)
+	if above != "" {
+		bounded = strings.TrimPrefix(bounded+","+above, ",")
+	}
+	return cost, false, bounded
 }
 
-// bound holds a charge's tokens to what was reserved plus
-// maxOverReservation: each part, and their sum.
-func bound(c, reserved ratelimit.Cost) ratelimit.Cost {
-	limit := reserved.InputTokens + reserved.OutputTokens + maxOverReservation
-	c.InputTokens = min(c.InputTokens, limit)
-	c.OutputTokens = min(c.OutputTokens, limit-c.InputTokens)
-	return c
+// bound holds a charge's tokens to what the request can have used: its
+// output to b.MaxOutput, its input to b.MaxInput; a bound not known
+// holds them to the reservation plus maxOverReservation (each part, and
+// their sum). bounded names the parts held ("input", "output").
+func bound(c, reserved ratelimit.Cost, b proofBounds) (_ ratelimit.Cost, bounded string) {
+	fallback := reserved.InputTokens + reserved.OutputTokens + maxOverReservation
+	maxIn, maxOut := b.MaxInput, b.MaxOutput
+	if maxIn < 0 {
+		maxIn = fallback
+	}
+	if c.InputTokens > maxIn {
+		c.InputTokens, bounded = maxIn, "input"
+	}
+	if maxOut < 0 {
+		maxOut = max(0, fallback-c.InputTokens)
+	}
+	if c.OutputTokens > maxOut {
+		c.OutputTokens = maxOut
+		bounded = strings.TrimPrefix(bounded+",output", ",")
+	}
+	return c, bounded
 }
 
 // reservedCost is what a reservation charged, read from its counters:
@@ -146,8 +181,16 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		c.Metrics.settleError(ctx)
 		return
 	}
-	reserved := reservedCost(r)
-	actual, keep := charge(s, reserved)
+	reserved := reservedCost(r.Reservation)
+	actual, keep, bounded := charge(s, reserved, r.proofBounds)
+	if bounded != "" {
+		// A pool reporting more than the request can have used, or less
+		// than the meter counted: charged the bound.
+		c.Log.Warn("usage out of the request's bounds; charged the bound", "request_id", s.RequestID,
+			"bounded", bounded, "pool", s.Pool, "model", s.Model,
+			"prompt_tokens", s.PromptTokens, "completion_tokens", s.CompletionTokens, "events", s.Events,
+			"max_input", r.MaxInput, "max_output", r.MaxOutput, "charged_input", actual.InputTokens, "charged_output", actual.OutputTokens)
+	}
 	if !keep && reserved.Money > 0 {
 		if actual.Money, keep = c.moneyOf(s, actual, reserved); keep {
 			actual = reserved
@@ -163,7 +206,7 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		c.spent(ctx, tenant, s, actual, false)
 		return
 	}
-	if err := c.Limiter.Settle(ctx, r, actual); err != nil {
+	if err := c.Limiter.Settle(ctx, r.Reservation, actual); err != nil {
 		c.Log.Error("settling a reservation failed; it stays charged until its window ends",
 			"request_id", s.RequestID, "err", err)
 		c.Metrics.settleError(ctx)
@@ -212,7 +255,7 @@ func (c *Controller) Release(ctx context.Context, requestID, reservation string)
 		c.Metrics.releaseError(ctx)
 		return
 	}
-	c.release(ctx, requestID, r)
+	c.release(ctx, requestID, r.Reservation)
 }
 
 // releaseTimeout bounds a release, which runs on its own context.

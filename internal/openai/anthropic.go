@@ -26,6 +26,7 @@ func ParseCountTokens(body []byte) (Request, error) {
 }
 
 var anthropicKeys = [...]string{"model", "max_tokens", "stream", "system", "messages", "tools",
+	"mcp_servers", "container", // input the gate cannot see: MCP servers' tools, a code container's files
 	"max_completion_tokens", "max_output_tokens", "n", "best_of"} // the last four refused where it generates
 
 func parseAnthropic(body []byte, generates bool) (Request, error) {
@@ -42,7 +43,7 @@ func parseAnthropic(body []byte, generates bool) (Request, error) {
 		return Request{}, err
 	}
 	if generates {
-		if err := refuseForeign(v[6:], anthropicKeys[6:], "max_tokens"); err != nil {
+		if err := refuseForeign(v[8:], anthropicKeys[8:], "max_tokens"); err != nil {
 			return Request{}, err
 		}
 		if maxTokens.Type == gjson.Null {
@@ -75,8 +76,10 @@ func parseAnthropic(body []byte, generates bool) (Request, error) {
 	if err := e.readTools(tools); err != nil {
 		return Request{}, err
 	}
+	e.blind = e.blind || v[6].Exists() || v[7].Exists()
 	r.PromptChars = e.chars
 	r.PromptTokens = e.promptTokens()
+	r.MaxPromptTokens = r.maxPrompt(&e, len(body))
 	r.Choices = 1
 	return r, nil
 }

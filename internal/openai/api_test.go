@@ -78,6 +78,7 @@ func parserInvariants(t *testing.T, parse func([]byte) (Request, error), body []
 	var compact bytes.Buffer
 	if json.Compact(&compact, body) == nil {
 		c, err := parse(compact.Bytes())
+		sameBound(&c, &r, len(body)-compact.Len())
 		if err != nil || !reflect.DeepEqual(c, r) {
 			t.Fatalf("parse(%q) = %+v\ncompacted: %+v, %v", body, r, c, err)
 		}
@@ -157,4 +158,17 @@ func TestParsersAllocate(t *testing.T) {
 			t.Errorf("%s: %.0f allocations, want %.0f", tc.api, n, tc.want)
 		}
 	}
+}
+
+// sameBound checks that a body's bound on its input (MaxPromptTokens) is
+// never below its estimate and that the bound of its compacted form, of
+// removed bytes fewer, differs by at most those bytes; then it sets c's
+// to r's, so the requests compare equal otherwise.
+func sameBound(c, r *Request, removed int) {
+	if r.MaxPromptTokens != 0 && r.MaxPromptTokens < r.PromptTokens ||
+		(c.MaxPromptTokens == 0) != (r.MaxPromptTokens == 0) ||
+		r.MaxPromptTokens < c.MaxPromptTokens || r.MaxPromptTokens > c.MaxPromptTokens+removed {
+		return // left unequal: the caller reports both
+	}
+	c.MaxPromptTokens = r.MaxPromptTokens
 }

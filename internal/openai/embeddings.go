@@ -35,6 +35,7 @@ func ParseEmbeddings(body []byte) (Request, error) {
 	e.prompt(v[1])
 	r.PromptChars = e.chars
 	r.PromptTokens = e.promptTokens()
+	r.MaxPromptTokens = r.maxPrompt(&e, len(body))
 	r.Choices = 1
 	return r, nil
 }

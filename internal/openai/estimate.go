@@ -34,10 +34,6 @@ const (
 	// <tool_call>\n{"name": …, "arguments": …}\n</tool_call>, 10 tokens or
 	// more around the name and arguments.
 	TokensPerToolCall = 10
-	// TokensPerImage is the charge for each non-text content part: 85 is
-	// OpenAI's cost of a low-detail image (its base tile). High-detail
-	// images, audio, video and files cost more; see Request.PromptTokens.
-	TokensPerImage = 85
 	// TokensPerPrompt is the beginning-of-sequence token a server adds to
 	// each text prompt of /v1/completions (vLLM with Llama's tokenizer does;
 	// OpenAI counts none). Token-ID prompts are taken as they are.
@@ -59,6 +55,28 @@ type estimate struct {
 	// anthropic: content blocks are Anthropic's, where tool_use,
 	// tool_result and thinking blocks carry text of their own.
 	anthropic bool
+	// mediaMax is the most the media parts may count (MaxTokensPerImage
+	// an image); blind: a part or a tool adds input the gate cannot see.
+	mediaMax int
+	blind    bool
+	// rendered is the JSON text a template may render again with spaces
+	// (tools, tool calls and their arguments, Anthropic's tool_use input).
+	rendered int
+}
+
+// maxPrompt is the most prompt tokens a body of size bytes can make a
+// server count (Request.MaxPromptTokens), whatever its tokenizer and
+// template: a byte-level tokenizer spends at most a token a byte (JSON's
+// escapes only lengthen text), a template that renders JSON again with
+// a space after each separator at most a token more a byte of it
+// (rendered), what a server adds on its own at most
+// MaxHiddenPromptTokens, and a media part at most MaxTokensPerImage. 0
+// when a part or tool adds input the gate cannot see.
+func (e *estimate) maxPrompt(size int) int {
+	if e.blind {
+		return 0
+	}
+	return size + e.rendered + MaxHiddenPromptTokens + e.mediaMax
 }
 
 // promptTokens is the estimate: all text at EstimateTokens' rate (so never
@@ -109,6 +127,13 @@ func (e *estimate) message(i int, m gjson.Result) error {
 		case "function_call": // the legacy form of one tool call
 			e.tokens += TokensPerToolCall
 			return e.function(v, func() string { return path() + ".function_call" })
+		case "encrypted_content": // reasoning the server decrypts into input
+			e.blind = true
+			e.text(v)
+		case "type":
+			// A reference to a stored item: input the gate cannot see.
+			e.blind = e.blind || v.Str == "item_reference"
+			e.text(v)
 		default:
 			e.text(v)
 		}
@@ -186,7 +211,7 @@ func (e *estimate) part(path func() string, p gjson.Result) error {
 	case e.anthropic && typ != "image" && typ != "document":
 		return e.block(path, p)
 	default:
-		e.tokens += TokensPerImage
+		e.media(typ, p)
 	}
 	return nil
 }
@@ -206,6 +231,7 @@ func textPart(typ string) bool {
 // text, and its markup costs TokensPerToolCall.
 func (e *estimate) block(path func() string, b gjson.Result) error {
 	e.tokens += TokensPerToolCall
+	defer e.renders(e.extra)
 	var err error
 	b.ForEach(func(k, v gjson.Result) bool { // keys already checked for repeats
 		switch k.Str {
@@ -243,7 +269,7 @@ func (e *estimate) toolResult(path func() string, c gjson.Result) error {
 			switch k {
 			case "type", "cache_control":
 			case "source":
-				e.tokens += TokensPerImage
+				e.anthropicSource(v)
 			default:
 				e.text(v)
 			}
@@ -290,8 +316,13 @@ func (e *estimate) toolCalls(i int, calls gjson.Result) error {
 	return err
 }
 
+// renders counts the text e.extra gained since it stood at from as JSON
+// a template may render again.
+func (e *estimate) renders(from int) { e.rendered += e.extra - from }
+
 // function counts a called function (name, arguments) as text.
 func (e *estimate) function(fn gjson.Result, path func() string) error {
+	defer e.renders(e.extra)
 	if !fn.IsObject() {
 		e.text(fn)
 		return nil
@@ -398,6 +429,18 @@ func (e *estimate) tools(param string, tools gjson.Result) error {
 		e.tokens += (entry + 1) * TokensPerTool
 	}
 	e.extra += chars - 2 - entry // the array's brackets and commas
+	e.rendered += chars
+	tools.ForEach(func(_, t gjson.Result) bool {
+		// A tool the server runs itself (web or file search, code
+		// execution, a connector) adds input the gate cannot see; only
+		// functions (and Anthropic's, untyped) are the client's.
+		switch typ := t.Get("type"); typ.Str {
+		case "function", "custom":
+		default:
+			e.blind = e.blind || typ.Exists()
+		}
+		return !e.blind
+	})
 	return nil
 }
 

@@ -46,7 +46,10 @@ type Request struct {
 	//     render it), tools and legacy functions (their JSON text without
 	//     insignificant whitespace), prompt strings and suffix;
 	//   - token IDs exactly, one each, nested arrays summed;
-	//   - TokensPerImage for each non-text content part;
+	//   - for each non-text content part, what the request says of it
+	//     (see media.go): an image at OpenAI's cost for its detail and, sent
+	//     inline, its size (unknown: the most any size costs); inline audio
+	//     by its size; a part the gate cannot see, TokensPerImage;
 	//   - TokensPerMessage, TokensPerRequest (chat), TokensPerTool,
 	//     TokensPerToolCall, and TokensPerPrompt for each text prompt.
 	//
@@ -65,13 +68,21 @@ type Request struct {
 	//     a chat "Say hello in five words." is estimated at 16 tokens where
 	//     a Llama 3.1 server counts 34. These are per request, not something
 	//     a client can multiply within one;
-	//   - for non-text parts: a high-detail image costs OpenAI up to about
-	//     1,500 tokens, an open vision model thousands; audio, video and
-	//     files more still. Each is charged TokensPerImage;
+	//   - for non-text parts: an image costs some servers more than
+	//     OpenAI's tiles (gpt-4o-mini's 33 times as much, an open vision
+	//     model thousands), audio may be denser, and a file, a video or
+	//     audio by URL is estimated at TokensPerImage. What a pool proves
+	//     above the estimate is charged, up to MaxPromptTokens, and a
+	//     budget it overruns carries the excess as debt;
 	//   - for fields not read: documents (RAG templates), a request's own
 	//     chat_template or chat_template_kwargs, prompt_embeds,
 	//     response_format (if a server renders it into the prompt).
 	PromptTokens int
+	// MaxPromptTokens is the most prompt tokens the body can make a server
+	// count, whatever its tokenizer and template: see maxPrompt. 0 when
+	// the body cannot bound it (it refers to input the gate cannot see: a
+	// file, a video, audio by URL, a server-side tool, stored items).
+	MaxPromptTokens int
 	// Choices is the number of completions to charge for: max(n, best_of),
 	// 1 when both are absent, for each prompt of a /v1/completions batch (an
 	// array of strings, or of token-ID arrays, is a prompt per element,
@@ -116,6 +127,19 @@ func (r *Request) Unbounded() iter.Seq[string] {
 			}
 		}
 	}
+}
+
+// maxPrompt is MaxPromptTokens for a body of size bytes estimated as e:
+// 0 when the request carries stored input (Unbounded) or e saw input it
+// cannot see.
+func (r *Request) maxPrompt(e *estimate, size int) int {
+	for range r.Unbounded() {
+		return 0
+	}
+	if e.blind {
+		return 0
+	}
+	return max(e.maxPrompt(size), e.promptTokens())
 }
 
 // Sentinel errors for request bodies; each maps to an OpenAI error code.
@@ -168,6 +192,7 @@ func ParseRequest(body []byte) (Request, error) {
 		tools, functions         gjson.Result
 		n, bestOf                gjson.Result
 		dup                      string
+		blind                    bool
 	)
 	doc.ForEach(func(key, v gjson.Result) bool {
 		var dst *gjson.Result
@@ -196,6 +221,9 @@ func ParseRequest(body []byte) (Request, error) {
 			dst = &n
 		case "best_of":
 			dst = &bestOf
+		case "web_search_options": // search results: input the gate cannot see
+			blind = true
+			return true
 		default:
 			return true
 		}
@@ -295,8 +323,10 @@ func ParseRequest(body []byte) (Request, error) {
 	}
 	e.prompt(prompt)
 	e.text(suffix)
+	e.blind = e.blind || blind
 	r.PromptChars = e.chars
 	r.PromptTokens = e.promptTokens()
+	r.MaxPromptTokens = r.maxPrompt(&e, len(body))
 	r.Choices = choices * max(e.prompts, 1)
 	return r, nil
 }

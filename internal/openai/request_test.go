@@ -121,16 +121,18 @@ func TestParseRequest(t *testing.T) {
 			},
 		},
 		{
-			name: "content parts: text in PromptChars, other parts a fixed cost",
+			name: "content parts: text in PromptChars, others by what they say",
 			body: `{"model":"m","messages":[{"role":"user","content":[
 				{"type":"text","text":"What is in"},
 				{"type":"image_url","image_url":{"url":"https://example.com/cat.png","detail":"high"}},
 				{"type":"input_audio","input_audio":{"data":"AAAA","format":"wav"}},
 				{"type":"text","text":" this image?"}]}]}`,
 			want: Request{
-				Model:        "m",
-				PromptChars:  len("What is in") + len(" this image?"),
-				PromptTokens: chat(len("What is in")+len(" this image?"), 1) + 2*TokensPerImage,
+				Model:       "m",
+				PromptChars: len("What is in") + len(" this image?"),
+				// an image by URL at high detail: the most any size costs;
+				// 3 bytes of audio: a token
+				PromptTokens: chat(len("What is in")+len(" this image?"), 1) + ImageTokens("high", 0, 0) + 1,
 			},
 		},
 		{
@@ -217,6 +219,7 @@ func TestParseRequest(t *testing.T) {
 			if tt.want.Choices == 0 {
 				tt.want.Choices = 1
 			}
+			got.MaxPromptTokens = 0 // TestMaxPromptTokens
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest(%s)\n got %s\nwant %s", tt.body, fmtRequest(got), fmtRequest(tt.want))
 			}
@@ -472,6 +475,10 @@ func checkWithUsage(t *testing.T, body, out []byte) {
 		t.Fatalf("ParseRequest(WithUsage(%q)).IncludeUsage = %s, want true", body, fmtRequest(after))
 	}
 	after.IncludeUsage = before.IncludeUsage
+	// The body grew by the option: so did what it can hold.
+	if after.MaxPromptTokens > 0 {
+		after.MaxPromptTokens -= len(out) - len(body)
+	}
 	if !reflect.DeepEqual(after, before) {
 		t.Fatalf("WithUsage(%q) changed the request:\n got %s\nwant %s", body, fmtRequest(after), fmtRequest(before))
 	}
@@ -578,6 +585,7 @@ func FuzzParseRequest(f *testing.F) {
 		var compact bytes.Buffer
 		if json.Compact(&compact, body) == nil {
 			c, err := ParseRequest(compact.Bytes())
+			sameBound(&c, &r, len(body)-compact.Len())
 			if err != nil || !reflect.DeepEqual(c, r) {
 				t.Fatalf("ParseRequest(%q) = %s\ncompacted: %s, %v", body, fmtRequest(r), fmtRequest(c), err)
 			}

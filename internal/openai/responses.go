@@ -86,6 +86,7 @@ func ParseResponses(body []byte) (Request, error) {
 	}
 	r.PromptChars = e.chars
 	r.PromptTokens = e.promptTokens()
+	r.MaxPromptTokens = r.maxPrompt(&e, len(body))
 	r.Choices = 1
 	return r, nil
 }

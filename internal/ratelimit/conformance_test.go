@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,6 +93,7 @@ func runConformance(t *testing.T, b backend) {
 	t.Run("ConcurrentAfterWindow", func(t *testing.T) { testConcurrentAfterWindow(t, b) })
 	t.Run("TooLarge", func(t *testing.T) { testTooLarge(t, b) })
 	t.Run("Extremes", func(t *testing.T) { testExtremes(t, b) })
+	t.Run("Debt", func(t *testing.T) { testDebt(t, b) })
 }
 
 // step is one Reserve call and what it must answer.
@@ -324,7 +327,9 @@ func testSettle(t *testing.T, b backend) {
 		{name: "charge output reserved as zero", reserve: req(100, 0), actual: req(100, 300), want: []int64{9, 900, 700, 600}},
 		{
 			name: "charge past the limit", reserve: req(100, 500), actual: req(100, 1200),
-			want: []int64{9, 900, 0, 0}, thenDeny: req(0, 0),
+			// The counters stop at their limits (the rest is debt on the
+			// next window, see testDebt): a request of one token is denied.
+			want: []int64{9, 900, 0, 0}, thenDeny: req(0, 1),
 		},
 		{name: "request count is final", reserve: req(100, 500), actual: Cost{InputTokens: 100, OutputTokens: 500}, want: []int64{9, 900, 500, 400}},
 		{
@@ -746,5 +751,120 @@ func testConcurrent(t *testing.T, b backend) {
 	got := remaining(t, replicas[0], limits)
 	if wantRem := []int64{1000 - want, tokens - actualSum}; !reflect.DeepEqual(got, wantRem) {
 		t.Errorf("remaining after settling = %v, want %v (drift)", got, wantRem)
+	}
+}
+
+// testDebt settles usage far above what was reserved: the part past the
+// limit is carried into the windows that follow, each filled up to the
+// limit, the last of MaxDebtWindows taking the rest, so a budget exceeded
+// many times over is paid back, not forgotten when its window ends.
+func testDebt(t *testing.T, b backend) {
+	ctx := context.Background()
+	tpmK := tpm("tpm", "k", 1000)
+	type settle struct {
+		at     time.Duration // from t0
+		i      int           // which reservation
+		actual Cost
+	}
+	tests := []struct {
+		name     string
+		limits   []Limit
+		reserves []Cost // at 5 s, in the first window
+		edit     func(i int, r *Reservation)
+		settles  []settle
+		// remaining of limits[0] in window w (0: the first), once
+		// everything settled; windows not named must be untouched.
+		want map[int]int64
+	}{
+		{
+			name: "twelve times the limit, paid back over eleven windows", limits: []Limit{tpmK},
+			reserves: []Cost{req(100, 100)}, settles: []settle{{30 * time.Second, 0, req(100, 11900)}},
+			want: map[int]int64{0: 0, 1: 0, 2: 0, 5: 0, 11: 0, 12: 1000},
+		},
+		{
+			name: "debt fills each window up to the limit", limits: []Limit{tpmK},
+			reserves: []Cost{req(0, 100), req(0, 100), req(0, 100)},
+			settles: []settle{
+				{30 * time.Second, 0, req(0, 900)},  // 1100: 100 to the next window
+				{31 * time.Second, 1, req(0, 1100)}, // 2000 again: 900 fill the next, 100 the one after
+				{32 * time.Second, 2, req(0, 50)},   // a refund stays in its window
+			},
+			want: map[int]int64{0: 50, 1: 0, 2: 900, 3: 1000},
+		},
+		{
+			name: "the last window takes the rest", limits: []Limit{tpmK},
+			reserves: []Cost{req(0, 100)}, settles: []settle{{30 * time.Second, 0, req(0, 40_000)}},
+			want: map[int]int64{0: 0, MaxDebtWindows - 1: 0, MaxDebtWindows: 0, MaxDebtWindows + 1: 1000},
+		},
+		{
+			name: "a charge carried from an ended window carries its debt", limits: []Limit{tpmK},
+			reserves: []Cost{req(0, 100)}, settles: []settle{{70 * time.Second, 0, req(0, 2600)}},
+			want: map[int]int64{0: 900, 1: 0, 2: 0, 3: 500, 4: 1000},
+		},
+		{
+			name: "what was over before is not this charge's debt", limits: []Limit{tpmK},
+			reserves: []Cost{req(0, 600), req(0, 400)},
+			// The second as if reserved under a limit lowered to 500: the
+			// counter stood 500 over it before its charge of 100.
+			edit: func(i int, r *Reservation) {
+				if i == 1 {
+					r.Entries[0].Limit = 500
+				}
+			},
+			settles: []settle{{31 * time.Second, 1, req(0, 500)}},
+			want:    map[int]int64{0: 0, 1: 900, 2: 1000},
+		},
+		{
+			name: "an entry without a limit carries none", limits: []Limit{tpmK},
+			reserves: []Cost{req(100, 100)}, edit: func(_ int, r *Reservation) { r.Entries[0].Limit = 0 },
+			settles: []settle{{30 * time.Second, 0, req(100, 11900)}},
+			want:    map[int]int64{0: 0, 1: 1000},
+		},
+		{
+			name: "limits sharing a counter: debt past the smallest",
+			limits: []Limit{
+				{Name: "a", Key: "k", Unit: OutputTokens, Amount: 1000, Window: time.Minute},
+				{Name: "b", Key: "k", Unit: OutputTokens, Amount: 500, Window: time.Minute},
+			},
+			reserves: []Cost{req(0, 100)}, settles: []settle{{30 * time.Second, 0, req(0, 1200)}},
+			want: map[int]int64{0: 500, 1: 500, 2: 800, 3: 1000}, // 1200: 500 kept, 500 and 200 carried
+		},
+		{
+			name: "money past 2^53, exact", limits: []Limit{{Name: "m", Key: "k", Unit: Money, Amount: 3_000_000_000_000_000_007, Window: time.Minute}},
+			reserves: []Cost{money(1_000_000_000_000_000_000)},
+			settles:  []settle{{30 * time.Second, 0, money(7_000_000_000_000_000_123)}},
+			// 4e18+116 over: the next window takes the limit, the one after 1e18+109
+			want: map[int]int64{0: 0, 1: 0, 2: 1_999_999_999_999_999_898, 3: 3_000_000_000_000_000_007},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := newFakeClock(t0.Add(5 * time.Second))
+			l := b.newStore(t, clock.Now)()
+			var rs []Reservation
+			for i, c := range tc.reserves {
+				res, err := l.Reserve(ctx, tc.limits, c)
+				if err != nil || !res.Allowed {
+					t.Fatalf("Reserve(%+v) = %+v, %v", c, res, err)
+				}
+				if tc.edit != nil {
+					tc.edit(i, &res.Reservation)
+				}
+				rs = append(rs, res.Reservation)
+			}
+			for _, s := range tc.settles {
+				clock.SetOffset(s.at)
+				if err := l.Settle(ctx, rs[s.i], s.actual); err != nil {
+					t.Fatalf("Settle: %v", err)
+				}
+			}
+			for _, w := range slices.Sorted(maps.Keys(tc.want)) { // a window passed is gone
+				want := tc.want[w]
+				clock.SetOffset(time.Duration(w)*time.Minute + 59*time.Second)
+				if got := remaining(t, l, tc.limits)[0]; got != want {
+					t.Errorf("window %d: remaining = %d, want %d", w, got, want)
+				}
+			}
+		})
 	}
 }

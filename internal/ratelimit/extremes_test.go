@@ -93,6 +93,24 @@ func (c *modelCounter) add(d int64) {
 	c.saturated = c.saturated || !c.charged.IsInt64() || c.charged.Int64() == math.MaxInt64
 }
 
+// settle adds a settlement's d to the counter of a limit of amount limit:
+// the part of a charge above both the limit and where the counter stood
+// is debt, carried into the windows that follow (not this one), so the
+// counter keeps max(before, limit); a saturated counter stays so.
+func (c *modelCounter) settle(d, limit int64) {
+	before := c.used()
+	if d <= 0 || limit <= 0 || before == math.MaxInt64 {
+		c.add(d)
+		return
+	}
+	after := new(big.Int).Add(big.NewInt(before), big.NewInt(d))
+	if keep := max(before, limit); after.Cmp(big.NewInt(keep)) > 0 {
+		c.charged, c.saturated = big.NewInt(keep), keep == math.MaxInt64
+		return
+	}
+	c.add(d)
+}
+
 func (c *modelCounter) used() int64 {
 	if c.saturated {
 		return math.MaxInt64
@@ -235,7 +253,7 @@ func testExtremes(t *testing.T, b backend) {
 				for _, e := range h.res.Entries {
 					if e.Unit != Requests {
 						id := ctrID{counterLimitKey(t, e.Counter, observe), e.Unit}
-						model[id].add(actual.Of(e.Unit) - h.cost.Of(e.Unit))
+						model[id].settle(actual.Of(e.Unit)-h.cost.Of(e.Unit), e.Limit)
 					}
 				}
 				check(step, "settle")

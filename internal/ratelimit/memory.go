@@ -138,7 +138,7 @@ func (m *Memory) Reserve(_ context.Context, limits []Limit, cost Cost) (Result, 
 	st, entries := newResult(n, true)
 	fillStates(st, limits, used, ends, now)
 	for i := range limits {
-		entries[i] = Entry{Counter: ctrs[i].id, Unit: limits[i].Unit, Reserved: cost.Of(limits[i].Unit), ExpiresAt: ends[i]}
+		entries[i] = Entry{Counter: ctrs[i].id, Unit: limits[i].Unit, Reserved: cost.Of(limits[i].Unit), ExpiresAt: ends[i], Limit: limits[i].Amount}
 	}
 	return Result{Allowed: true, Reservation: Reservation{Entries: dedupEntries(entries)}, States: st}, nil
 }
@@ -181,27 +181,64 @@ func (m *Memory) apply(adj []adjustment, nowMs int64) error {
 		a := &adj[i]
 		c := m.byID[a.counter]
 		if c == nil && a.carried {
-			key, ok1 := strings.CutPrefix(a.head, DefaultCounterPrefix+"{")
-			key, ok2 := strings.CutSuffix(key, "}")
-			if !ok1 || !ok2 {
-				errs = append(errs, fmt.Errorf("%w: counter %q is not a counter of this limiter", ErrInvalid, a.counter))
+			var err error
+			if c, err = m.create(a, a.counter, a.start, a.end); err != nil {
+				errs = append(errs, err)
 				continue
 			}
-			c = &memCounter{
-				key: counterKey{key: key, unit: a.unit, window: a.window, start: a.start},
-				id:  a.counter,
-				end: a.end,
-			}
-			m.byKey[c.key] = c
-			m.byID[c.id] = c
-			m.expiry.push(c)
 		}
 		// An ended window's counter, while still held, takes refunds only.
 		if c != nil && (c.end > nowMs || a.delta < 0) {
-			c.used = addSat(c.used, a.delta)
+			over := overLimit(c.used, a.delta, a.limit)
+			c.used = addSat(c.used, a.delta) - over
+			errs = append(errs, m.carryDebt(a, over))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// carryDebt moves debt, what a's charge took past its limit, into the
+// counters of the windows after a's (see settlePlan).
+func (m *Memory) carryDebt(a *adjustment, debt int64) error {
+	for k := 1; debt > 0 && k <= MaxDebtWindows; k++ {
+		id, start, end := a.debtWindow(k)
+		c := m.byID[id]
+		part := debtPart(debt, 0, a.limit, k)
+		if c != nil {
+			part = debtPart(debt, c.used, a.limit, k)
+		}
+		if part == 0 {
+			continue
+		}
+		if c == nil {
+			var err error
+			if c, err = m.create(a, id, start, end); err != nil {
+				return err
+			}
+		}
+		c.used = addSat(c.used, part)
+		debt -= part
+	}
+	return nil
+}
+
+// create adds the counter id of a's limit for the window [start, end).
+// m.mu must be held.
+func (m *Memory) create(a *adjustment, id string, start, end int64) (*memCounter, error) {
+	key, ok1 := strings.CutPrefix(a.head, DefaultCounterPrefix+"{")
+	key, ok2 := strings.CutSuffix(key, "}")
+	if !ok1 || !ok2 {
+		return nil, fmt.Errorf("%w: counter %q is not a counter of this limiter", ErrInvalid, id)
+	}
+	c := &memCounter{
+		key: counterKey{key: key, unit: a.unit, window: a.window, start: start},
+		id:  id,
+		end: end,
+	}
+	m.byKey[c.key] = c
+	m.byID[c.id] = c
+	m.expiry.push(c)
+	return c, nil
 }
 
 // Len returns how many counters are held (current windows, plus ended
@@ -247,13 +284,15 @@ func sameCounterBefore(ctrs []*memCounter, i int) bool {
 }
 
 // dedupEntries drops entries whose counter appears earlier, so that
-// settling charges a shared counter once. It reuses es.
+// settling charges a shared counter once, keeping the smallest limit of
+// those sharing it (the one that admits). It reuses es.
 func dedupEntries(es []Entry) []Entry {
 	out := es[:0]
 	for i := range es {
 		dup := false
 		for j := range out {
 			if out[j].Counter == es[i].Counter {
+				out[j].Limit = min(out[j].Limit, es[i].Limit)
 				dup = true
 				break
 			}

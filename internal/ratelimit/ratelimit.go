@@ -57,7 +57,12 @@
 // actual.Of(unit) > Reserved, is charged to the counter of the same limit
 // key, unit and window length in the window in force when it lands,
 // created if need be; a shortfall is refunded nowhere, since the ended
-// window no longer gates anything (see settlePlan for why). Requests
+// window no longer gates anything (see settlePlan for why). A charge
+// that takes a counter past its limit (Entry.Limit: usage above the
+// reservation) is not forgotten when the window ends: the part over the
+// limit is moved into the counters of the same limit in the windows that
+// follow, as debt, filling each up to the limit, over at most
+// MaxDebtWindows windows (the last takes what is left). Requests
 // entries are never changed: an admitted request counts as one whatever
 // actual.Requests says. Settle must be called once per admitted
 // reservation (there is no deduplication: settling twice applies the
@@ -186,6 +191,11 @@ type Entry struct {
 	// that charges any excess to the limit's counter in the window then in
 	// force, and refunds nothing.
 	ExpiresAt int64 `json:"x"`
+	// Limit is the limit's Amount (the smallest, for limits sharing the
+	// counter): a settlement that takes the counter past it carries the
+	// part over into the following windows as debt (see settlePlan). 0
+	// carries none.
+	Limit int64 `json:"l,omitempty"`
 }
 
 // State is one limit's standing after a decision, for x-ratelimit-* headers.

@@ -169,30 +169,46 @@ end
 return res
 `)
 
-// settleScript applies the adjustments of a Settle or Release.
+// settleScript applies the adjustments of a Settle or Release. Each
+// adjustment is its counter in KEYS, then the counters of the windows its
+// debt may go to (n of them, in order); in ARGV:
 //
-//	KEYS[i]      a counter
-//	ARGV[2i-1]   what to add to it
-//	ARGV[2i]     0: adjust the counter only if it exists, flooring the
-//	             result at zero, keeping its TTL; > 0: a charge carried
-//	             over from an ended window into the window in force, which
-//	             creates the counter with this TTL (ms) if it is absent
+//	delta   what to add to the counter
+//	ttl     0: adjust the counter only if it exists, flooring the result
+//	        at zero, keeping its TTL; > 0: a charge carried over from an
+//	        ended window into the window in force, which creates the
+//	        counter with this TTL (ms) if it is absent
+//	limit   the counter's limit, 0 for none: a charge that takes the
+//	        counter past it moves the part over it (overLimit) into the
+//	        debt counters, filling each up to the limit, the last taking
+//	        the rest (debtPart)
+//	n       how many debt counters follow the counter in KEYS
+//	ttl_1..ttl_n   the TTL (ms) to create each with
 //
 // A counter saturates at math.MaxInt64 (INCRBY would fail on overflow,
 // and a failed settlement would forget its charge), and then stays
-// saturated, refunds included (see addSat); it is floored at zero.
-// SET ... KEEPTTL needs Redis 6.0 or later. A settlement of a window in
-// force never creates a counter (Redis lost
-// it: restart, eviction); a carried charge must, or it would be dropped
+// saturated, refunds included, and carries no debt (see addSat); it is
+// floored at zero. SET ... KEEPTTL needs Redis 6.0 or later. A settlement
+// of a window in force never creates a counter (Redis lost it: restart,
+// eviction); a carried charge and a debt must, or they would be dropped
 // whenever no request of the new window came first. All keys of one call
 // share the hash tag of the reservation's counters, hence one slot.
 var settleScript = redis.NewScript(luaExact + `
-for i = 1, #KEYS do
-  local k = KEYS[i]
-  local d = ARGV[2 * i - 1]
+local function sub(a, b)
+  local ah, al = split(a)
+  local bh, bl = split(b)
+  local hi, lo = ah - bh, al - bl
+  if lo < 0 then lo = lo + 1e9; hi = hi - 1 end
+  if hi == 0 then return string.format('%d', lo) end
+  return string.format('%.0f%09d', hi, lo)
+end
+local ki, ai = 1, 1
+while ki <= #KEYS do
+  local k, d, ttl, limit, n = KEYS[ki], ARGV[ai], ARGV[ai + 1], ARGV[ai + 2], tonumber(ARGV[ai + 3])
   local v = redis.call('GET', k)
+  local charged = string.sub(d, 1, 1) ~= '-' and d ~= '0'
   if v == MAXINT then
-    -- saturated: stays so until its window ends (see addSat)
+    charged = false -- saturated: stays so until its window ends (see addSat)
   elseif v then
     if string.sub(d, 1, 1) == '-' then
       if less(v, string.sub(d, 2)) then
@@ -205,9 +221,45 @@ for i = 1, #KEYS do
     else
       redis.call('INCRBY', k, d)
     end
-  elseif tonumber(ARGV[2 * i]) > 0 and string.sub(d, 1, 1) ~= '-' and d ~= '0' then
-    redis.call('SET', k, d, 'PX', ARGV[2 * i])
+  elseif tonumber(ttl) > 0 and charged then
+    redis.call('SET', k, d, 'PX', ttl)
+    v = '0'
+  else
+    charged = false
   end
+  if charged and limit ~= '0' then
+    local after = redis.call('GET', k)
+    local base = v
+    if less(base, limit) then base = limit end
+    if less(base, after) then
+      local debt = sub(after, base)
+      redis.call('DECRBY', k, debt)
+      for j = 1, n do
+        if debt == '0' then break end
+        local dk = KEYS[ki + j]
+        local dv = redis.call('GET', dk)
+        local part = debt
+        if j < n then
+          local room = '0'
+          if less(dv or '0', limit) then room = sub(limit, dv or '0') end
+          if less(room, debt) then part = room end
+        end
+        if part ~= '0' then
+          if dv == MAXINT then
+            -- saturated already
+          elseif dv and exceeds(dv, part, MAXINT) then
+            redis.call('SET', dk, MAXINT, 'KEEPTTL')
+          elseif dv then
+            redis.call('INCRBY', dk, part)
+          else
+            redis.call('SET', dk, part, 'PX', ARGV[ai + 3 + j])
+          end
+          debt = sub(debt, part)
+        end
+      end
+    end
+  end
+  ki, ai = ki + 1 + n, ai + 4 + n
 end
 return 0
 `)
@@ -278,7 +330,7 @@ func (r *Redis) Reserve(ctx context.Context, limits []Limit, cost Cost) (Result,
 		return res, nil
 	}
 	for i := range limits {
-		entries[i] = Entry{Counter: ids[i], Unit: limits[i].Unit, Reserved: cost.Of(limits[i].Unit), ExpiresAt: ends[i]}
+		entries[i] = Entry{Counter: ids[i], Unit: limits[i].Unit, Reserved: cost.Of(limits[i].Unit), ExpiresAt: ends[i], Limit: limits[i].Amount}
 	}
 	res.Allowed = true
 	res.Reservation = Reservation{Entries: dedupEntries(entries)}
@@ -315,15 +367,23 @@ func (r *Redis) apply(ctx context.Context, op string, adj []adjustment, nowMs in
 	if len(adj) == 0 {
 		return nil
 	}
-	keys := make([]string, len(adj))
-	args := make([]any, 2*len(adj))
+	keys := make([]string, 0, len(adj))
+	args := make([]any, 0, 4*len(adj))
 	for i := range adj {
 		a := &adj[i]
-		keys[i] = a.counter
-		args[2*i] = strconv.FormatInt(a.delta, 10)
-		args[2*i+1] = "0"
+		ttl, debts := "0", 0
 		if a.carried {
-			args[2*i+1] = strconv.FormatInt(r.ttl(a.start, a.end, nowMs), 10)
+			ttl = strconv.FormatInt(r.ttl(a.start, a.end, nowMs), 10)
+		}
+		if a.limit > 0 {
+			debts = MaxDebtWindows
+		}
+		keys = append(keys, a.counter)
+		args = append(args, strconv.FormatInt(a.delta, 10), ttl, strconv.FormatInt(a.limit, 10), debts)
+		for k := 1; k <= debts; k++ {
+			id, start, end := a.debtWindow(k)
+			keys = append(keys, id)
+			args = append(args, r.ttl(start, end, nowMs))
 		}
 	}
 	if err := settleScript.Run(ctx, r.client, keys, args...).Err(); err != nil {

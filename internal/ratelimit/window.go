@@ -262,6 +262,77 @@ type adjustment struct {
 	head       string
 	window     time.Duration
 	start, end int64
+	// limit, when positive, is the counter's limit (Entry.Limit) for a
+	// charge (delta > 0): the part of it that takes the counter past the
+	// limit is debt, moved into the windows after end (see overLimit,
+	// debtPart and debtWindow), whose counters have the id prefix
+	// idPrefix (the id up to its last field, the window's start).
+	limit    int64
+	idPrefix string
+}
+
+// MaxDebtWindows bounds how many windows after its own a charge past a
+// limit is carried into: each is filled up to the limit, the last takes
+// whatever is left. A budget exceeded that many times over is paid back
+// over that many windows; past it, the last one holds the rest (it admits
+// nothing) and a settlement writes at most this many counters per entry.
+const MaxDebtWindows = 16
+
+// overLimit is the debt a charge of d makes on a counter that stood at
+// used under limit: the part of the charge above both the limit and where
+// the counter stood (what was over it before, a lowered limit's, is not
+// this charge's). 0 without a positive limit or charge. The sum
+// saturates: it never wraps.
+func overLimit(used, d, limit int64) int64 {
+	if d <= 0 || limit <= 0 {
+		return 0
+	}
+	after := used + d
+	if used > math.MaxInt64-d {
+		after = math.MaxInt64
+	}
+	return max(0, after-max(used, limit))
+}
+
+// debtPart is how much of the debt rest the k-th window after a charge's
+// (1-based) takes, its counter standing at used: what fills it up to
+// limit, or all of rest in the last window (MaxDebtWindows).
+func debtPart(rest, used, limit int64, k int) int64 {
+	if k >= MaxDebtWindows {
+		return rest
+	}
+	return min(rest, max(0, limit-max(used, 0)))
+}
+
+// debtWindow is the counter id and window (start, end, Unix ms) of the
+// k-th window (1-based) after a's: a's counter id but for its last field.
+func (a *adjustment) debtWindow(k int) (id string, start, end int64) {
+	end = a.end
+	for range k {
+		start, end = window(end, a.window)
+	}
+	return a.idPrefix + strconv.FormatInt(start, 10), start, end
+}
+
+// withDebt makes a, a charge on the counter of entry e (in force, or
+// carried into the window [a.start, a.end)), carry what it takes past
+// e.Limit into the windows that follow. An entry whose counter id cannot
+// be read carries none.
+func withDebt(a adjustment, e *Entry) adjustment {
+	if a.delta <= 0 || e.Limit <= 0 {
+		return a
+	}
+	if !a.carried {
+		head, unit, w, start, ok := parseCounterID(e.Counter)
+		if !ok || unit != e.Unit {
+			return a
+		}
+		_, end := window(start, w)
+		a.unit, a.head, a.window, a.start, a.end = unit, head, w, start, end
+	}
+	a.limit = e.Limit
+	a.idPrefix = a.counter[:strings.LastIndexByte(a.counter, ':')+1]
+	return a
 }
 
 // settlePlan is what settling r's entries with actual changes, at nowMs:
@@ -288,6 +359,15 @@ type adjustment struct {
 // the record of what the window's requests really used (a ledger checked
 // against the pools' own usage balances).
 //
+// Debt: a charge (either kind) that takes its counter past the entry's
+// limit moves the part over it (overLimit) into the counters of the same
+// limit in the windows that follow (debtWindow), each filled up to the
+// limit (debtPart), created if need be. Left in its own window, it would
+// be forgotten when that window ends: a request whose usage was twelve
+// times its per-minute budget would cost one minute, not twelve. Every
+// backend applies it the same way, with these functions (Redis in
+// settleScript).
+//
 // Entries whose counter id cannot be read (not written by this package)
 // are skipped and reported, wrapping ErrInvalid, after the others.
 func settlePlan(entries []Entry, actual Cost, nowMs int64, buf []adjustment) ([]adjustment, error) {
@@ -301,7 +381,7 @@ func settlePlan(entries []Entry, actual Cost, nowMs int64, buf []adjustment) ([]
 		switch {
 		case e.ExpiresAt > nowMs:
 			if d != 0 {
-				buf = append(buf, adjustment{counter: e.Counter, delta: d})
+				buf = append(buf, withDebt(adjustment{counter: e.Counter, delta: d}, e))
 			}
 		case d > 0:
 			a, err := carryOver(e, nowMs)
@@ -310,7 +390,7 @@ func settlePlan(entries []Entry, actual Cost, nowMs int64, buf []adjustment) ([]
 				continue
 			}
 			a.delta = d
-			buf = append(buf, a)
+			buf = append(buf, withDebt(a, e))
 		case d < 0:
 			buf = append(buf, adjustment{counter: e.Counter, delta: d})
 		}
