@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"strconv"
 
@@ -14,6 +15,7 @@ import (
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // gatePlan is the gate's answer to a request the policy has decided, as a
@@ -229,7 +231,13 @@ func (s *Server) envoyMetadata(ctx context.Context, p *gatePlan, traceparent str
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	mf := p.meterField(s.now().UnixMicro(), traceparent)
-	field := sealField(ctx, s.sealer, &mf)
+	field, err := sealField(ctx, s.sealer, &mf)
+	switch {
+	case errors.Is(err, seal.ErrTenantFull), errors.Is(err, seal.ErrFull):
+		return nil, fmt.Errorf("sealing the meter's field: %w", err)
+	case err != nil:
+		s.log.Warn("could not record the meter's field as outstanding; its stamp may read unverified", "err", err)
+	}
 	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
 		return nil, errors.New("the meter's field is " + strconv.Itoa(len(field)) + " bytes; the limit is " + strconv.Itoa(maxMeterField))
 	}
@@ -238,4 +246,21 @@ func (s *Server) envoyMetadata(ctx context.Context, p *gatePlan, traceparent str
 		request.MeterNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			request.MeterKey: structpb.NewStringValue(field)}}),
 	}}, nil
+}
+
+// inFlightError is the refusal of a request whose tenant holds as many
+// sealed fields outstanding as its share allows (seal.ErrTenantFull: 429,
+// as admission refuses one whose reservation's seal would pass it), or
+// whose gateway's whole table is full (seal.ErrFull: 503); nil for
+// another error.
+func inFlightError(err error) *openai.Error {
+	switch {
+	case errors.Is(err, seal.ErrTenantFull):
+		return openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "too_many_requests_in_flight", "",
+			"too many of this tenant's requests are in flight or were lost on the way; retry once some have finished")
+	case errors.Is(err, seal.ErrFull):
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "too_many_requests_in_flight", "",
+			"the gateway holds too many requests in flight; retry shortly")
+	}
+	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 	"github.com/infergate/infergate/internal/tally"
 )
 
@@ -355,7 +356,8 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		m.sentAt = m.departure(end)
 	}
 	m.tally.End(end)
-	e := meterEnd{at: end, complete: complete, trusted: s.trusted(ctx, m), poolName: s.pool, prices: s.opts.Prices}
+	e := meterEnd{at: end, complete: complete, poolName: s.pool, prices: s.opts.Prices}
+	e.trusted, e.uncertain = s.trusted(ctx, m)
 	if !m.envoyTimed {
 		e.stalls = s.stalls.recent(s.now())
 	}
@@ -364,6 +366,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	st := &m.stamp
 	if st.Unverified {
 		s.untrusted(ctx, st)
+	}
+	if e.uncertain {
+		s.metrics.MeterErrors.Add(ctx, 1, claimUncertainAttr)
 	}
 	s.countStamp(ctx, &m.tally, st)
 	if settle := settlementOf(m, &o); settle != nil {
@@ -409,19 +414,27 @@ func (s *Server) countStamp(ctx context.Context, t *tally.Response, st *request.
 }
 
 // trusted reports whether the request's field verified, and claims its
-// seal: a field is trusted once (a replayed one is not).
-func (s *Server) trusted(ctx context.Context, m *meterRequest) bool {
+// seal: a field is trusted once (a replayed one is not). A claim the
+// store did not answer (after its retries) leaves it uncertain: the field
+// verified, so who called is the gate's word (trusted), but that this is
+// its one use is unproved (uncertain: the stamp is marked, the
+// reservation kept whole).
+func (s *Server) trusted(ctx context.Context, m *meterRequest) (trusted, uncertain bool) {
 	if m.fieldSeal.id == "" || m.sealer == nil {
-		return false
+		return false, false
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	first, err := m.sealer.Claim(cctx, m.fieldSeal.id, m.fieldSeal.expires)
-	if err != nil {
-		s.log.Warn("could not record the gate's field as used; the request is recorded unverified",
+	first, err := m.sealer.Claim(cctx, m.fieldSeal.tenant, m.fieldSeal.id, seal.NewClaimant(), m.fieldSeal.expires)
+	switch {
+	case errors.Is(err, seal.ErrExpired):
+		return false, false
+	case err != nil:
+		s.log.Warn("could not record the gate's field as used; the request is recorded under its tenant, claim_uncertain, its reservation kept",
 			"request_id", truncate(m.stamp.RequestID, maxStampField), "err", err)
+		return true, true
 	}
-	return err == nil && first
+	return first, false
 }
 
 // untrusted counts and logs (at most every 10 s) a stamp whose gate field
@@ -436,9 +449,10 @@ func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 }
 
 var (
-	unverifiedAttr = metric.WithAttributes(attribute.String("reason", "unverified"))
-	lateReadAttr   = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
-	lateStreamAttr = metric.WithAttributes(attribute.String("reason", string(request.TimingLateStream)))
+	unverifiedAttr     = metric.WithAttributes(attribute.String("reason", "unverified"))
+	claimUncertainAttr = metric.WithAttributes(attribute.String("reason", request.ClaimUncertain))
+	lateReadAttr       = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
+	lateStreamAttr     = metric.WithAttributes(attribute.String("reason", string(request.TimingLateStream)))
 )
 
 func atoi(s string) int {

@@ -16,9 +16,9 @@ type meterEnd struct {
 	at       time.Time // the response's end, as read (or as the in-Envoy meter timed it)
 	complete bool      // the response ended whole
 	// trusted: the gate's sealed field verified and its seal was claimed
-	// first (Server.trusted).
-	trusted bool
-	stalls  []stall // when infergate did not run (stampClock); unused when Envoy timed the stream
+	// first, or (uncertain) the claim was not answered (Server.trusted).
+	trusted, uncertain bool
+	stalls             []stall // when infergate did not run (stampClock); unused when Envoy timed the stream
 	// poolName names a pool (an Envoy cluster) as the stamp shows it.
 	poolName func(string) string
 	prices   *price.Table // the models' prices; nil prices nothing
@@ -38,6 +38,7 @@ type meterOutcome struct {
 	// takes the gate's estimate as its input); nil: none read.
 	usage       *openai.Usage
 	reservation string // the gate's reservation; "" once the field is not trusted
+	uncertain   bool   // the field's claim was not answered: the reservation is kept whole
 }
 
 // stampOf is the meter's arithmetic for one request whose response ended
@@ -75,6 +76,9 @@ func stampOf(m *meterRequest, e meterEnd) meterOutcome {
 		st.Tenant, st.Principal, st.Reason = "", "", ""
 		st.Decision, st.Unverified = "unverified", true
 		o.reservation = ""
+	}
+	if e.trusted && e.uncertain {
+		st.Verification, o.uncertain = request.ClaimUncertain, true
 	}
 	for i, p := range st.PoolsTried {
 		st.PoolsTried[i] = e.poolName(p)
@@ -179,7 +183,7 @@ func settlementOf(m *meterRequest, o *meterOutcome) *request.Settlement {
 	if st.Decision == "deny" || st.Unverified {
 		return nil
 	}
-	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.reservation,
+	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.reservation, ClaimUncertain: o.uncertain,
 		API: st.API, Status: st.Status, Origin: m.origin, SSE: t.SSE, End: request.EndLost,
 		Terminal: t.Ended() || m.ended, UsageRead: o.usage != nil,
 		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.usage != nil && !t.OutputOnly,
