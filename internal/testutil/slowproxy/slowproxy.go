@@ -5,8 +5,7 @@
 package slowproxy
 
 import (
-	"errors"
-	"io"
+	"bytes"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -14,13 +13,16 @@ import (
 	"time"
 )
 
-// Proxy forwards connections to a target; each reply chunk (what one read
-// of the server gave) may be held before it is forwarded.
+// Proxy forwards connections to a target. The reply to a request may be
+// held: a request is what one read of the client gave, its reply what the
+// next read of the server gives (a client that sends one command at a
+// time, as go-redis does outside pipelines).
 type Proxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
+	match []byte        // the requests whose replies are held contain it
 	hold  int           // replies still to hold
 	delay time.Duration // how long each is held
 	every bool          // hold every reply until Hold is called again
@@ -48,33 +50,34 @@ func Start(t testing.TB, target string) *Proxy {
 // Addr is the proxy's address (host:port).
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
-// Hold makes the next n replies wait d each before they are forwarded (a
+// Hold makes the replies to the next n requests that contain match (any
+// request when match is "") wait d each before they are forwarded (a
 // client whose read timed out meanwhile has closed its connection: the
-// reply is dropped with it).
-func (p *Proxy) Hold(n int, d time.Duration) {
+// reply is dropped with it). Hold("", 0, 0) forwards every reply at once
+// again.
+func (p *Proxy) Hold(match string, n int, d time.Duration) {
 	p.mu.Lock()
-	p.hold, p.delay, p.every = n, d, false
+	p.match, p.hold, p.delay, p.every = []byte(match), n, d, false
 	p.mu.Unlock()
 }
 
-// HoldAll makes every reply wait d until Hold (Hold(0, 0) forwards them at
-// once again).
+// HoldAll makes every reply wait d until Hold is called.
 func (p *Proxy) HoldAll(d time.Duration) {
 	p.mu.Lock()
-	p.hold, p.delay, p.every = 0, d, true
+	p.match, p.hold, p.delay, p.every = nil, 0, d, true
 	p.mu.Unlock()
 }
 
 // Held is how many replies were held so far.
 func (p *Proxy) Held() int64 { return p.held.Load() }
 
-// take reports how long the next reply is held (0: not).
-func (p *Proxy) take() time.Duration {
+// take reports how long the reply to request is held (0: not).
+func (p *Proxy) take(request []byte) time.Duration {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch {
 	case p.every:
-	case p.hold > 0:
+	case p.hold > 0 && bytes.Contains(request, p.match):
 		p.hold--
 	default:
 		return 0
@@ -136,8 +139,8 @@ func (p *Proxy) serve() {
 	}
 }
 
-// pipe forwards one connection: requests as they come, replies through
-// take; either side closing closes both.
+// pipe forwards one connection: each request as it comes, noting how long
+// its reply is held; either side closing closes both.
 func (p *Proxy) pipe(client net.Conn) {
 	defer p.wg.Done()
 	defer p.untrack(client)
@@ -146,18 +149,31 @@ func (p *Proxy) pipe(client net.Conn) {
 		return
 	}
 	defer p.untrack(server)
+	var next atomic.Int64 // how long the reply to the last request is held, in ns
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		_, _ = io.Copy(server, client)
-		_ = server.Close()
-		_ = client.Close()
+		defer server.Close()
+		defer client.Close()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := client.Read(buf)
+			if n > 0 {
+				next.Store(int64(p.take(buf[:n])))
+				if _, werr := server.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
 	}()
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := server.Read(buf)
 		if n > 0 {
-			if d := p.take(); d > 0 {
+			if d := time.Duration(next.Swap(0)); d > 0 {
 				select {
 				case <-time.After(d):
 				case <-p.done:
@@ -169,9 +185,6 @@ func (p *Proxy) pipe(client net.Conn) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				_ = client.Close()
-			}
 			return
 		}
 	}
