@@ -85,7 +85,10 @@ func TestFullTenantShareRefusesOnlyThatTenant(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	for name, once := range map[string]func() seal.Once{
 		"memory": func() seal.Once { return &seal.MemoryOnce{PerTenant: 4, Now: time.Now} },
-		"redis":  func() seal.Once { rdb.FlushAll(context.Background()); return seal.RedisOnce{Client: rdb, Now: time.Now, PerTenant: 4} },
+		"redis": func() seal.Once {
+			rdb.FlushAll(context.Background())
+			return seal.RedisOnce{Client: rdb, Now: time.Now, PerTenant: 4}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			c, spent := twoTenants(t, ratelimit.NewMemory(time.Now), once())
