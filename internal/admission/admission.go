@@ -65,8 +65,10 @@ type Controller struct {
 	// keyring of this process.
 	Seals *seal.Keyring
 	// Settled lets each reservation settle once (its seal issued, then
-	// claimed by a settlement or a release); nil: this process's, in
-	// memory, bounded (DefaultMaxSettled).
+	// claimed by a settlement or a release), each tenant within its share
+	// (a full share refuses that tenant's request: 429
+	// too_many_requests_in_flight); nil: this process's, in memory,
+	// bounded (DefaultMaxSettled, seal.DefaultTenantShare per tenant).
 	Settled seal.Once
 	// LongestStream is how long after its window's end a reservation may
 	// still be settled (after: refused, it stays charged); 0:
