@@ -318,8 +318,12 @@ func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admiss
 // must (500 gate_error), and gives its reservation back: it never reached a
 // pool.
 func (s *Server) failClosed(ctx context.Context, g *gateRequest, adm *request.Admission, v request.Verdict, err error) []*extprocv3.ProcessingResponse {
-	s.log.Error("gate cannot forward an admitted request", "err", err)
 	s.unreserve(ctx, adm, v)
+	if e := inFlightError(err); e != nil {
+		return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: e, Reason: e.Code, Tenant: v.Tenant, Principal: v.Principal,
+			Headers: map[string]string{"retry-after": "1"}})
+	}
+	s.log.Error("gate cannot forward an admitted request", "err", err)
 	e := openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")
 	return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: e, Reason: e.Code})
 }

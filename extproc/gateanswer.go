@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -11,7 +12,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/gate"
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 )
 
 // The gate's plan (internal/gate) as Envoy receives it: the header
@@ -99,7 +102,13 @@ func (s *Server) envoyMetadata(ctx context.Context, p *gate.Plan, traceparent st
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
 	mf := meterField(p, s.now().UnixMicro(), traceparent)
-	field := sealField(ctx, s.sealer, &mf)
+	field, err := sealField(ctx, s.sealer, &mf)
+	switch {
+	case errors.Is(err, seal.ErrTenantFull), errors.Is(err, seal.ErrFull):
+		return nil, fmt.Errorf("sealing the meter's field: %w", err)
+	case err != nil:
+		s.log.Warn("could not record the meter's field as outstanding; its stamp may read unverified", "err", err)
+	}
 	if len(field) > maxMeterField { // the reservation is the one part not cut (UTF-8: checked above)
 		return nil, errors.New("the meter's field is " + strconv.Itoa(len(field)) + " bytes; the limit is " + strconv.Itoa(maxMeterField))
 	}
@@ -108,4 +117,21 @@ func (s *Server) envoyMetadata(ctx context.Context, p *gate.Plan, traceparent st
 		request.MeterNamespace: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			request.MeterKey: structpb.NewStringValue(field)}}),
 	}}, nil
+}
+
+// inFlightError is the refusal of a request whose tenant holds as many
+// sealed fields outstanding as its share allows (seal.ErrTenantFull: 429,
+// as admission refuses one whose reservation's seal would pass it), or
+// whose gateway's whole table is full (seal.ErrFull: 503); nil for
+// another error.
+func inFlightError(err error) *openai.Error {
+	switch {
+	case errors.Is(err, seal.ErrTenantFull):
+		return openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "too_many_requests_in_flight", "",
+			"too many of this tenant's requests are in flight or were lost on the way; retry once some have finished")
+	case errors.Is(err, seal.ErrFull):
+		return openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "too_many_requests_in_flight", "",
+			"the gateway holds too many requests in flight; retry shortly")
+	}
+	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/seal"
 	"github.com/infergate/infergate/internal/tally"
 )
 
@@ -277,7 +278,8 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		m.Sent = m.Departure(end)
 	}
 	m.Tally.End(end)
-	e := meter.End{At: end, Complete: complete, Trusted: s.trusted(ctx, m), PoolName: s.pool, Prices: s.opts.Prices}
+	e := meter.End{At: end, Complete: complete, PoolName: s.pool, Prices: s.opts.Prices}
+	e.Trusted, e.Uncertain = s.trusted(ctx, m)
 	if !m.EnvoyTimed {
 		e.Stalls = s.stalls.Recent(s.now())
 	}
@@ -286,6 +288,9 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	st := &m.Stamp
 	if st.Unverified {
 		s.untrusted(ctx, st)
+	}
+	if e.Uncertain {
+		s.metrics.MeterErrors.Add(ctx, 1, claimUncertainAttr)
 	}
 	s.countStamp(ctx, &m.Tally, st)
 	if settle := meter.SettlementOf(&m.Request, &o); settle != nil {
@@ -331,19 +336,27 @@ func (s *Server) countStamp(ctx context.Context, t *tally.Response, st *request.
 }
 
 // trusted reports whether the request's field verified, and claims its
-// seal: a field is trusted once (a replayed one is not).
-func (s *Server) trusted(ctx context.Context, m *meterRequest) bool {
+// seal: a field is trusted once (a replayed one is not). A claim the
+// store did not answer (after its retries) leaves it uncertain: the field
+// verified, so who called is the gate's word (trusted), but that this is
+// its one use is unproved (uncertain: the stamp is marked, the
+// reservation kept whole).
+func (s *Server) trusted(ctx context.Context, m *meterRequest) (trusted, uncertain bool) {
 	if m.fieldSeal.id == "" || m.sealer == nil {
-		return false
+		return false, false
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
 	defer cancel()
-	first, err := m.sealer.Claim(cctx, m.fieldSeal.id, m.fieldSeal.expires)
-	if err != nil {
-		s.log.Warn("could not record the gate's field as used; the request is recorded unverified",
+	first, err := m.sealer.Claim(cctx, m.fieldSeal.tenant, m.fieldSeal.id, seal.NewClaimant(), m.fieldSeal.expires)
+	switch {
+	case errors.Is(err, seal.ErrExpired):
+		return false, false
+	case err != nil:
+		s.log.Warn("could not record the gate's field as used; the request is recorded under its tenant, claim_uncertain, its reservation kept",
 			"request_id", request.Truncate(m.Stamp.RequestID, request.MaxStampField), "err", err)
+		return true, true
 	}
-	return err == nil && first
+	return first, false
 }
 
 // untrusted counts and logs (at most every 10 s) a stamp whose gate field
@@ -358,9 +371,10 @@ func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 }
 
 var (
-	unverifiedAttr = metric.WithAttributes(attribute.String("reason", "unverified"))
-	lateReadAttr   = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
-	lateStreamAttr = metric.WithAttributes(attribute.String("reason", string(request.TimingLateStream)))
+	unverifiedAttr     = metric.WithAttributes(attribute.String("reason", "unverified"))
+	claimUncertainAttr = metric.WithAttributes(attribute.String("reason", request.ClaimUncertain))
+	lateReadAttr       = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
+	lateStreamAttr     = metric.WithAttributes(attribute.String("reason", string(request.TimingLateStream)))
 )
 
 func atoi(s string) int {

@@ -314,7 +314,9 @@ func TestMeterMetricsPerAPI(t *testing.T) {
 // benchmark may replay one sealed field as many fresh requests.
 type claimsFirst struct{ FieldSealer }
 
-func (claimsFirst) Claim(context.Context, string, time.Time) (bool, error) { return true, nil }
+func (claimsFirst) Claim(context.Context, string, string, string, time.Time) (bool, error) {
+	return true, nil
+}
 
 // BenchmarkMeterRequest is the meter's whole work for a streamed chat
 // request: the gate's sealed field read, 20 content events, the usage and

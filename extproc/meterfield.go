@@ -93,26 +93,32 @@ func (f *gateField) encode() string {
 // FieldSealer seals the gate's field for the meter and checks it there;
 // the composition root wires the replicas' keyring (internal/seal.Fields).
 type FieldSealer interface {
-	// Seal seals a version-1 field.
-	Seal(ctx context.Context, field string) string
+	// Seal seals a version-1 field whose tenant is tenant and records it
+	// outstanding, within the tenant's share of such records: the sealed
+	// field always, and seal.ErrTenantFull or seal.ErrFull when it may not
+	// be used (the request is refused), another error when the record
+	// failed otherwise (the field goes all the same).
+	Seal(ctx context.Context, tenant, field string) (string, error)
 	// Open verifies a sealed field (MAC, key, expiry) and returns it, its
 	// seal's id and expiry.
 	Open(sealed string) (field, id string, expires time.Time, err error)
-	// Claim records a seal's id as used: true the first time, false for
-	// a replay; an error when it cannot be recorded (not trusted then).
-	Claim(ctx context.Context, id string, expires time.Time) (bool, error)
+	// Claim records a seal's id as used by claimant: true the first time
+	// (and for the same claimant's retry), false for a replay; an error
+	// when it cannot be recorded (the claim is then uncertain).
+	Claim(ctx context.Context, tenant, id, claimant string, expires time.Time) (bool, error)
 }
 
 // fieldSeal is what the meter keeps of a verified field's seal, to claim
 // it once the response ended; zero for a field that is not trusted.
 type fieldSeal struct {
-	id      string
-	expires time.Time
+	id, tenant string // the tenant the field names: its seal is in that tenant's share
+	expires    time.Time
 }
 
-// sealField renders f in version 2.
-func sealField(ctx context.Context, sealer FieldSealer, f *gateField) string {
-	return sealedVersion + sealer.Seal(ctx, f.encode())
+// sealField renders f in version 2 (and the sealer's error: see Seal).
+func sealField(ctx context.Context, sealer FieldSealer, f *gateField) (string, error) {
+	s, err := sealer.Seal(ctx, f.tenant, f.encode())
+	return sealedVersion + s, err
 }
 
 // readGateField decodes a field of either version. A sealed one is
@@ -132,7 +138,7 @@ func readGateField(sealer FieldSealer, s string) (f gateField, fs fieldSeal, ok 
 			return f, fs, false
 		}
 		if f, ok = parseGateField(field); ok {
-			fs = fieldSeal{id: id, expires: expires}
+			fs = fieldSeal{id: id, tenant: f.tenant, expires: expires}
 		}
 		return f, fs, ok
 	}

@@ -139,7 +139,13 @@ func testSealer() FieldSealer {
 }
 
 // sealed is f as a gate of this process writes it (version 2).
-func sealed(f *gateField) string { return sealField(context.Background(), testSealer(), f) }
+func sealed(f *gateField) string {
+	s, err := sealField(context.Background(), testSealer(), f)
+	if err != nil {
+		panic(err)
+	}
+	return s
+}
 
 // withGateField adds f, sealed, to msg's attributes, as Envoy sends it.
 func withGateField(msg *extprocv3.ProcessingRequest, f *gateField) {

@@ -192,9 +192,10 @@ func New(opts Options) (*Server, error) {
 	return s, nil
 }
 
-// Without Options.Sealer: the fields outstanding at most (past it, stamps
-// are recorded unverified until some are read or expire) and how long a
-// field is valid.
+// Without Options.Sealer: the fields outstanding at most, all tenants'
+// (each holds at most seal.DefaultTenantShare; past either, new requests
+// are refused until some are read or expire), and how long a field is
+// valid.
 const (
 	defaultMaxFieldClaims = 1 << 20
 	defaultLongestStream  = time.Hour

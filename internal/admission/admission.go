@@ -66,8 +66,10 @@ type Controller struct {
 	// keyring of this process.
 	Seals *seal.Keyring
 	// Settled lets each reservation settle once (its seal issued, then
-	// claimed by a settlement or a release); nil: this process's, in
-	// memory, bounded (DefaultMaxSettled).
+	// claimed by a settlement or a release), each tenant within its share
+	// (a full share refuses that tenant's request: 429
+	// too_many_requests_in_flight); nil: this process's, in memory,
+	// bounded (DefaultMaxSettled, seal.DefaultTenantShare per tenant).
 	Settled seal.Once
 	// LongestStream is how long after its window's end a reservation may
 	// still be settled (after: refused, it stays charged); 0:
@@ -490,7 +492,15 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 		v.Reason = "rate_limited:" + res.Exceeded.Name
 		return nil, true
 	}
-	v.Reservation = c.sealReservation(ctx, v.Tenant, sealedReservation{res.Reservation, boundsOf(a, maxTokens)})
+	if v.Reservation, err = c.sealReservation(ctx, v.Tenant, sealedReservation{res.Reservation, boundsOf(a, maxTokens)}); err != nil {
+		// The tenant's seals outstanding fill its share (seals leaked, or
+		// this many requests in flight): its request is refused, whole,
+		// and no other tenant's is touched.
+		c.release(ctx, a.RequestID, res.Reservation)
+		v.Deny, v.Headers = inFlightError(err), map[string]string{"retry-after": "1"}
+		v.Reason = "too_many_requests_in_flight"
+		return nil, true
+	}
 	c.Metrics.reserved(ctx, cost)
 	v.Metadata = make(map[string]any, len(headers))
 	for k, val := range headers {
@@ -652,9 +662,22 @@ func rateLimitHeaders(states []ratelimit.State) map[string]string {
 }
 
 // DefaultMaxSettled bounds the seals a Controller without Settled keeps
-// outstanding in memory: past it, settlements are refused (the
-// reservations stay charged) until some settle or expire.
-const DefaultMaxSettled = 1 << 20
+// outstanding in memory, all tenants' (each holds at most
+// seal.DefaultTenantShare of them): past it, new requests are refused
+// until some settle or expire.
+const DefaultMaxSettled = seal.DefaultMaxOutstanding
+
+// inFlightError is the refusal of a request whose tenant holds as many
+// seals outstanding as its share allows (seal.ErrTenantFull: 429), or
+// when the whole table is (seal.ErrFull, the last-resort bound: 503).
+func inFlightError(err error) *openai.Error {
+	if errors.Is(err, seal.ErrTenantFull) {
+		return openai.NewError(http.StatusTooManyRequests, openai.TypeRateLimit, "too_many_requests_in_flight", "",
+			"too many of this tenant's requests are in flight or were lost on the way; retry once some have finished")
+	}
+	return openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "too_many_requests_in_flight", "",
+		"the gateway holds too many requests in flight; retry shortly")
+}
 
 // keyring is Seals, or a keyring of this Controller.
 func (c *Controller) keyring() *seal.Keyring {

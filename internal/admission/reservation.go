@@ -184,8 +184,12 @@ var (
 )
 
 // sealReservation seals r's encoding for tenant, expiring at the end of
-// its last window plus the longest stream.
-func (c *Controller) sealReservation(ctx context.Context, tenant string, r sealedReservation) string {
+// its last window plus the longest stream, and records it outstanding.
+// An error of seal.ErrTenantFull or seal.ErrFull: the request must be
+// refused (nothing may settle a seal not recorded); any other (the store
+// unreachable) is logged and the seal used all the same (it stays
+// charged until its window ends).
+func (c *Controller) sealReservation(ctx context.Context, tenant string, r sealedReservation) (string, error) {
 	end := c.now()
 	for _, e := range r.Entries {
 		if x := time.UnixMilli(e.ExpiresAt); x.After(end) {
@@ -197,16 +201,24 @@ func (c *Controller) sealReservation(ctx context.Context, tenant string, r seale
 		longest = DefaultLongestStream
 	}
 	sealed, id, exp := c.keyring().SealID(seal.Reservation, b64.EncodeToString([]byte(tenant))+"."+encodeReservation(r), end.Add(longest))
-	if err := c.settled().Issue(ctx, seal.Reservation, id, exp); err != nil {
+	if err := c.settled().Issue(ctx, seal.Reservation, tenant, id, exp); err != nil {
+		if errors.Is(err, seal.ErrTenantFull) || errors.Is(err, seal.ErrFull) {
+			return "", err
+		}
 		c.Log.Error("could not record a reservation as outstanding; it stays charged until its window ends", "err", err)
 	}
-	return sealed
+	return sealed, nil
 }
 
+// errClaimUncertain marks a reservation whose claim the store did not
+// answer: verified (its tenant and counters are infergate's), but whether
+// it was settled before is unknown, so it stays charged whole.
+var errClaimUncertain = errors.New("reservation's settlement could not be recorded")
+
 // openSealed verifies a sealed reservation, decodes it, and claims its
-// seal: a second settlement of one seal (a replay) is refused, as is one
-// the claim cannot be recorded for (the store unreachable or full: the
-// reservation stays charged).
+// seal: a second settlement of one seal (a replay) is refused. A claim
+// the store did not answer (errClaimUncertain) still returns the tenant
+// and the reservation, which verified: the caller keeps the charge whole.
 func (c *Controller) openSealed(ctx context.Context, sealed string) (tenant string, r sealedReservation, err error) {
 	if len(sealed) > maxSealedReservation {
 		return "", r, errForged
@@ -223,10 +235,12 @@ func (c *Controller) openSealed(ctx context.Context, sealed string) (tenant stri
 	if r, err = decodeReservation(payload); err != nil {
 		return "", r, err
 	}
-	first, err := c.settled().Claim(ctx, seal.Reservation, s.ID, s.Expires)
+	first, err := c.settled().Claim(ctx, seal.Reservation, string(t), s.ID, seal.NewClaimant(), s.Expires)
 	switch {
+	case errors.Is(err, seal.ErrExpired):
+		return "", sealedReservation{}, fmt.Errorf("%w: %w", errForged, err)
 	case err != nil:
-		return "", sealedReservation{}, fmt.Errorf("recording the settlement: %w", err)
+		return string(t), r, fmt.Errorf("%w: %w", errClaimUncertain, err)
 	case !first:
 		return "", sealedReservation{}, errReplayed
 	}

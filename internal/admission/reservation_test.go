@@ -141,8 +141,9 @@ func TestReleasedReservationDoesNotSettle(t *testing.T) {
 	}
 }
 
-// A settlement whose record cannot be written (the records full, Redis
-// unreachable) is refused: the reservation stays charged.
+// A settlement whose record cannot be written (Redis unreachable: the
+// claim uncertain) keeps the reservation charged whole, under its tenant;
+// a full share refuses the request itself (TestFullTenantShareRefusesOnlyThatTenant).
 func TestUnrecordableSettlementKeepsTheCharge(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	clock := func() time.Time { return now }
@@ -151,7 +152,6 @@ func TestUnrecordableSettlementKeepsTheCharge(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	srv.Stop()
 	for name, once := range map[string]seal.Once{
-		"memory full":       &seal.MemoryOnce{Max: 0, Now: clock},
 		"redis unreachable": seal.RedisOnce{Client: rdb, Now: clock},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -176,6 +176,13 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		c.Log.Error("settlement refused: its reservation was settled before (a replay)", "request_id", s.RequestID)
 		c.Metrics.replayed(ctx)
 		return
+	case errors.Is(err, errClaimUncertain):
+		// Verified, so its tenant is known; whether it settled before is
+		// not: kept whole, under its tenant's name.
+		c.Log.Error("settlement's claim not answered; the reservation stays charged whole", "request_id", s.RequestID, "err", err)
+		c.Metrics.settleError(ctx)
+		c.spent(ctx, tenant, s, reservedCost(r.Reservation), false)
+		return
 	case err != nil:
 		c.Log.Error("settlement refused; the reservation stays charged until its window ends", "request_id", s.RequestID, "err", err)
 		c.Metrics.settleError(ctx)
@@ -190,6 +197,11 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 			"bounded", bounded, "pool", s.Pool, "model", s.Model,
 			"prompt_tokens", s.PromptTokens, "completion_tokens", s.CompletionTokens, "events", s.Events,
 			"max_input", r.MaxInput, "max_output", r.MaxOutput, "charged_input", actual.InputTokens, "charged_output", actual.OutputTokens)
+	}
+	if s.ClaimUncertain {
+		// The gate's field verified but its single use is unproved: this
+		// stream's facts may be a replay's, and prove nothing.
+		actual, keep = reserved, true
 	}
 	if !keep && reserved.Money > 0 {
 		if actual.Money, keep = c.moneyOf(s, actual, reserved); keep {

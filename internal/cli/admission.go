@@ -381,7 +381,7 @@ func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient
 	if rdb == nil {
 		ring := seal.NewKeyring(&seal.MemoryStore{}, opts)
 		_ = ring.Refresh(ctx) // a MemoryStore does not fail
-		return ring, &seal.MemoryOnce{Max: r.MaxSettled, Now: now}
+		return ring, &seal.MemoryOnce{Max: r.MaxSettled, PerTenant: r.MaxSettledPerTenant, Now: now}
 	}
 	ring := seal.NewKeyring(seal.RedisStore{Client: rdb}, opts)
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -389,7 +389,9 @@ func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient
 	if err := ring.Refresh(rctx); err != nil {
 		log.Warn("could not read the shared reservation keys from Redis; sealing with this replica's own until it can", "err", err)
 	}
-	return ring, seal.RedisOnce{Client: rdb, Now: now}
+	// Claims and issues are retried (seal.DefaultRetry: they are
+	// idempotent), each try bounded by the client's timeouts above.
+	return ring, seal.RedisOnce{Client: rdb, Now: now, PerTenant: r.MaxSettledPerTenant}
 }
 
 // health is nil, or why the last reload of keys or policies was refused.

@@ -465,10 +465,18 @@ type Reservations struct {
 	// the keys from Redis (less than KeyRotation).
 	KeyRotation time.Duration `yaml:"keyRotation"`
 	KeyRefresh  time.Duration `yaml:"keyRefresh"`
-	// MaxSettled bounds the seals kept outstanding in memory (backend
-	// memory: issued, not yet settled or read, nor expired): when full,
-	// settlements are refused and reservations stay charged.
+	// MaxSettled bounds the seals kept outstanding in memory, all
+	// tenants' (backend memory: issued, not yet settled or read, nor
+	// expired; two per request): the last-resort bound on this process's
+	// memory, past which new requests are refused 503
+	// too_many_requests_in_flight.
 	MaxSettled int `yaml:"maxSettled"`
+	// MaxSettledPerTenant is each tenant's share of the seals outstanding
+	// (memory and Redis; default maxSettled / 16): a tenant that holds it
+	// (requests in flight, or lost on the way and not yet expired) has
+	// its new requests refused 429 too_many_requests_in_flight, and no
+	// other tenant is touched.
+	MaxSettledPerTenant int `yaml:"maxSettledPerTenant"`
 }
 
 func (r *Reservations) fillDefaults() {
@@ -482,6 +490,9 @@ func (r *Reservations) fillDefaults() {
 	}
 	if r.MaxSettled == 0 {
 		r.MaxSettled = 1 << 20
+	}
+	if r.MaxSettledPerTenant == 0 {
+		r.MaxSettledPerTenant = max(r.MaxSettled/16, 1)
 	}
 }
 
@@ -498,6 +509,7 @@ func (r *Reservations) validate() []error {
 	check(r.KeyRefresh >= time.Second && r.KeyRefresh < r.KeyRotation, "keyRefresh", "must be from 1s to less than keyRotation (%s), got %s", r.KeyRotation, r.KeyRefresh)
 	check(r.KeyRotation >= 0 && r.MaxAge/max(r.KeyRotation, 1) <= 1000, "keyRotation", "keeps over 1000 keys live (maxAge %s / keyRotation %s)", r.MaxAge, r.KeyRotation)
 	check(r.MaxSettled > 0 && r.MaxSettled <= 1<<26, "maxSettled", "must be 1 to %d, got %d", 1<<26, r.MaxSettled)
+	check(r.MaxSettledPerTenant > 0 && r.MaxSettledPerTenant <= 1<<26, "maxSettledPerTenant", "must be 1 to %d, got %d", 1<<26, r.MaxSettledPerTenant)
 	return errs
 }
 

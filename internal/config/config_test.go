@@ -53,7 +53,7 @@ func defaults() *Config {
 
 var defaultPoolModels = PoolModels{Pools: []ModelsPool{}, Interval: 30 * time.Second, KeepFor: 5 * time.Minute, Timeout: 5 * time.Second}
 
-var defaultReservations = Reservations{LongestStream: time.Hour, MaxAge: 25 * time.Hour, KeyRotation: 24 * time.Hour, KeyRefresh: time.Minute, MaxSettled: 1 << 20}
+var defaultReservations = Reservations{LongestStream: time.Hour, MaxAge: 25 * time.Hour, KeyRotation: 24 * time.Hour, KeyRefresh: time.Minute, MaxSettled: 1 << 20, MaxSettledPerTenant: 1 << 16}
 
 func mustParse(t *testing.T, doc []byte) *Config {
 	t.Helper()
@@ -136,7 +136,7 @@ func TestValidFile(t *testing.T) {
 		Policy: Policy{Dir: "/etc/infergate/policies", ReloadInterval: 2 * time.Second, Shadow: true, Memoize: ptr(false)},
 		RateLimit: RateLimit{Backend: "redis", OnBackendError: "local", DefaultMaxTokens: 1024, Redis: Redis{Mode: "standalone", Address: "redis:6379", Addresses: []string{},
 			Username: "infergate", PasswordFile: "/etc/infergate/redis-password", DB: 2, Timeout: 100 * time.Millisecond}},
-		Reservations: Reservations{LongestStream: 2 * time.Hour, MaxAge: 50 * time.Hour, KeyRotation: 12 * time.Hour, KeyRefresh: 30 * time.Second, MaxSettled: 1000},
+		Reservations: Reservations{LongestStream: 2 * time.Hour, MaxAge: 50 * time.Hour, KeyRotation: 12 * time.Hour, KeyRefresh: 30 * time.Second, MaxSettled: 1000, MaxSettledPerTenant: 62},
 		Checks:       map[string]Check{"moderation": {URL: "http://moderation.svc:8080/check", Timeout: 300 * time.Millisecond, OnError: "allow"}},
 		Models:       []string{"llama-3.1-8b-instruct", "meta-llama/Llama-3.1-70B-Instruct"},
 		VirtualModels: []VirtualModel{{

@@ -19,7 +19,10 @@ type End struct {
 	// ext_proc adapter: its sealed field verified and its seal was
 	// claimed first).
 	Trusted bool
-	Stalls  []Stall // when infergate did not run (stampClock); unused when Envoy timed the stream
+	// Uncertain: the field verified but its claim was not answered (the
+	// store did not reply): the stamp is marked, the reservation kept whole.
+	Uncertain bool
+	Stalls    []Stall // when infergate did not run (stampClock); unused when Envoy timed the stream
 	// PoolName names a pool (an Envoy cluster) as the stamp shows it.
 	PoolName func(string) string
 	Prices   *price.Table // the models' prices; nil prices nothing
@@ -39,6 +42,7 @@ type Outcome struct {
 	// takes the gate's estimate as its input); nil: none read.
 	Usage       *openai.Usage
 	Reservation string // the gate's reservation; "" once the field is not trusted
+	Uncertain   bool   // the field's claim was not answered: the reservation is kept whole
 }
 
 // StampOf is the meter's arithmetic for one request whose response ended
@@ -76,6 +80,9 @@ func StampOf(m *Request, e End) Outcome {
 		st.Tenant, st.Principal, st.Reason = "", "", ""
 		st.Decision, st.Unverified = "unverified", true
 		o.Reservation = ""
+	}
+	if e.Trusted && e.Uncertain {
+		st.Verification, o.Uncertain = request.ClaimUncertain, true
 	}
 	for i, p := range st.PoolsTried {
 		st.PoolsTried[i] = e.PoolName(p)
@@ -180,7 +187,7 @@ func SettlementOf(m *Request, o *Outcome) *request.Settlement {
 	if st.Decision == "deny" || st.Unverified {
 		return nil
 	}
-	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.Reservation,
+	s := &request.Settlement{RequestID: st.RequestID, Tenant: st.Tenant, Reservation: o.Reservation, ClaimUncertain: o.Uncertain,
 		API: st.API, Status: st.Status, Origin: m.Origin, SSE: t.SSE, End: request.EndLost,
 		Terminal: t.Ended() || m.Ended, UsageRead: o.Usage != nil,
 		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.Usage != nil && !t.OutputOnly,

@@ -76,6 +76,11 @@ type Settlement struct {
 	RequestID   string
 	Tenant      string
 	Reservation string
+	// ClaimUncertain: the gate's field verified, but its single-use claim
+	// was not answered (the store slow or down): who called is known,
+	// that this stream is the request's only one is not, so nothing it
+	// saw proves a charge (the reservation stays whole).
+	ClaimUncertain bool
 	// API is the request's, as the gate named it ("" when unknown: read as
 	// a chat's).
 	API openai.API

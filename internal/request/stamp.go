@@ -79,6 +79,11 @@ type Stamp struct {
 	// Tenant and Principal are empty, Decision is "unverified", and the
 	// stamp feeds no controller.
 	Unverified bool
+	// Verification is ClaimUncertain when the gate's field verified but
+	// its single-use claim was not answered (the store slow or down): the
+	// stamp names who called, as the field said, and its reservation
+	// stays charged whole; "" otherwise.
+	Verification string
 	// Timing says whether the meter can vouch for the times above (see
 	// Timing); empty for a request the gate answered itself.
 	Timing Timing
@@ -141,3 +146,7 @@ type GatewayTime struct {
 type Sink interface {
 	Record(ctx context.Context, s *Stamp)
 }
+
+// ClaimUncertain is Stamp.Verification of a request whose gate field
+// verified and whose claim the store did not answer.
+const ClaimUncertain = "claim_uncertain"

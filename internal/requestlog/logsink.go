@@ -101,6 +101,9 @@ func (l *LogSink) Record(_ context.Context, s *request.Stamp) {
 	}
 	str("decision", s.Decision)
 	str("reason", s.Reason)
+	if s.Verification != "" {
+		str("verification", s.Verification)
+	}
 	boolean("complete", s.Complete)
 	if s.Timing != "" {
 		str("timing", string(s.Timing))

@@ -143,6 +143,7 @@ type Record struct {
 	Status           int       `json:"status"`
 	Decision         string    `json:"decision"`
 	Reason           string    `json:"reason,omitempty"`
+	Verification     string    `json:"verification,omitempty"` // request.ClaimUncertain: the field's claim was not answered
 	Stream           bool      `json:"stream"`
 	Complete         bool      `json:"complete"`
 	Timing           string    `json:"timing,omitempty"` // request.Timing: "late_read" times are bounds; "late_stream" gaps and E2E are
@@ -172,7 +173,7 @@ func NewRecord(s *request.Stamp, withGaps bool) Record {
 	r := Record{
 		RequestID: s.RequestID, TraceID: s.TraceID, Start: s.Start, Model: s.Model, API: string(s.API), Pool: s.Pool,
 		PoolsTried: s.PoolsTried, Attempts: s.Attempts, Upstream: s.Upstream, Endpoint: s.Endpoint, Tenant: s.Tenant,
-		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason,
+		Principal: s.Principal, Status: s.Status, Decision: s.Decision, Reason: s.Reason, Verification: s.Verification,
 		Stream: s.Stream, Complete: s.Complete, Timing: string(s.Timing), PromptTokens: s.PromptTokens, CompletionTokens: s.CompletionTokens,
 		TotalMs: stats.Ms(s.Total), GatewayMs: stats.Ms(s.Gateway.Total), GateMs: stats.Ms(s.Gateway.Gate), PickerMs: stats.Ms(s.Gateway.Picker),
 		AuthMs: stats.Ms(s.Gateway.Auth), PolicyMs: stats.Ms(s.Gateway.Policy), RateLimitMs: stats.Ms(s.Gateway.RateLimit),

@@ -160,12 +160,14 @@ type Fields struct {
 	Longest time.Duration
 }
 
-// Seal seals field. Should Once fail to record it (full, unreachable),
-// the field is written all the same and read as unverified.
-func (f Fields) Seal(ctx context.Context, field string) string {
+// Seal seals field, whose tenant is tenant, and records it outstanding.
+// The sealed field is returned whatever the record's error: ErrTenantFull
+// or ErrFull (the caller refuses the request), or the store's (the field
+// may still be used: its claim, finding nothing, reads it as a replay, or,
+// the store still down, as uncertain).
+func (f Fields) Seal(ctx context.Context, tenant, field string) (string, error) {
 	s, id, exp := f.Ring.SealID(Field, field, f.Ring.Now().Add(f.Longest))
-	_ = f.Once.Issue(ctx, Field, id, exp)
-	return s
+	return s, f.Once.Issue(ctx, Field, tenant, id, exp)
 }
 
 // Open verifies a sealed field: its body, id and expiry.
@@ -174,7 +176,8 @@ func (f Fields) Open(sealed string) (field, id string, expires time.Time, err er
 	return s.Body, s.ID, s.Expires, err
 }
 
-// Claim records a field's id as used: true the first time.
-func (f Fields) Claim(ctx context.Context, id string, expires time.Time) (bool, error) {
-	return f.Once.Claim(ctx, Field, id, expires)
+// Claim records a field's id as used by claimant: true the first time,
+// and for the same claimant's retry.
+func (f Fields) Claim(ctx context.Context, tenant, id, claimant string, expires time.Time) (bool, error) {
+	return f.Once.Claim(ctx, Field, tenant, id, claimant, expires)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/infergate/infergate/internal/testutil/redisserver"
+	"github.com/infergate/infergate/internal/testutil/slowproxy"
 )
 
 func loaded(t *testing.T, store Store, opts Options) *Keyring {
@@ -77,12 +78,14 @@ func TestMemoryOnce(t *testing.T) {
 	now := time.Unix(1_700_000_000, 0)
 	o := &MemoryOnce{Max: 2, Now: func() time.Time { return now }}
 	ctx := context.Background()
-	issue := func(id string, exp time.Duration) error { return o.Issue(ctx, Reservation, id, now.Add(exp)) }
-	claim := func(id string, exp time.Duration) (bool, error) { return o.Claim(ctx, Reservation, id, now.Add(exp)) }
+	issue := func(id string, exp time.Duration) error { return o.Issue(ctx, Reservation, "acme", id, now.Add(exp)) }
+	claim := func(id string, exp time.Duration) (bool, error) {
+		return o.Claim(ctx, Reservation, "acme", id, NewClaimant(), now.Add(exp))
+	}
 	if err := issue("a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := o.Claim(ctx, Field, "a", now.Add(time.Minute)); ok || err != nil {
+	if ok, err := o.Claim(ctx, Field, "acme", "a", "x", now.Add(time.Minute)); ok || err != nil {
 		t.Errorf("a field's id is a reservation's: %v %v", ok, err)
 	}
 	if ok, err := claim("a", time.Minute); !ok || err != nil {
@@ -110,12 +113,129 @@ func TestMemoryOnce(t *testing.T) {
 	if err := issue("e", time.Hour); err != nil {
 		t.Errorf("after a seal expired: %v", err)
 	}
-	if ok, _ := o.Claim(ctx, Reservation, "b", now.Add(-4*time.Minute+time.Hour)); !ok {
+	if ok, _ := claim("b", -4*time.Minute+time.Hour); !ok {
 		t.Error("an outstanding seal no longer claims")
 	}
-	if o.n != 1 {
-		t.Errorf("%d outstanding, want 1", o.n)
+	if o.n != 1 || o.Outstanding("acme") != 1 {
+		t.Errorf("%d outstanding, %d of acme's, want 1", o.n, o.Outstanding("acme"))
 	}
+}
+
+// onceStores are both stores, each tenant's share 3: memory, and Redis
+// (real, standalone).
+func onceStores(t *testing.T, now func() time.Time) map[string]Once {
+	srv := redisserver.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return map[string]Once{
+		"memory": &MemoryOnce{PerTenant: 3, Now: now},
+		"redis":  RedisOnce{Client: rdb, Now: now, PerTenant: 3},
+	}
+}
+
+// A tenant that leaks seals fills its own share only: its next Issue is
+// refused (ErrTenantFull), another tenant's issue and claim as before; a
+// claim, or an expiry, gives the room back. Issuing one seal twice (a
+// retry) holds one place.
+func TestTenantShares(t *testing.T) {
+	now := time.Now()
+	clock := func() time.Time { return now }
+	for name, o := range onceStores(t, clock) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			exp := now.Add(2 * time.Minute)
+			for _, id := range []string{"g1", "g2", "g3", "g3"} {
+				if err := o.Issue(ctx, Field, "greedy", id, exp); err != nil {
+					t.Fatal(id, err)
+				}
+			}
+			if err := o.Issue(ctx, Reservation, "greedy", "g4", exp); !errors.Is(err, ErrTenantFull) {
+				t.Fatalf("past its share: %v, want ErrTenantFull", err)
+			}
+			for _, id := range []string{"o1", "o2", "o3"} {
+				if err := o.Issue(ctx, Reservation, "other", id, exp); err != nil {
+					t.Fatalf("another tenant refused: %v", err)
+				}
+				if ok, err := o.Claim(ctx, Reservation, "other", id, NewClaimant(), exp); !ok || err != nil {
+					t.Fatalf("another tenant's claim: %v %v", ok, err)
+				}
+			}
+			if ok, err := o.Claim(ctx, Field, "greedy", "g1", NewClaimant(), exp); !ok || err != nil {
+				t.Fatal(ok, err)
+			}
+			if err := o.Issue(ctx, Field, "greedy", "g5", now.Add(time.Minute)); err != nil {
+				t.Fatalf("after a claim freed a place: %v", err)
+			}
+			now = now.Add(3 * time.Minute) // every seal expired
+			for _, id := range []string{"g6", "g7", "g8"} {
+				if err := o.Issue(ctx, Field, "greedy", id, now.Add(time.Minute)); err != nil {
+					t.Fatalf("after its seals expired: %v", err)
+				}
+			}
+		})
+	}
+}
+
+// A claim is the claimant's: its retry reads true again (the reply of the
+// first was lost), anyone else's false.
+func TestClaimIsIdempotentPerClaimant(t *testing.T) {
+	srv := redisserver.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	o := RedisOnce{Client: rdb, Now: time.Now}
+	ctx := context.Background()
+	exp := time.Now().Add(time.Minute)
+	if err := o.Issue(ctx, Field, "acme", "id", exp); err != nil {
+		t.Fatal(err)
+	}
+	me, other := NewClaimant(), NewClaimant()
+	for i, tc := range []struct {
+		who  string
+		want bool
+	}{{me, true}, {me, true}, {other, false}, {me, true}} {
+		if ok, err := o.Claim(ctx, Field, "acme", "id", tc.who, exp); ok != tc.want || err != nil {
+			t.Errorf("claim %d: %v %v, want %v", i, ok, err, tc.want)
+		}
+	}
+	if ttl := rdb.PTTL(ctx, onceKey(Field, "acme", "id")).Val(); ttl <= 0 || ttl > claimedTTL {
+		t.Errorf("the claim's mark lives %v, want at most %v", ttl, claimedTTL)
+	}
+}
+
+// A slow Redis: the claim's reply is held past the client's read timeout
+// (Redis ran the claim); the retry, under the same claimant, reads true.
+// Held longer than every retry, the claim is uncertain (an error), never
+// a false "replayed".
+func TestClaimSurvivesSlowRedis(t *testing.T) {
+	srv := redisserver.Start(t)
+	proxy := slowproxy.Start(t, srv.Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr(), ReadTimeout: 100 * time.Millisecond, MaxRetries: -1,
+		Protocol: 2, DisableIdentity: true}) // no handshake: every reply is a command's
+	t.Cleanup(func() { _ = rdb.Close() })
+	o := RedisOnce{Client: rdb, Now: time.Now, Retry: Retry{Attempts: 3, PerAttempt: time.Second, Total: 5 * time.Second}}
+	ctx := context.Background()
+	exp := time.Now().Add(time.Minute)
+	for _, id := range []string{"a", "b"} {
+		if err := o.Issue(ctx, Field, "acme", id, exp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.Hold("ig:sealed:", 1, time.Second) // the first claim's reply, after Redis ran it
+	if ok, err := o.Claim(ctx, Field, "acme", "a", NewClaimant(), exp); !ok || err != nil {
+		t.Fatalf("a claim whose first reply was lost: %v %v", ok, err)
+	}
+	if proxy.Held() != 1 {
+		t.Fatalf("%d replies held, want 1", proxy.Held())
+	}
+	if ok, err := o.Claim(ctx, Field, "acme", "a", NewClaimant(), exp); ok || err != nil {
+		t.Errorf("another claimant after it: %v %v", ok, err)
+	}
+	proxy.HoldAll(time.Second)
+	ok, err := o.Claim(ctx, Field, "acme", "b", NewClaimant(), exp)
+	if ok || !errors.Is(err, ErrUncertain) {
+		t.Errorf("a claim no reply came back for: %v %v, want ErrUncertain", ok, err)
+	}
+	proxy.Hold("", 0, 0)
 }
 
 // Keys rotate on schedule, in virtual time: two replicas sharing a store
@@ -245,8 +365,9 @@ func TestKeyringSharedThroughRedis(t *testing.T) {
 }
 
 // Settle once through Redis: a key per seal outstanding, with the seal's
-// time left as its TTL, deleted by the one claim that counts; Redis holds
-// the seals in flight only.
+// time left as its TTL, and the tenant's set of them; the one claim that
+// counts leaves a short-lived mark of its claimant; Redis holds the seals
+// in flight and the last minute's claims only.
 func TestRedisOnce(t *testing.T) {
 	srv := redisserver.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr()})
@@ -254,28 +375,36 @@ func TestRedisOnce(t *testing.T) {
 	ctx := context.Background()
 	o := RedisOnce{Client: rdb, Now: time.Now}
 	exp := time.Now().Add(time.Minute)
-	if ok, err := o.Claim(ctx, Reservation, "never-issued", exp); ok || err != nil {
+	if ok, err := o.Claim(ctx, Reservation, "acme", "never-issued", "c", exp); ok || err != nil {
 		t.Errorf("a seal never issued: %v %v", ok, err)
 	}
-	if err := o.Issue(ctx, Reservation, "id", exp); err != nil {
+	if err := o.Issue(ctx, Reservation, "acme", "id", exp); err != nil {
 		t.Fatal(err)
 	}
-	if ttl := rdb.PTTL(ctx, "ig:sealed:reservation:id").Val(); ttl <= 0 || ttl > time.Minute {
-		t.Errorf("TTL %v", ttl)
+	for _, k := range []string{onceKey(Reservation, "acme", "id"), outstandingKey("acme")} {
+		if ttl := rdb.PTTL(ctx, k).Val(); ttl <= 0 || ttl > time.Minute {
+			t.Errorf("%s: TTL %v", k, ttl)
+		}
 	}
-	if ok, err := o.Claim(ctx, Field, "id", exp); ok || err != nil {
+	if n, _ := o.Outstanding(ctx, "acme"); n != 1 {
+		t.Errorf("%d outstanding, want 1", n)
+	}
+	if ok, err := o.Claim(ctx, Field, "acme", "id", "c", exp); ok || err != nil {
 		t.Errorf("the same id for another purpose: %v %v", ok, err)
 	}
-	if ok, err := o.Claim(ctx, Reservation, "id", exp); !ok || err != nil {
+	if ok, err := o.Claim(ctx, Reservation, "globex", "id", "c", exp); ok || err != nil {
+		t.Errorf("the same id for another tenant: %v %v", ok, err)
+	}
+	if ok, err := o.Claim(ctx, Reservation, "acme", "id", "c", exp); !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	if ok, err := o.Claim(ctx, Reservation, "id", exp); ok || err != nil {
+	if ok, err := o.Claim(ctx, Reservation, "acme", "id", "d", exp); ok || err != nil {
 		t.Errorf("a replay: %v %v", ok, err)
 	}
-	if n := rdb.DBSize(ctx).Val(); n != 0 {
-		t.Errorf("%d keys left once every seal was claimed, want 0", n)
+	if n := rdb.DBSize(ctx).Val(); n != 1 {
+		t.Errorf("%d keys left once every seal was claimed, want 1 (the claim's mark)", n)
 	}
-	if err := o.Issue(ctx, Reservation, "late", time.Now().Add(-time.Second)); !errors.Is(err, ErrExpired) {
+	if err := o.Issue(ctx, Reservation, "acme", "late", time.Now().Add(-time.Second)); !errors.Is(err, ErrExpired) {
 		t.Errorf("issuing an expired seal: %v", err)
 	}
 }
