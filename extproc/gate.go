@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -197,6 +198,23 @@ func UnforwardedHeaders(names []string) []string {
 // longer one is refused (400) before anything stores it. Model ids in use
 // (e.g. "meta-llama/Llama-3.1-70B-Instruct") are far shorter.
 const MaxModelBytes = 256
+
+// headerSafe reports whether s may go in a header the gate sets: UTF-8
+// with no control character (C0, DEL, C1). Stricter than what Envoy
+// accepts in a header value (any byte but C0 controls other than HTAB, and
+// DEL), so that nothing the gate admits is refused by Envoy afterwards; a
+// model name has no use for either.
+func headerSafe(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
 
 // identify asks the policy who is calling from the request headers and
 // Envoy's metadata alone, before the body: an unauthenticated caller is
@@ -423,6 +441,12 @@ func (s *Server) validate(api openai.API, path, method string, h headers, body [
 	case err == nil && len(req.Model) > MaxModelBytes:
 		return openai.Request{}, openai.BadRequest("invalid_value", "model",
 			"model is "+strconv.Itoa(len(req.Model))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
+	case err == nil && !headerSafe(req.Model):
+		// It becomes the routing header: Envoy would refuse the gate's
+		// mutation (503 header_mutation_set_contains_invalid_character)
+		// after the policy reserved. Refused here, before anything is.
+		return openai.Request{}, openai.BadRequest("invalid_value", "model",
+			"model must be UTF-8 text without control characters")
 	case err == nil:
 		return req, nil
 	case errors.Is(err, openai.ErrMissingModel):
