@@ -20,6 +20,7 @@ type instruments struct {
 	GateDecisions  metric.Int64Counter     // infergate.gate.decisions{decision,code}
 	MeterStreams   metric.Int64UpDownCounter
 	MeterErrors    metric.Int64Counter // infergate.meter.errors{reason}
+	Unsent         metric.Int64Counter // infergate.meter.unsent{details}
 	Panics         metric.Int64Counter // infergate.extproc.panics{role}
 }
 
@@ -78,6 +79,9 @@ func newInstruments(meter metric.Meter, currency string) (*instruments, error) {
 	errs = append(errs, err)
 	m.MeterErrors, err = meter.Int64Counter("infergate.meter.errors",
 		metric.WithDescription("Events or streams the meter could not fully account, by reason."))
+	errs = append(errs, err)
+	m.Unsent, err = meter.Int64Counter("infergate.meter.unsent",
+		metric.WithDescription("Admitted requests Envoy answered itself before any pool was asked (their reservations released), by Envoy's response.code_details."))
 	errs = append(errs, err)
 	for _, err := range errs {
 		if err != nil {

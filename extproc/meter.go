@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,8 +39,10 @@ type meterRequest struct {
 	tally      tally.Response
 	orders     *poolOrders
 	cut        bool // Envoy closed the stream before the response's end
-	// origin is who wrote the response, from Envoy's response.code_details.
+	// origin is who wrote the response, from Envoy's response.code_details;
+	// unsent is that detail when it proves no pool was asked (unsentBy).
 	origin request.Origin
+	unsent string
 	// ended: the stream's terminal event was seen, as the in-Envoy meter's
 	// summary tells it (the ext_proc meter reads it from its tally).
 	ended bool
@@ -153,8 +156,10 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 			m.stamp.Status = clampInt(float64(atoi(header(hm, ":status"))), 100, 599)
 		}
 		m.stamp.Upstream = attrString(attrs, "upstream.address")
-		m.origin = originOf(attrString(attrs, "response.code_details"))
+		details := attrString(attrs, "response.code_details")
+		m.origin = originOf(details)
 		m.stamp.Attempts = clampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, maxAttempts)
+		m.unsent = unsentBy(details, m.stamp.Attempts, m.stamp.Upstream)
 		order := attrString(attrs, request.PoolOrderAttribute)
 		if order == "" {
 			order = attrString(attrs, "xds.cluster_metadata") // an older config's whole cluster metadata
@@ -329,6 +334,26 @@ func originOf(details string) request.Origin {
 	return request.OriginEnvoy
 }
 
+// unsentDetails are the local replies Envoy writes only before its router
+// has asked any pool for the request: no route matched, the route's
+// cluster does not exist, the cluster had no host to send it to. Each
+// proves that nothing was spent; every other local reply (a timeout, a
+// reset, an overflow) may follow a request a pool received, and keeps the
+// reservation. Kept short on purpose: a detail joins only when Envoy's
+// router can write it before an upstream request alone.
+var unsentDetails = []string{"route_not_found", "cluster_not_found", "no_healthy_upstream"}
+
+// unsentBy is details when it proves that Envoy answered before any pool
+// was asked (unsentDetails), with no upstream address and at most the
+// first attempt counted beside it (a retry that found no healthy host had
+// an attempt before it); "" otherwise.
+func unsentBy(details string, attempts int, upstream string) string {
+	if !slices.Contains(unsentDetails, details) || upstream != "" || attempts > 1 {
+		return ""
+	}
+	return details
+}
+
 // generates reports whether api writes output (an unknown API is read as
 // a chat's, as before the meter knew others).
 func generates(api openai.API) bool { return api == "" || api.Generates() }
@@ -366,7 +391,13 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		s.untrusted(ctx, st)
 	}
 	s.countStamp(ctx, &m.tally, st)
-	if settle := settlementOf(m, &o); settle != nil {
+	settle := settlementOf(m, &o)
+	if settle != nil && settle.NeverSent {
+		s.metrics.Unsent.Add(ctx, 1, metric.WithAttributes(attribute.String("details", m.unsent)))
+		s.log.Warn("Envoy answered an admitted request itself before any pool was asked; its reservation is released",
+			"request_id", st.RequestID, "tenant", st.Tenant, "status", st.Status, "details", m.unsent)
+	}
+	if settle != nil {
 		// The stream's context is gone when the client reset: the charge
 		// must reach the limiter anyway.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)

@@ -183,7 +183,8 @@ func settlementOf(m *meterRequest, o *meterOutcome) *request.Settlement {
 		API: st.API, Status: st.Status, Origin: m.origin, SSE: t.SSE, End: request.EndLost,
 		Terminal: t.Ended() || m.ended, UsageRead: o.usage != nil,
 		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.usage != nil && !t.OutputOnly,
-		Events: st.ContentEvents, Principal: st.Principal, Model: st.Model, Pool: st.Pool}
+		Events: st.ContentEvents, Principal: st.Principal, Model: st.Model, Pool: st.Pool,
+		NeverSent: m.unsent != "" && m.origin == request.OriginEnvoy}
 	if o.usage != nil {
 		s.CompletionTokens = st.CompletionTokens
 		s.CachedTokens, s.CacheWriteTokens = st.CachedTokens, st.CacheWriteTokens
