@@ -108,6 +108,8 @@ func (s *Server) gate(ctx context.Context, stream extprocv3.ExternalProcessor_Pr
 			msg = r.msg
 		case <-expired:
 			return stream.Send(s.bodyTimedOut(ctx, g)) // the stream ends: Envoy answers the client 408
+		case <-ctx.Done(): // reset by Envoy (the reader may have left without a word)
+			return ctx.Err()
 		}
 	}
 }

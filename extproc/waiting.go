@@ -95,6 +95,9 @@ func (s *Server) await(ctx context.Context, g *gateRequest, v request.Verdict) [
 	taken, full := s.waiting.acquire(v.Principal, v.Tenant)
 	if full == nil {
 		g.waits, g.awaiting = taken, true
+		if len(taken) > 0 {
+			s.metrics.WaitingBodies.Add(ctx, 1)
+		}
 		return nil
 	}
 	who := "this API key"
@@ -111,6 +114,9 @@ func (s *Server) await(ctx context.Context, g *gateRequest, v request.Verdict) [
 
 // stopWaiting: g's body is in, or its stream over; idempotent.
 func (s *Server) stopWaiting(g *gateRequest) {
+	if len(g.waits) > 0 {
+		s.metrics.WaitingBodies.Add(context.Background(), -1)
+	}
 	s.waiting.release(g.waits)
 	g.waits, g.awaiting = nil, false
 }
@@ -132,7 +138,9 @@ type received struct {
 
 // receive reads stream on a goroutine of its own, until it fails or ctx
 // is done, so that the gate can wait for the next message and a deadline
-// at once. The gate starts it once it awaits a body.
+// at once. The gate starts it once it awaits a body, and watches the
+// stream's own context beside it: a reader cut off by ctx delivers
+// nothing.
 func receive(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer) <-chan received {
 	ch := make(chan received)
 	go func() {

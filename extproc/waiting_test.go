@@ -83,6 +83,13 @@ func (p *pipeStream) Recv() (*extprocv3.ProcessingRequest, error) {
 // closes when Process returned (the stream's context is then cancelled,
 // as gRPC does).
 func open(t *testing.T, s *Server, key string) (p *pipeStream, done chan struct{}) {
+	p, done, _ = openCancellable(t, s, key)
+	return p, done
+}
+
+// openCancellable is open, and cancels the stream's context as Envoy's
+// reset does.
+func openCancellable(t *testing.T, s *Server, key string) (p *pipeStream, done chan struct{}, reset context.CancelFunc) {
 	ctx, cancel := context.WithCancel(t.Context())
 	p = &pipeStream{ctx: ctx, in: make(chan *extprocv3.ProcessingRequest, 4), out: make(chan *extprocv3.ProcessingResponse, 4)}
 	done = make(chan struct{})
@@ -94,7 +101,7 @@ func open(t *testing.T, s *Server, key string) (p *pipeStream, done chan struct{
 			t.Errorf("Process: %v", err)
 		}
 	}()
-	return p, done
+	return p, done, cancel
 }
 
 // answered is the gate's first answer on p, or nil when it has given none.
@@ -167,6 +174,16 @@ func TestGateSlowBodiesHoldOnlyTheirCaller(t *testing.T) {
 			}
 			<-ended[i] // the gate ended the stream itself
 		}
+
+		// Envoy resets a stream that waits for its body: it ends at
+		// once, its share given back.
+		reset, done, cancel := openCancellable(t, s, "sk-slow")
+		synctest.Wait()
+		if r := answered(reset); r != nil {
+			t.Fatalf("a waiting request answered: %v", r)
+		}
+		cancel()
+		<-done
 
 		again, done := open(t, s, "sk-slow")
 		again.in <- bodyMsg(chatBody, true)
