@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -40,6 +41,12 @@ type gateRequest struct {
 	api         openai.API                // the API of an inference request, once decide knows it
 	metadata    map[string]map[string]any // forwarded dynamic metadata
 	policyAt    time.Time                 // when the policy was asked (zero: it was not)
+	// principal and tenant are who the headers identified (Identify);
+	// waits what the request holds of their waiting-body counts while
+	// awaiting is true: between its headers and its body's end.
+	principal, tenant string
+	waits             []waiter
+	awaiting          bool
 }
 
 // gate runs the blocking filter for one request.
@@ -58,6 +65,19 @@ func (s *Server) gate(ctx context.Context, stream extprocv3.ExternalProcessor_Pr
 		eager: pc.GetSendBodyWithoutWaitingForHeaderResponse() &&
 			pc.GetRequestBodyMode() == extprocv3modes.ProcessingMode_STREAMED,
 	}
+	defer s.stopWaiting(g) // a stream that ends before its body
+	// Once a body is awaited, messages come from a reader of their own,
+	// so that the wait has a deadline (Options.BodyTimeout): a body that
+	// does not arrive in time is answered 408 and its stream ended.
+	var inbox <-chan received
+	var deadline *time.Timer
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
+		}
+	}()
+	rctx, stop := context.WithCancel(ctx)
+	defer stop()
 	for {
 		answers, err := s.safeGateStep(ctx, g, msg)
 		for _, resp := range answers {
@@ -68,8 +88,29 @@ func (s *Server) gate(ctx context.Context, stream extprocv3.ExternalProcessor_Pr
 		if err != nil {
 			return nil // answered 503: this request is over, the process lives
 		}
-		if msg, err = stream.Recv(); err != nil {
-			return err
+		if inbox == nil && g.awaiting {
+			inbox, deadline = receive(rctx, stream), time.NewTimer(s.opts.BodyTimeout)
+		}
+		if inbox == nil {
+			if msg, err = stream.Recv(); err != nil {
+				return err
+			}
+			continue
+		}
+		var expired <-chan time.Time
+		if g.awaiting {
+			expired = deadline.C
+		}
+		select {
+		case r := <-inbox:
+			if r.err != nil {
+				return r.err
+			}
+			msg = r.msg
+		case <-expired:
+			return stream.Send(s.bodyTimedOut(ctx, g)) // the stream ends: Envoy answers the client 408
+		case <-ctx.Done(): // reset by Envoy (the reader may have left without a word)
+			return ctx.Err()
 		}
 	}
 }
@@ -96,11 +137,15 @@ func (s *Server) gateStep(ctx context.Context, g *gateRequest, msg *extprocv3.Pr
 		g.headers = headersFrom(m.RequestHeaders.GetHeaders())
 		g.metadata = metadataFrom(msg.GetMetadataContext())
 		g.headersOwed = true
-		if out := s.identify(ctx, g); out != nil {
+		out, v := s.identify(ctx, g)
+		if out != nil {
 			return out // refused unread: no body awaited, buffered or parsed
 		}
 		if m.RequestHeaders.GetEndOfStream() {
 			return s.decide(ctx, g)
+		}
+		if out := s.await(ctx, g, v); out != nil {
+			return out // its caller holds too many bodies back already
 		}
 		if g.eager {
 			return nil // answer once the body is in
@@ -199,22 +244,39 @@ func UnforwardedHeaders(names []string) []string {
 // (e.g. "meta-llama/Llama-3.1-70B-Instruct") are far shorter.
 const MaxModelBytes = 256
 
+// headerSafe reports whether s may go in a header the gate sets: UTF-8
+// with no control character (C0, DEL, C1). Stricter than what Envoy
+// accepts in a header value (any byte but C0 controls other than HTAB, and
+// DEL), so that nothing the gate admits is refused by Envoy afterwards; a
+// model name has no use for either.
+func headerSafe(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
 // identify asks the policy who is calling from the request headers and
 // Envoy's metadata alone, before the body: an unauthenticated caller is
 // answered at once, whatever its body, and costs the gate no parsing (nor,
 // in either mode, the wait for a body Envoy has not sent). An immediate
 // response is a valid answer to any message: Envoy drops the answers
 // still owed and closes the stream. nil: decide as ever, once the body is
-// in (Decide identifies the caller again).
-func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
+// in (Decide identifies the caller again); v says who is calling.
+func (s *Server) identify(ctx context.Context, g *gateRequest) (out []*extprocv3.ProcessingResponse, v request.Verdict) {
 	adm, _ := s.newAdmission(g)
 	policyAt := s.now()
-	v := s.policy.Identify(ctx, adm)
+	v = s.policy.Identify(ctx, adm)
 	if v.Deny == nil || v.Decision == "shadow_deny" {
-		return nil
+		return nil, v
 	}
 	g.api, g.policyAt = adm.API, policyAt // the stamp's, as decide would have set them
-	return s.deny(ctx, g, "", v)
+	return s.deny(ctx, g, "", v), v
 }
 
 // decide validates the request, asks the policy, and either admits it
@@ -222,6 +284,7 @@ func (s *Server) identify(ctx context.Context, g *gateRequest) []*extprocv3.Proc
 // denies it with an immediate response. It returns every answer owed.
 func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.ProcessingResponse {
 	g.decided = true
+	s.stopWaiting(g) // the body is in
 	adm, removed, verr := s.admission(g)
 	if verr != nil {
 		return s.deny(ctx, g, adm.Request.Model, request.Verdict{Deny: verr, Reason: verr.Code})
@@ -421,6 +484,12 @@ func (s *Server) validate(api openai.API, path, method string, h headers, body [
 	case err == nil && len(req.Model) > MaxModelBytes:
 		return openai.Request{}, openai.BadRequest("invalid_value", "model",
 			"model is "+strconv.Itoa(len(req.Model))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
+	case err == nil && !headerSafe(req.Model):
+		// It becomes the routing header: Envoy would refuse the gate's
+		// mutation (503 header_mutation_set_contains_invalid_character)
+		// after the policy reserved. Refused here, before anything is.
+		return openai.Request{}, openai.BadRequest("invalid_value", "model",
+			"model must be UTF-8 text without control characters")
 	case err == nil:
 		return req, nil
 	case errors.Is(err, openai.ErrMissingModel):

@@ -19,8 +19,10 @@ type instruments struct {
 	GateSeconds    metric.Float64Histogram // infergate.gate.duration: the gate's own processing
 	GateDecisions  metric.Int64Counter     // infergate.gate.decisions{decision,code}
 	MeterStreams   metric.Int64UpDownCounter
-	MeterErrors    metric.Int64Counter // infergate.meter.errors{reason}
-	Panics         metric.Int64Counter // infergate.extproc.panics{role}
+	MeterErrors    metric.Int64Counter       // infergate.meter.errors{reason}
+	Unsent         metric.Int64Counter       // infergate.meter.unsent{details}
+	WaitingBodies  metric.Int64UpDownCounter // infergate.gate.waiting_bodies
+	Panics         metric.Int64Counter       // infergate.extproc.panics{role}
 }
 
 // Bucket boundaries advised by the GenAI semantic conventions.
@@ -78,6 +80,12 @@ func newInstruments(meter metric.Meter, currency string) (*instruments, error) {
 	errs = append(errs, err)
 	m.MeterErrors, err = meter.Int64Counter("infergate.meter.errors",
 		metric.WithDescription("Events or streams the meter could not fully account, by reason."))
+	errs = append(errs, err)
+	m.WaitingBodies, err = meter.Int64UpDownCounter("infergate.gate.waiting_bodies",
+		metric.WithDescription("Gate streams of identified callers waiting for their request body (bounded per key and per tenant by extproc.maxWaitingBodiesPerPrincipal)."))
+	errs = append(errs, err)
+	m.Unsent, err = meter.Int64Counter("infergate.meter.unsent",
+		metric.WithDescription("Admitted requests Envoy answered itself before any pool was asked (their reservations released), by Envoy's response.code_details."))
 	errs = append(errs, err)
 	for _, err := range errs {
 		if err != nil {

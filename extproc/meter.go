@@ -136,8 +136,10 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 			m.Stamp.Status = meter.ClampInt(float64(atoi(header(hm, ":status"))), 100, 599)
 		}
 		m.Stamp.Upstream = attrString(attrs, "upstream.address")
-		m.Origin = meter.OriginOf(attrString(attrs, "response.code_details"))
+		details := attrString(attrs, "response.code_details")
+		m.Origin = meter.OriginOf(details)
 		m.Stamp.Attempts = meter.ClampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, meter.MaxAttempts)
+		m.Unsent = meter.UnsentBy(details, m.Stamp.Attempts, m.Stamp.Upstream)
 		order := attrString(attrs, request.PoolOrderAttribute)
 		if order == "" {
 			order = attrString(attrs, "xds.cluster_metadata") // an older config's whole cluster metadata
@@ -293,7 +295,13 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		s.metrics.MeterErrors.Add(ctx, 1, claimUncertainAttr)
 	}
 	s.countStamp(ctx, &m.Tally, st)
-	if settle := meter.SettlementOf(&m.Request, &o); settle != nil {
+	settle := meter.SettlementOf(&m.Request, &o)
+	if settle != nil && settle.NeverSent {
+		s.metrics.Unsent.Add(ctx, 1, metric.WithAttributes(attribute.String("details", m.Unsent)))
+		s.log.Warn("Envoy answered an admitted request itself before any pool was asked; its reservation is released",
+			"request_id", st.RequestID, "tenant", st.Tenant, "status", st.Status, "details", m.Unsent)
+	}
+	if settle != nil {
 		// The stream's context is gone when the client reset: the charge
 		// must reach the limiter anyway.
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)

@@ -284,3 +284,29 @@ func (r recvNotifier) RecvMsg(m any) error {
 	r.asking()
 	return r.ServerStream.RecvMsg(m)
 }
+
+// Only the local replies that Envoy's router writes before any upstream
+// request prove that no pool was asked, and only with no upstream address
+// and at most the first attempt beside them.
+func TestUnsentBy(t *testing.T) {
+	for _, tc := range []struct {
+		details  string
+		attempts int
+		upstream string
+		want     string
+	}{
+		{"route_not_found", 0, "", "route_not_found"},
+		{"cluster_not_found", 0, "", "cluster_not_found"},
+		{"no_healthy_upstream", 1, "", "no_healthy_upstream"},
+		{"no_healthy_upstream", 2, "", ""},              // a retry: an attempt went before
+		{"no_healthy_upstream", 1, "10.0.0.1:8000", ""}, // a host was picked
+		{"upstream_reset_before_response_started{connection_failure}", 1, "", ""},
+		{"request_overall_timeout", 0, "", ""},
+		{"via_upstream", 1, "10.0.0.1:8000", ""},
+		{"", 0, "", ""},
+	} {
+		if got := meter.UnsentBy(tc.details, tc.attempts, tc.upstream); got != tc.want {
+			t.Errorf("meter.UnsentBy(%q, %d, %q) = %q, want %q", tc.details, tc.attempts, tc.upstream, got, tc.want)
+		}
+	}
+}

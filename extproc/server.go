@@ -57,6 +57,7 @@ type Server struct {
 	meters  *meters
 	orders  meter.PoolOrders
 	peers   peerStreams
+	waiting waitingBodies
 	sealer  FieldSealer
 	stalls  *meter.StallWatch // when infergate did not run (WatchStalls)
 	// lastUnverified: Unix seconds of the last log line on an unverified stamp.
@@ -86,6 +87,17 @@ type Options struct {
 	// address) holds open at once; a stream beyond it is answered 503
 	// gate_overloaded. Default DefaultMaxGateStreamsPerPeer.
 	MaxGateStreamsPerPeer int
+	// MaxWaitingBodiesPerPrincipal bounds the gate streams one key, and
+	// one tenant, holds between its request headers and its body's end;
+	// beyond it the caller's new request is answered 429
+	// too_many_waiting_bodies (others are served as ever). Default
+	// DefaultMaxWaitingBodiesPerPrincipal. A caller the policy names
+	// no one (no authentication) is bounded per peer only.
+	MaxWaitingBodiesPerPrincipal int
+	// BodyTimeout is how long the gate waits for a request's body after
+	// its headers; past it the request is answered 408
+	// request_body_timeout. Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
 	// KeepUsageOption leaves a streaming body without
 	// stream_options.include_usage as it is; by default the gate asks the
 	// model server for usage, so the meter can count tokens exactly.
@@ -154,9 +166,12 @@ func New(opts Options) (*Server, error) {
 	opts.MaxEventBytes = cmp.Or(opts.MaxEventBytes, 1<<20)
 	opts.MaxTrackedGaps = cmp.Or(opts.MaxTrackedGaps, 16384)
 	opts.MaxGateStreamsPerPeer = cmp.Or(opts.MaxGateStreamsPerPeer, DefaultMaxGateStreamsPerPeer)
+	opts.MaxWaitingBodiesPerPrincipal = cmp.Or(opts.MaxWaitingBodiesPerPrincipal, DefaultMaxWaitingBodiesPerPrincipal)
+	opts.BodyTimeout = cmp.Or(opts.BodyTimeout, DefaultBodyTimeout)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
 		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer, stalls: meter.NewStallWatch(), orders: meter.PoolOrders{Legacy: clusterMetadataPools},
-		peers: peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}}}
+		peers:   peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}},
+		waiting: waitingBodies{max: opts.MaxWaitingBodiesPerPrincipal, held: map[waiter]int{}}}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}

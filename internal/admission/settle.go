@@ -188,6 +188,16 @@ func (c *Controller) Settle(ctx context.Context, s *request.Settlement) {
 		c.Metrics.settleError(ctx)
 		return
 	}
+	if s.NeverSent && s.Origin == request.OriginEnvoy {
+		// Envoy answered before any pool was asked (the meter read its
+		// own details): nothing was spent, the reservation goes back
+		// whole, requests included, as for a request the gate could not
+		// forward.
+		c.Log.Warn("Envoy refused an admitted request before any pool was asked; its reservation is released",
+			"request_id", s.RequestID, "status", s.Status)
+		c.release(ctx, s.RequestID, r.Reservation)
+		return
+	}
 	reserved := reservedCost(r.Reservation)
 	actual, keep, bounded := charge(s, reserved, r.proofBounds)
 	if bounded != "" {

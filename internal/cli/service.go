@@ -177,7 +177,9 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		PoolName:          rt.PoolName,
 		Sealer:            adm.fields,
 
-		MaxGateStreamsPerPeer: int(cfg.ExtProc.MaxGateStreamsPerPeer),
+		MaxGateStreamsPerPeer:        int(cfg.ExtProc.MaxGateStreamsPerPeer),
+		MaxWaitingBodiesPerPrincipal: int(cfg.ExtProc.MaxWaitingBodiesPerPrincipal),
+		BodyTimeout:                  cfg.Gate.BodyTimeout,
 	})
 	if err != nil {
 		adm.close()

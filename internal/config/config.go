@@ -556,6 +556,13 @@ type Check struct {
 // DefaultMaxGateStreamsPerPeer is extproc.maxGateStreamsPerPeer's default.
 const DefaultMaxGateStreamsPerPeer = 4096
 
+// DefaultMaxWaitingBodiesPerPrincipal is
+// extproc.maxWaitingBodiesPerPrincipal's default.
+const DefaultMaxWaitingBodiesPerPrincipal = 256
+
+// DefaultBodyTimeout is gate.bodyTimeout's default.
+const DefaultBodyTimeout = 30 * time.Second
+
 // ExtProc is the gRPC ExternalProcessor service Envoy calls.
 type ExtProc struct {
 	// Listen is host:port, or unix:PATH for a Unix domain socket (Envoy on
@@ -577,6 +584,15 @@ type ExtProc struct {
 	// flight. Behind a proxy that hides the peers' addresses (an Istio
 	// sidecar in infergate's pod), it bounds them all together.
 	MaxGateStreamsPerPeer uint32 `yaml:"maxGateStreamsPerPeer"`
+	// MaxWaitingBodiesPerPrincipal bounds the gate streams one API key
+	// (or JWT subject), and one tenant, holds between its request headers
+	// and its body's end; beyond it that caller's next request is answered
+	// 429 too_many_waiting_bodies at its headers, while every other caller
+	// is served: a client that holds bodies back (slowly sent, or never)
+	// holds its own share, not the gate. A caller the policy names no one
+	// (no authentication configured) is bounded by maxGateStreamsPerPeer
+	// alone, which stays the backstop.
+	MaxWaitingBodiesPerPrincipal uint32 `yaml:"maxWaitingBodiesPerPrincipal"`
 	// TLS serves the port over TLS and admits only clients whose
 	// certificate the CA signed (mTLS): anything that can reach a plaintext
 	// port can forge a meter's stamps or a gate's verified JWT claims.
@@ -671,6 +687,13 @@ type Gate struct {
 	// MaxBodyBytes is the largest request body accepted (413 above it). Keep
 	// it at or below Envoy's per-connection buffer limit.
 	MaxBodyBytes int `yaml:"maxBodyBytes"`
+	// BodyTimeout is how long the gate waits for a request's body after
+	// its headers: past it the request is answered 408
+	// request_body_timeout and its stream ends, in every body mode
+	// (Envoy buffering the body included). Envoy's own request timeout
+	// (the shipped configs' request_timeout, the chart's
+	// requestReceivedTimeout) is set longer, as a backstop.
+	BodyTimeout time.Duration `yaml:"bodyTimeout"`
 	// InjectUsage sets stream_options.include_usage on streaming requests,
 	// so token counts (and charges) come from the model server.
 	InjectUsage *bool `yaml:"injectUsage"`
@@ -777,6 +800,12 @@ func (c *Config) fillDefaults() {
 	}
 	if c.ExtProc.MaxGateStreamsPerPeer == 0 {
 		c.ExtProc.MaxGateStreamsPerPeer = DefaultMaxGateStreamsPerPeer
+	}
+	if c.ExtProc.MaxWaitingBodiesPerPrincipal == 0 {
+		c.ExtProc.MaxWaitingBodiesPerPrincipal = DefaultMaxWaitingBodiesPerPrincipal
+	}
+	if c.Gate.BodyTimeout == 0 {
+		c.Gate.BodyTimeout = DefaultBodyTimeout
 	}
 	setDefault(&c.Admin.Listen, "127.0.0.1:9090")
 	if c.Admin.RecentRequests == nil {
@@ -910,6 +939,8 @@ func (c *Config) validate() error {
 	}
 	check(c.Gate.MaxBodyBytes > 0 && c.Gate.MaxBodyBytes <= 64<<20, "gate.maxBodyBytes",
 		"must be between 1 and 67108864, got %d", c.Gate.MaxBodyBytes)
+	check(c.Gate.BodyTimeout > 0 && c.Gate.BodyTimeout <= 10*time.Minute, "gate.bodyTimeout",
+		"must be more than 0 and at most 10m, got %s", c.Gate.BodyTimeout)
 	check(oneOf(c.Gate.ChatOutputLimit, "max_tokens", "max_completion_tokens"), "gate.chatOutputLimit",
 		"must be max_tokens or max_completion_tokens; got %q", c.Gate.ChatOutputLimit)
 	for _, p := range c.Gate.Paths {

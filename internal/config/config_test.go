@@ -21,10 +21,11 @@ import (
 // that the code defaults and the embedded file cannot drift together.
 func defaults() *Config {
 	return &Config{
-		ExtProc: ExtProc{Listen: "127.0.0.1:50051", MaxConcurrentStreams: 10000, MaxGateStreamsPerPeer: 4096},
+		ExtProc: ExtProc{Listen: "127.0.0.1:50051", MaxConcurrentStreams: 10000, MaxGateStreamsPerPeer: 4096, MaxWaitingBodiesPerPrincipal: 256},
 		Admin:   Admin{Listen: "127.0.0.1:9090", RecentRequests: ptr(1000)},
 		Gate: Gate{
 			MaxBodyBytes:    1 << 20,
+			BodyTimeout:     30 * time.Second,
 			InjectUsage:     ptr(true),
 			ChatOutputLimit: "max_tokens",
 			Paths:           []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"},
@@ -115,13 +116,14 @@ func TestDefaultFileSetsEveryKey(t *testing.T) {
 func TestValidFile(t *testing.T) {
 	yes := true
 	want := &Config{
-		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, MaxGateStreamsPerPeer: 64, TLS: TLS{
+		ExtProc: ExtProc{Listen: "127.0.0.1:6000", MaxConcurrentStreams: 512, MaxGateStreamsPerPeer: 64, MaxWaitingBodiesPerPrincipal: 8, TLS: TLS{
 			CertFile: "/etc/infergate/tls/tls.crt", KeyFile: "/etc/infergate/tls/tls.key", ClientCAFile: "/etc/infergate/tls/ca.crt"},
 			InsecureOpenToNetwork: true},
 		Admin: Admin{Listen: "[::1]:9191", OpenToNetwork: true, RecentRequests: ptr(50), Pprof: true,
 			Debug: Debug{Enabled: true, TokenFile: "/etc/infergate/debug/token"}},
 		Gate: Gate{
 			MaxBodyBytes:    64 << 20,
+			BodyTimeout:     time.Minute,
 			InjectUsage:     ptr(false),
 			ChatOutputLimit: "max_completion_tokens",
 			Paths:           []string{"/v1/chat/completions", "/openai/v1/responses"},

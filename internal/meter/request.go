@@ -7,6 +7,7 @@
 package meter
 
 import (
+	"slices"
 	"time"
 
 	"github.com/infergate/infergate/internal/openai"
@@ -28,8 +29,10 @@ type Request struct {
 	EnvoyStart time.Time // Envoy's request.time
 	Tally      tally.Response
 	Cut        bool // Envoy closed the stream before the response's end
-	// Origin is who wrote the response, from Envoy's response.code_details.
+	// Origin is who wrote the response, from Envoy's response.code_details;
+	// Unsent is that detail when it proves no pool was asked (UnsentBy).
 	Origin request.Origin
+	Unsent string
 	// Ended: the stream's terminal event was seen, as the in-Envoy meter's
 	// summary tells it (the ext_proc meter reads it from its tally).
 	Ended bool
@@ -114,4 +117,24 @@ func KnownAPI(s string) openai.API {
 		return a
 	}
 	return ""
+}
+
+// neverSentDetails are the local replies Envoy writes only before its router
+// has asked any pool for the request: no route matched, the route's
+// cluster does not exist, the cluster had no host to send it to. Each
+// proves that nothing was spent; every other local reply (a timeout, a
+// reset, an overflow) may follow a request a pool received, and keeps the
+// reservation. Kept short on purpose: a detail joins only when Envoy's
+// router can write it before an upstream request alone.
+var neverSentDetails = []string{"route_not_found", "cluster_not_found", "no_healthy_upstream"}
+
+// UnsentBy is details when it proves that Envoy answered before any pool
+// was asked (neverSentDetails), with no upstream address and at most the
+// first attempt counted beside it (a retry that found no healthy host had
+// an attempt before it); "" otherwise.
+func UnsentBy(details string, attempts int, upstream string) string {
+	if !slices.Contains(neverSentDetails, details) || upstream != "" || attempts > 1 {
+		return ""
+	}
+	return details
 }

@@ -191,7 +191,8 @@ func SettlementOf(m *Request, o *Outcome) *request.Settlement {
 		API: st.API, Status: st.Status, Origin: m.Origin, SSE: t.SSE, End: request.EndLost,
 		Terminal: t.Ended() || m.Ended, UsageRead: o.Usage != nil,
 		PromptTokens: st.PromptTokens, InputReported: t.HasInput || o.Usage != nil && !t.OutputOnly,
-		Events: st.ContentEvents, Principal: st.Principal, Model: st.Model, Pool: st.Pool}
+		Events: st.ContentEvents, Principal: st.Principal, Model: st.Model, Pool: st.Pool,
+		NeverSent: m.Unsent != "" && m.Origin == request.OriginEnvoy}
 	if o.Usage != nil {
 		s.CompletionTokens = st.CompletionTokens
 		s.CachedTokens, s.CacheWriteTokens = st.CachedTokens, st.CacheWriteTokens

@@ -112,6 +112,12 @@ type Settlement struct {
 	// JWT subject, for the spend ledger; the model the client asked for and
 	// the pool that answered, whose price the cost is settled at.
 	Principal, Model, Pool string
+	// NeverSent: Envoy answered the request itself before any pool was
+	// asked (with Origin OriginEnvoy): its response.code_details is one
+	// that proves it (no route, no cluster, no host), with no upstream
+	// attempt and no upstream address beside it. Nothing was spent: the
+	// reservation is released whole.
+	NeverSent bool
 	// CachedTokens and CacheWriteTokens are the parts of the pool's
 	// PromptTokens read from and written to its prompt cache (0 without
 	// UsageRead), priced as such.
