@@ -88,6 +88,11 @@ prices:
 		if r.Status != tc.status {
 			t.Errorf("model %s: %d %s, want Envoy's %d", tc.model, r.Status, r.Body, tc.status)
 		}
+		// No route: OpenAI's error for a model not served, naming it (the
+		// demo's local_reply_config), not an empty message.
+		if body := string(r.Body); tc.model == "nowhere" && (!strings.Contains(body, `"code":"model_not_found"`) || !strings.Contains(body, "`nowhere` does not exist")) {
+			t.Errorf("model %s: body %s, want model_not_found naming it", tc.model, r.Body)
+		}
 	}
 	r := stream(t, s.Envoy.URL+"/v1/chat/completions", strings.Replace(chatBody("pool-a", 64, false, ""), `"pool-a"`, `"pool-a\u0001x"`, 1), hdr)
 	if r.Status != http.StatusBadRequest {
