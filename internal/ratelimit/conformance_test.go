@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -30,6 +31,24 @@ func memoryBackend() backend {
 		newStore: func(t *testing.T, clock Clock) func() Limiter {
 			m := NewMemory(clock)
 			return func() Limiter { return m }
+		},
+	}
+}
+
+// embeddedBackend gives every store a file of its own; each limiter is a
+// separate instance on the store's open file.
+func embeddedBackend() backend {
+	return backend{
+		name: "embedded",
+		newStore: func(t *testing.T, clock Clock) func() Limiter {
+			db := openLedger(t, filepath.Join(t.TempDir(), "ledger.db"))
+			return func() Limiter {
+				e, err := NewEmbedded(db, clock, EmbeddedOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e
+			}
 		},
 	}
 }
@@ -71,6 +90,8 @@ func redisClusterBackend(t *testing.T) backend {
 }
 
 func TestMemoryConformance(t *testing.T) { runConformance(t, memoryBackend()) }
+
+func TestEmbeddedConformance(t *testing.T) { runConformance(t, embeddedBackend()) }
 
 func TestRedisConformance(t *testing.T) { runConformance(t, redisBackend(t)) }
 
