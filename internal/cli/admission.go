@@ -128,7 +128,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	switch cfg.RateLimit.Backend {
 	case "memory":
 		c.Limiter = ratelimit.NewMemory(clock)
-		log.Warn("budgets, seals and spend are kept in this process's memory (ratelimit.backend: memory): a restart forgets them; "+
+		log.Warn("budgets, seals and spend are kept in this process's memory (ratelimit.backend: memory): a restart forgets them; " +
 			"use embedded (one replica) or redis (replicas) to keep them")
 	case "embedded":
 		path := cfg.RateLimit.Embedded.Path
