@@ -57,6 +57,7 @@ KEYS
 cat >"$WORK/infergate.yaml" <<CONFIG
 admin: {debug: {enabled: true}}  # /debug/requests; the admin port is on loopback
 auth: {keys: $WORK/keys.yaml}
+ratelimit: {embedded: {path: $WORK/ledger.db}} # budgets, seals and spend: kept across the restarts below
 policy: {dir: $PWD/policies}
 models: [pool-a, pool-b, llama-3.1-8b-instruct, llama-3.1-70b-instruct, bge-m3]
 CONFIG
@@ -136,7 +137,7 @@ note "GET /v1/models is infergate's own answer: the configured models (models: i
 say "One streamed request through the gateway (model pool-a)"
 note "(infergate restarted with its default configuration, /debug pages on: no keys, no policies)"
 kill "${PIDS[2]}"; wait "${PIDS[2]}" 2>/dev/null || true
-echo 'admin: {debug: {enabled: true}}' >"$WORK/debug.yaml"
+printf 'admin: {debug: {enabled: true}}\nratelimit: {embedded: {path: %s}}\n' "$WORK/ledger.db" >"$WORK/debug.yaml"
 bin/infergate serve --config "$WORK/debug.yaml" --extproc-listen 127.0.0.1:$EXTPROC_PORT --admin-listen 127.0.0.1:$INFERGATE_ADMIN \
   >"$WORK/requests.log" 2>"$WORK/infergate.log" & PIDS[2]=$!
 wait_for "http://127.0.0.1:$INFERGATE_ADMIN/readyz" "infergate"
@@ -219,6 +220,7 @@ kill "${PIDS[2]}" "${PIDS[3]}"; wait "${PIDS[2]}" "${PIDS[3]}" 2>/dev/null || tr
 export XDS_PORT=$(free_port)
 cat >"$WORK/sla.yaml" <<CONFIG
 admin: {debug: {enabled: true}}
+ratelimit: {embedded: {path: $WORK/ledger.db}}
 virtualModels:
 - name: llama
   pools: [{cluster: pool-a, priority: 0}, {cluster: pool-b, priority: 1}]

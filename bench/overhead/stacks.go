@@ -112,6 +112,9 @@ func (h *harness) startGateway(name string, spec gatewaySpec) (*stack, error) {
 		"auth":    map[string]any{"keys": h.keysFile},
 		"policy":  map[string]any{"dir": h.policyDir},
 		"log":     map[string]any{"level": "warn"},
+		// The baseline's limiter (serve's default is the embedded ledger,
+		// one fsync per admission): variants change it.
+		"ratelimit": map[string]any{"backend": "memory"},
 	}
 	if spec.infergate != nil {
 		spec.infergate(cfg)

@@ -20,6 +20,7 @@ import (
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/ledgerfile"
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/seal"
@@ -36,6 +37,8 @@ type admissionParts struct {
 	keysFailed atomic.Int64 // refused reloads of the key file
 	// redis is a *redis.Client, or a *redis.ClusterClient (mode: cluster).
 	redis redis.UniversalClient
+	// ledger is the embedded ledger's open file (backend embedded).
+	ledger *ledgerfile.DB
 	// spend is the spend ledger, where the budgets are counted.
 	spend *spend.Ledger
 	// watchKeys polls the API key file until its context is done (nil
@@ -125,10 +128,24 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	switch cfg.RateLimit.Backend {
 	case "memory":
 		c.Limiter = ratelimit.NewMemory(clock)
+		log.Warn("budgets, seals and spend are kept in this process's memory (ratelimit.backend: memory): a restart forgets them; " +
+			"use embedded (one replica) or redis (replicas) to keep them")
+	case "embedded":
+		path := cfg.RateLimit.Embedded.Path
+		if p.ledger, err = ledgerfile.Open(path); err != nil {
+			return nil, fmt.Errorf("ratelimit.embedded.path: %w (set ratelimit.embedded.path to a writable file on a persistent volume, "+
+				"or ratelimit.backend: memory for a throwaway run)", err)
+		}
+		if c.Limiter, err = ratelimit.NewEmbedded(p.ledger, clock, ratelimit.EmbeddedOptions{}); err != nil {
+			p.ledger.Close()
+			return nil, err
+		}
+		log.Info("budgets, seals and spend are kept in the embedded ledger", "path", path)
 	case "redis":
 		if p.redis, err = redisClient(cfg.RateLimit.Redis); err != nil {
 			return nil, err
 		}
+		log.Info("budgets, seals and spend are kept in Redis; their durability is Redis' own (appendonly, see docs/reliability.md)")
 		mode := ratelimit.FailClosed
 		if cfg.RateLimit.OnBackendError == "local" {
 			mode = ratelimit.FailLocal
@@ -136,9 +153,12 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{HashTag: cfg.RateLimit.Redis.HashTag}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
 	}
-	p.spend = newSpend(cfg, p.redis, c.Keys, log, clock)
+	p.spend = newSpend(cfg, p.redis, p.ledger, c.Keys, log, clock)
 	c.Spend = p.spend
-	p.seals, c.Settled = newSeals(ctx, cfg, p.redis, log, time.Now)
+	if p.seals, c.Settled, err = newSeals(ctx, cfg, p.redis, p.ledger, log, time.Now); err != nil {
+		p.close()
+		return nil, err
+	}
 	c.Seals, c.LongestStream = p.seals, cfg.Reservations.LongestStream
 	p.fields = seal.Fields{Ring: p.seals, Once: c.Settled, Longest: cfg.Reservations.LongestStream}
 	if _, err := m.Meter().Int64ObservableCounter("infergate.reservation.key_mismatch",
@@ -375,13 +395,25 @@ func mayHaveRun(err error) bool {
 // read Redis can move its counters anyway, so sharing the keys there adds
 // no exposure. The keys are read now (Redis unreachable: this replica
 // seals with its own until it can read them; run re-reads them).
-func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, log *slog.Logger, now func() time.Time) (*seal.Keyring, seal.Once) {
+//
+// With the embedded ledger both are in its file: a seal made before a
+// restart is verified and claimed once after it, so a request admitted
+// before a crash still settles on its proof.
+func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, ledger *ledgerfile.DB, log *slog.Logger, now func() time.Time) (*seal.Keyring, seal.Once, error) {
 	r := cfg.Reservations
 	opts := seal.Options{Rotation: r.KeyRotation, Refresh: r.KeyRefresh, MaxAge: r.MaxAge, Now: now, Log: log}
+	if ledger != nil {
+		ring := seal.NewKeyring(seal.EmbeddedStore{DB: ledger, Now: now}, opts)
+		if err := ring.Refresh(ctx); err != nil {
+			return nil, nil, fmt.Errorf("reservation keys in %s: %w", cfg.RateLimit.Embedded.Path, err)
+		}
+		once, err := seal.NewEmbeddedOnce(ledger, "", r.MaxSettled, r.MaxSettledPerTenant, now)
+		return ring, once, err
+	}
 	if rdb == nil {
 		ring := seal.NewKeyring(&seal.MemoryStore{}, opts)
 		_ = ring.Refresh(ctx) // a MemoryStore does not fail
-		return ring, &seal.MemoryOnce{Max: r.MaxSettled, PerTenant: r.MaxSettledPerTenant, Now: now}
+		return ring, &seal.MemoryOnce{Max: r.MaxSettled, PerTenant: r.MaxSettledPerTenant, Now: now}, nil
 	}
 	ring := seal.NewKeyring(seal.RedisStore{Client: rdb}, opts)
 	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -391,7 +423,7 @@ func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient
 	}
 	// Claims and issues are retried (seal.DefaultRetry: they are
 	// idempotent), each try bounded by the client's timeouts above.
-	return ring, seal.RedisOnce{Client: rdb, Now: now, PerTenant: r.MaxSettledPerTenant}
+	return ring, seal.RedisOnce{Client: rdb, Now: now, PerTenant: r.MaxSettledPerTenant}, nil
 }
 
 // health is nil, or why the last reload of keys or policies was refused.
@@ -419,20 +451,26 @@ func (p *admissionParts) run(ctx context.Context) {
 	wg.Wait()
 }
 
-// close releases the limiter's Redis connection: after everything that
-// settles reservations has stopped.
+// close releases the limiter's Redis connection or ledger file: after
+// everything that settles reservations has stopped.
 func (p *admissionParts) close() {
 	if p.redis != nil {
 		p.redis.Close()
 	}
+	if p.ledger != nil {
+		p.ledger.Close()
+	}
 }
 
 // newSpend is the spend ledger, kept where the budgets are counted: in
-// this process with the memory backend, in Redis (every replica's) with
-// Redis.
-func newSpend(cfg *config.Config, rdb redis.UniversalClient, keys *identity.KeySet, log *slog.Logger, clock func() time.Time) *spend.Ledger {
+// this process with the memory backend, in the ledger's file with the
+// embedded one, in Redis (every replica's) with Redis.
+func newSpend(cfg *config.Config, rdb redis.UniversalClient, ledger *ledgerfile.DB, keys *identity.KeySet, log *slog.Logger, clock func() time.Time) *spend.Ledger {
 	l := &spend.Ledger{Store: &spend.Memory{}, Prices: cfg.Prices.Table(), Now: clock, Log: log}
-	if rdb != nil {
+	switch {
+	case ledger != nil:
+		l.Store = &spend.Embedded{DB: ledger}
+	case rdb != nil:
 		l.Store = &spend.Redis{Client: rdb}
 	}
 	if keys != nil {

@@ -170,6 +170,7 @@ func TestAdminIndex(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		ledgerInTemp(t, cfg)
 		svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
 		if err != nil {
 			t.Fatal(err)

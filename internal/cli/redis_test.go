@@ -67,7 +67,7 @@ func TestRedisClusterFollowsFailover(t *testing.T) {
 		}
 		defer rdb.Close()
 		clients = append(clients, rdb)
-		ring, _ := newSeals(ctx, defaultConfig(t), rdb, log, time.Now)
+		ring, _, _ := newSeals(ctx, defaultConfig(t), rdb, nil, log, time.Now)
 		rings = append(rings, ring)
 	}
 	agree := func(from, to *seal.Keyring) error {

@@ -36,6 +36,7 @@ func TestServeDefaultListensOnLoopbackOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ledgerInTemp(t, cfg)
 	svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
 	if err != nil {
 		t.Fatal(err)

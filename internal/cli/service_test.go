@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +35,7 @@ type serving struct{ extproc, admin string }
 // returns the addresses it bound.
 func startServeAddrs(t *testing.T, args ...string) serving {
 	t.Helper()
+	args = ledgerArgs(t, args)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	stderr := &testutil.Buffer{}
@@ -116,4 +118,30 @@ func TestAdminPprof(t *testing.T) {
 			t.Errorf("GET %s: %d", p, code)
 		}
 	}
+}
+
+// ledgerArgs gives the serve of args a ledger file of the test's own (one
+// process per file): in a config of its own, or added to the config args
+// name unless it names a ratelimit.
+func ledgerArgs(t *testing.T, args []string) []string {
+	t.Helper()
+	line := "ratelimit: {embedded: {path: " + filepath.Join(t.TempDir(), "ledger.db") + "}}\n"
+	i := slices.Index(args, "--config")
+	if i < 0 {
+		cfg := filepath.Join(t.TempDir(), "ledger.yaml")
+		if err := os.WriteFile(cfg, []byte(line), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return append([]string{"--config", cfg}, args...)
+	}
+	b, err := os.ReadFile(args[i+1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "ratelimit:") {
+		if err := os.WriteFile(args[i+1], append(b, "\n"+line...), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return args
 }

@@ -82,6 +82,7 @@ virtualModels:
 // xDS listeners.
 func serveService(t *testing.T, cfg *config.Config, xds bool) (svc *Service, admin, xdsLis net.Listener) {
 	t.Helper()
+	ledgerInTemp(t, cfg)
 	svc, err := NewService(cfg, slog.New(slog.DiscardHandler), io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -107,4 +108,13 @@ func serveService(t *testing.T, cfg *config.Config, xds bool) (svc *Service, adm
 		}
 	})
 	return svc, admin, xdsLis
+}
+
+// ledgerInTemp moves the embedded ledger of cfg, at its default path, to
+// a file of the test's own (one process per file).
+func ledgerInTemp(t *testing.T, cfg *config.Config) {
+	t.Helper()
+	if cfg.RateLimit.Embedded.Path == config.DefaultLedgerPath {
+		cfg.RateLimit.Embedded.Path = filepath.Join(t.TempDir(), "ledger.db")
+	}
 }

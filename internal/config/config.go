@@ -432,8 +432,13 @@ type Policy struct {
 
 // RateLimit chooses where budgets are counted.
 type RateLimit struct {
-	Backend string `yaml:"backend"` // memory or redis
-	Redis   Redis  `yaml:"redis"`
+	// Backend is where the money is kept: embedded (a file on this host,
+	// surviving restarts: one replica), memory (this process: a restart
+	// forgets every budget, seal and spend; for tests and throwaway runs)
+	// or redis (shared by replicas).
+	Backend  string   `yaml:"backend"`
+	Embedded Embedded `yaml:"embedded"`
+	Redis    Redis    `yaml:"redis"`
 	// OnBackendError: "deny" answers 503 while Redis is unreachable; "local"
 	// falls back to this replica's in-memory counters.
 	OnBackendError string `yaml:"onBackendError"`
@@ -446,6 +451,20 @@ type RateLimit struct {
 	// a cap, the cap is reserved instead and sent upstream as max_tokens.
 	DefaultMaxTokens int `yaml:"defaultMaxTokens"`
 }
+
+// Embedded is the embedded ledger: one file (bbolt) holding the budget
+// counters, the settle-once table and its keys, and the spend hours.
+type Embedded struct {
+	// Path of the file, created (with its directory, mode 0700/0600) if
+	// absent. One process per file: a second one fails at start. Put it on
+	// a persistent volume (the chart's one-Deployment mode mounts a
+	// PersistentVolumeClaim there).
+	Path string `yaml:"path"`
+}
+
+// DefaultLedgerPath is where the embedded ledger is kept unless
+// ratelimit.embedded.path says otherwise.
+const DefaultLedgerPath = "/var/lib/infergate/ledger.db"
 
 // Reservations shape the seals on what the gate hands to the meter
 // through Envoy (the reservation, the whole gate→meter field): each is
@@ -465,10 +484,10 @@ type Reservations struct {
 	// the keys from Redis (less than KeyRotation).
 	KeyRotation time.Duration `yaml:"keyRotation"`
 	KeyRefresh  time.Duration `yaml:"keyRefresh"`
-	// MaxSettled bounds the seals kept outstanding in memory, all
-	// tenants' (backend memory: issued, not yet settled or read, nor
-	// expired; two per request): the last-resort bound on this process's
-	// memory, past which new requests are refused 503
+	// MaxSettled bounds the seals kept outstanding on this replica, all
+	// tenants' (backends memory and embedded: issued, not yet settled or
+	// read, nor expired; two per request): the last-resort bound on this
+	// process's memory and file, past which new requests are refused 503
 	// too_many_requests_in_flight.
 	MaxSettled int `yaml:"maxSettled"`
 	// MaxSettledPerTenant is each tenant's share of the seals outstanding
@@ -854,7 +873,8 @@ func (c *Config) fillDefaults() {
 	if c.Policy.Memoize == nil {
 		c.Policy.Memoize = ptr(true)
 	}
-	setDefault(&c.RateLimit.Backend, "memory")
+	setDefault(&c.RateLimit.Backend, "embedded")
+	setDefault(&c.RateLimit.Embedded.Path, DefaultLedgerPath)
 	setDefault(&c.RateLimit.OnBackendError, "deny")
 	if c.RateLimit.DefaultMaxTokens == 0 {
 		c.RateLimit.DefaultMaxTokens = 1024
@@ -948,7 +968,7 @@ func (c *Config) validate() error {
 	}
 	check(c.Meter.MaxEventBytes >= 1024, "meter.maxEventBytes", "must be at least 1024, got %d", c.Meter.MaxEventBytes)
 	check(c.Meter.MaxTrackedGaps > 0, "meter.maxTrackedGaps", "must be positive, got %d", c.Meter.MaxTrackedGaps)
-	check(oneOf(c.RateLimit.Backend, "memory", "redis"), "ratelimit.backend", "must be memory or redis; got %q", c.RateLimit.Backend)
+	check(oneOf(c.RateLimit.Backend, "embedded", "memory", "redis"), "ratelimit.backend", "must be embedded, memory or redis; got %q", c.RateLimit.Backend)
 	errs = append(errs, c.RateLimit.validateRedis()...)
 	check(oneOf(c.RateLimit.OnBackendError, "deny", "local"), "ratelimit.onBackendError", "must be deny or local; got %q", c.RateLimit.OnBackendError)
 	check(c.RateLimit.DefaultMaxTokens > 0 && c.RateLimit.DefaultMaxTokens <= math.MaxInt32, "ratelimit.defaultMaxTokens",

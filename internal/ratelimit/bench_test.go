@@ -2,9 +2,15 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // benchLimits are the usual pair: requests and total tokens per tenant,
@@ -96,4 +102,51 @@ func BenchmarkRedisSettle(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// benchReserveSettle is the gate's and the meter's work per request,
+// reserve then settle, from 64 goroutines per core (requests in flight
+// on a gate), over tenants of their own.
+func benchReserveSettle(b *testing.B, l Limiter) {
+	ctx := context.Background()
+	actual := Cost{Requests: 1, InputTokens: 120, OutputTokens: 300}
+	b.ReportAllocs()
+	b.SetParallelism(64)
+	var tenant atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		limits := slices.Clone(benchLimits)
+		key := fmt.Sprintf("tenant=%d", tenant.Add(1)%16)
+		for i := range limits {
+			limits[i].Key = key
+		}
+		for pb.Next() {
+			res, err := l.Reserve(ctx, limits, benchCost)
+			if err != nil || !res.Allowed {
+				b.Errorf("Reserve = %+v, %v", res, err)
+				return
+			}
+			if err := l.Settle(ctx, res.Reservation, actual); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
+
+func BenchmarkReserveSettle(b *testing.B) {
+	b.Run("memory", func(b *testing.B) { benchReserveSettle(b, NewMemory(time.Now)) })
+	b.Run("embedded", func(b *testing.B) {
+		db := openLedger(b, filepath.Join(b.TempDir(), "ledger.db"))
+		benchReserveSettle(b, newEmbedded(b, db, time.Now))
+	})
+	b.Run("embedded-bbolt-batch", func(b *testing.B) {
+		// bbolt's own Batch (which waits up to 10 ms for company), for
+		// comparison with ledgerfile's.
+		db, err := bolt.Open(filepath.Join(b.TempDir(), "ledger.db"), 0o600, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer db.Close()
+		benchReserveSettle(b, newEmbedded(b, db, time.Now))
+	})
 }

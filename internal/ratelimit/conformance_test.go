@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -32,6 +33,24 @@ func memoryBackend() backend {
 		newStore: func(t *testing.T, clock Clock) func() Limiter {
 			m := NewMemory(clock)
 			return func() Limiter { return m }
+		},
+	}
+}
+
+// embeddedBackend gives every store a file of its own; each limiter is a
+// separate instance on the store's open file.
+func embeddedBackend() backend {
+	return backend{
+		name: "embedded",
+		newStore: func(t *testing.T, clock Clock) func() Limiter {
+			db := openLedger(t, filepath.Join(t.TempDir(), "ledger.db"))
+			return func() Limiter {
+				e, err := NewEmbedded(db, clock, EmbeddedOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e
+			}
 		},
 	}
 }
@@ -73,6 +92,8 @@ func redisClusterBackend(t *testing.T) backend {
 }
 
 func TestMemoryConformance(t *testing.T) { runConformance(t, memoryBackend()) }
+
+func TestEmbeddedConformance(t *testing.T) { runConformance(t, embeddedBackend()) }
 
 func TestRedisConformance(t *testing.T) { runConformance(t, redisBackend(t)) }
 

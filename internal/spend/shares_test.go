@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"math/rand/v2"
+	"path/filepath"
 	"reflect"
 	"testing"
 )
@@ -21,6 +22,9 @@ func stores(t *testing.T) map[string]func(s Shares) Store {
 		"redis": func(s Shares) Store {
 			n++
 			return &Redis{Client: rdb, Prefix: fmt.Sprintf("shares%d:", n), Shares: s}
+		},
+		"embedded": func(s Shares) Store {
+			return &Embedded{DB: openLedger(t, filepath.Join(t.TempDir(), "ledger.db")), Shares: s}
 		},
 	}
 }

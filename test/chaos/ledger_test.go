@@ -2,10 +2,7 @@ package chaos
 
 import (
 	"context"
-	"io"
-	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -126,28 +123,4 @@ func (l *ledger) settle() balance {
 // settled says whether the running gate has ended every reservation it
 // made (infergate_ratelimit_reservations_total reserved vs settled, and
 // the settlements that failed, counted in infergate_admission_errors_total).
-func (r *rig) settled() bool {
-	resp, err := http.Get(r.gateAdmin + "/metrics")
-	if err != nil {
-		return false
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return false
-	}
-	var reserved, ended float64
-	for _, line := range strings.Split(string(body), "\n") {
-		series, val, ok := strings.Cut(line, " ")
-		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		switch {
-		case !ok || err != nil:
-		case strings.HasPrefix(series, "infergate_ratelimit_reservations_total{") && strings.Contains(series, `state="reserved"`):
-			reserved += f
-		case strings.HasPrefix(series, "infergate_ratelimit_reservations_total{") && strings.Contains(series, `state="settled"`),
-			strings.HasPrefix(series, "infergate_admission_errors_total{") && strings.Contains(series, `op="settle"`):
-			ended += f
-		}
-	}
-	return ended >= reserved
-}
+func (r *rig) settled() bool { return settledAt(r.gateAdmin) }

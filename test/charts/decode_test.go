@@ -46,6 +46,7 @@ var typed = map[string]func() any{
 	"v1/Secret":                                      func() any { return &corev1.Secret{} },
 	"v1/Service":                                     func() any { return &corev1.Service{} },
 	"v1/ServiceAccount":                              func() any { return &corev1.ServiceAccount{} },
+	"v1/PersistentVolumeClaim":                       func() any { return &corev1.PersistentVolumeClaim{} },
 	"apps/v1/Deployment":                             func() any { return &appsv1.Deployment{} },
 	"policy/v1/PodDisruptionBudget":                  func() any { return &policyv1.PodDisruptionBudget{} },
 	"rbac.authorization.k8s.io/v1/Role":              func() any { return &rbacv1.Role{} },
@@ -375,7 +376,7 @@ func TestStrictDecodeEverything(t *testing.T) {
 	withTLS["extproc"].(map[string]any)["tls"] = readValues(t, chartDir+"/ci/mtls-values.yaml")["extproc"].(map[string]any)["tls"]
 
 	seen := map[string]bool{}
-	for _, vals := range []map[string]any{withIstio, withTLS} {
+	for _, vals := range []map[string]any{withIstio, withTLS, {} /* mode serve: the ledger's claim */} {
 		r, err := render(t, vals)
 		if err != nil {
 			t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -89,6 +90,9 @@ func startInfergate(t *testing.T, yamlConfig string) *gateway {
 	cfg, err := config.Parse([]byte(yamlConfig))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.RateLimit.Embedded.Path == config.DefaultLedgerPath { // one process per file
+		cfg.RateLimit.Embedded.Path = filepath.Join(t.TempDir(), "ledger.db")
 	}
 	logs := &testutil.Buffer{}
 	requests := &testutil.Buffer{}

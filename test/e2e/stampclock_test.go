@@ -37,7 +37,7 @@ func TestStampUnderStoppedInfergate(t *testing.T) {
 	}
 	pool := startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond})
 	cfg := filepath.Join(t.TempDir(), "infergate.yaml")
-	if err := os.WriteFile(cfg, []byte(testConfig), 0o600); err != nil {
+	if err := os.WriteFile(cfg, []byte(testConfig+"ratelimit: {embedded: {path: "+filepath.Join(t.TempDir(), "ledger.db")+"}}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	extproc, admin := freeLoopbackAddr(t), freeLoopbackAddr(t)

@@ -838,7 +838,7 @@ func startGateWith(t testing.TB, policy, models string) *gateProc {
 	if err := os.WriteFile(filepath.Join(dir, "keys.yaml"), []byte(keys), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := fmt.Sprintf("auth: {keys: %s}\n", filepath.Join(dir, "keys.yaml")) + models
+	cfg := fmt.Sprintf("auth: {keys: %s}\nratelimit: {embedded: {path: %s}}\n", filepath.Join(dir, "keys.yaml"), filepath.Join(dir, "ledger.db")) + models
 	if policy != "" {
 		pdir := filepath.Join(dir, "policy")
 		if err := os.MkdirAll(pdir, 0o700); err != nil {

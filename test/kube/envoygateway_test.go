@@ -585,8 +585,8 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 					t.Fatal(err)
 				}
 			}
-		} else {
-			continue
+		} else if vol["persistentVolumeClaim"] == nil && vol["emptyDir"] == nil {
+			continue // a volume of state (the ledger's claim, an emptyDir) starts empty
 		}
 		for _, ct := range pod["containers"].([]any) {
 			for _, vm := range nested[[]any](ct.(map[string]any), "volumeMounts") {

@@ -276,6 +276,7 @@ message that says what to change.
   "auth.keys" "apiKeys"
   "policy.dir" "policies"
   "ratelimit.backend" "redis.address"
+  "ratelimit.embedded" "ledger"
   "ratelimit.redis.address" "redis.address"
   "ratelimit.redis.username" "redis.username"
   "ratelimit.redis.db" "redis.db"
@@ -460,6 +461,9 @@ The configuration file: values.config with the keys the chart owns.
 {{- $_ := set $owned "ratelimit" (dict "backend" "redis" "redis" $redis) }}
 {{- end }}
 {{- end }}
+{{- if include "infergate.embeddedLedger" . }}
+{{- $_ := set $owned "ratelimit" (dict "backend" "embedded" "embedded" (dict "path" "/var/lib/infergate/ledger.db")) }}
+{{- end }}
 {{- toYaml (mustMergeOverwrite (deepCopy .Values.config) $owned) }}
 {{- end }}
 
@@ -571,6 +575,9 @@ spec:
     # process, which reloads it for new handshakes.
     - {name: extproc-tls, mountPath: /etc/infergate/tls, readOnly: true}
     {{- end }}
+    {{- if and .extproc (include "infergate.embeddedLedger" $root) }}
+    - {name: ledger, mountPath: /var/lib/infergate}
+    {{- end }}
     - {name: tmp, mountPath: /tmp}
   volumes:
   - name: config
@@ -606,6 +613,14 @@ spec:
       defaultMode: 0440
       items: [{key: tls.crt, path: tls.crt}, {key: tls.key, path: tls.key}, {key: ca.crt, path: ca.crt}]
   {{- end }}
+  {{- if and .extproc (include "infergate.embeddedLedger" $root) }}
+  - name: ledger
+    {{- if $v.ledger.persistence.enabled }}
+    persistentVolumeClaim: {claimName: {{ include "infergate.ledgerClaim" $root }}}
+    {{- else }}
+    emptyDir: {}
+    {{- end }}
+  {{- end }}
   # The root filesystem is read-only; Go and OPA may still want a scratch dir.
   - name: tmp
     emptyDir: {sizeLimit: 64Mi}
@@ -625,4 +640,29 @@ spec:
   topologySpreadConstraints:
     {{- toYaml . | nindent 4 }}
   {{- end }}
+{{- end }}
+
+{{/*
+"true" when the money is kept in the embedded ledger: mode serve without
+redis.address.
+*/}}
+{{- define "infergate.embeddedLedger" -}}
+{{- if and (eq .Values.mode "serve") (not .Values.redis.address) }}true{{ end }}
+{{- end }}
+
+{{/*
+The ledger's claim: the existing one, or the chart's.
+*/}}
+{{- define "infergate.ledgerClaim" -}}
+{{- .Values.ledger.persistence.existingClaim | default (printf "%s-ledger" (include "infergate.fullname" .)) }}
+{{- end }}
+
+{{/*
+"true" when the ledger's volume can be mounted by one pod at a time, so a
+rollout must stop the old pod first.
+*/}}
+{{- define "infergate.ledgerRecreate" -}}
+{{- with .Values.ledger.persistence }}
+{{- if and (include "infergate.embeddedLedger" $) .enabled (or .existingClaim (eq .accessMode "ReadWriteOnce") (eq .accessMode "ReadWriteOncePod")) }}true{{ end }}
+{{- end }}
 {{- end }}

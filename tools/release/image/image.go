@@ -119,6 +119,11 @@ func BaseFiles() ([]File, error) {
 		{Name: strings.TrimPrefix(Home, "/") + "/", Mode: 0o700, UID: UID},
 		{Name: "root/", Mode: 0o700},
 		{Name: "tmp/", Mode: 0o1777},
+		// The embedded ledger's default place (ratelimit.embedded.path),
+		// the nonroot user's: the chart mounts its volume there.
+		{Name: "var/", Mode: 0o755},
+		{Name: "var/lib/", Mode: 0o755},
+		{Name: "var/lib/infergate/", Mode: 0o700, UID: UID},
 	}, nil
 }
 
@@ -246,7 +251,7 @@ func Image(platform, binary string, o Options) (v1.Image, error) {
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	return mutate.Append(img,
 		mutate.Addendum{Layer: base, MediaType: types.OCILayer, History: v1.History{
-			Created: created, CreatedBy: "infergate base: /etc/passwd, /etc/group (nonroot 65532), Mozilla CA bundle, /tmp, /home/nonroot", Comment: "tools/release/image"}},
+			Created: created, CreatedBy: "infergate base: /etc/passwd, /etc/group (nonroot 65532), Mozilla CA bundle, /tmp, /home/nonroot, /var/lib/infergate", Comment: "tools/release/image"}},
 		mutate.Addendum{Layer: app, MediaType: types.OCILayer, History: v1.History{
 			Created: created, CreatedBy: "COPY infergate " + BinaryPath, Comment: "tools/release/image"}},
 	)

@@ -285,7 +285,13 @@ func run(t *testing.T, bin []byte, version string) {
 	extproc, admin := freePort(t), freePort(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, exe, "serve", "--extproc-listen", extproc, "--admin-listen", admin)
+	// The defaults but for the ledger's file, which the image keeps in
+	// /var/lib/infergate (its nonroot user's; a volume in the chart).
+	cfg := filepath.Join(dir, "infergate.yaml")
+	if err := os.WriteFile(cfg, []byte("ratelimit: {embedded: {path: "+filepath.Join(dir, "ledger.db")+"}}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(ctx, exe, "serve", "--config", cfg, "--extproc-listen", extproc, "--admin-listen", admin)
 	cmd.Dir = dir
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
