@@ -157,8 +157,10 @@ func TestWatcherKeepsServingWhenPolicyTestsFail(t *testing.T) {
 			t.Fatal("standard tier denied")
 		}
 		// A change that compiles but breaks the policy's own tests: standard
-		// loses its large models.
+		// loses its large model, in the data and in the tests' own fixture
+		// (which test_standard_tier_models holds to it).
 		replaceIn(t, dir, "data.yaml", "    - llama-3.1-70b-instruct\n", "")
+		replaceIn(t, dir, "testdata_test.rego", "\t\t\t\t\"llama-3.1-70b-instruct\",\n", "")
 		afterPoll(t, "the failing tests are reported", func() bool { return w.Health() != nil })
 		if err := w.Health(); !strings.Contains(err.Error(), "test_standard_tier_models") {
 			t.Errorf("Health = %v, want the failing test named", err)
