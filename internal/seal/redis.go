@@ -45,8 +45,8 @@ func (s RedisStore) Key(ctx context.Context, epoch int64, fresh Key, ttl time.Du
 // seals agree. A claim replaces the seal's key by a short-lived mark of
 // its claimant (claimedTTL): the claimant's retry reads true again,
 // anyone else's false. Redis then holds the seals in flight and the
-// claims of the last minute, not every seal of the last hour (a key per
-// seal used grew by thousands a minute under a soak's load).
+// claims of the last few seconds, not every seal of the last hour (a key
+// per seal used grew by thousands a minute under a soak's load).
 //
 // Both writes are retried within Retry (the client itself resends
 // nothing: internal/cli): a reply lost to a read timeout is no answer.
@@ -57,10 +57,13 @@ type RedisOnce struct {
 	Retry     Retry // zero: DefaultRetry
 }
 
-// claimedTTL is how long a claim's mark outlives it: past every retry of
-// its claimant (Retry.Total), after which a copy of the seal finds nothing
-// (refused all the same).
-const claimedTTL = time.Minute
+// claimedTTL is how long a claim's mark outlives it: well past every retry
+// of its claimant (DefaultRetry.Total, 1.5 s; the meter gives a claim 2 s),
+// after which a copy of the seal finds nothing (refused all the same).
+// Short, because the marks are two keys a request for as long as they
+// live: at a minute, a soak's Redis held thousands more and still growing
+// after its warm-up.
+const claimedTTL = 10 * time.Second
 
 // tenantTag is the hash tag of a tenant's keys: fixed length whatever the
 // tenant's name (any bytes, braces included).

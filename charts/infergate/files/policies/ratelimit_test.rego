@@ -2,6 +2,7 @@ package infergate.ratelimit_test
 
 import data.infergate.authz
 import data.infergate.ratelimit
+import data.infergate.testdata
 
 chat(tenant, model) := {
 	"principal": {"id": "key-1", "type": "api_key", "claims": {}},
@@ -53,31 +54,31 @@ expected(tenant, principal, model, rpm, tpm, otph) := {
 }
 
 test_free_tier_limits if {
-	ratelimit.limits == expected("initech", "key-1", "llama-3.1-8b-instruct", 20, 20000, 100000) with input as chat("initech", "llama-3.1-8b-instruct")
+	ratelimit.limits == expected("initech", "key-1", "llama-3.1-8b-instruct", 20, 20000, 100000) with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as chat("initech", "llama-3.1-8b-instruct")
 }
 
 test_standard_tier_limits if {
-	ratelimit.limits == expected("globex", "key-1", "llama-3.1-70b-instruct", 120, 200000, 2000000) with input as chat("globex", "llama-3.1-70b-instruct")
+	ratelimit.limits == expected("globex", "key-1", "llama-3.1-70b-instruct", 120, 200000, 2000000) with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as chat("globex", "llama-3.1-70b-instruct")
 }
 
 test_premium_tier_limits if {
-	ratelimit.limits == expected("acme", "key-1", "some-model", 600, 2000000, 20000000) with input as chat("acme", "some-model")
+	ratelimit.limits == expected("acme", "key-1", "some-model", 600, 2000000, 20000000) with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as chat("acme", "some-model")
 }
 
 test_limits_follow_tier_label if {
 	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}})
-	ratelimit.limits == expected("acme", "key-1", "llama-3.1-8b-instruct", 20, 20000, 100000) with input as inp
+	ratelimit.limits == expected("acme", "key-1", "llama-3.1-8b-instruct", 20, 20000, 100000) with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 }
 
 test_limits_keyed_per_principal_and_model if {
 	inp := object.union(chat("acme", "m2"), {"principal": {"id": "key-2"}})
-	keys := {l.key | some l in ratelimit.limits} with input as inp
+	keys := {l.key | some l in ratelimit.limits} with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 	keys == {"tenant=acme/principal=key-2", "tenant=acme", "tenant=acme/model=m2"}
 }
 
 test_anonymous_callers_share_a_budget if {
 	inp := object.union(chat("playground", "qwen2.5-7b-instruct"), {"principal": {"id": "", "type": "anonymous"}})
-	some l in ratelimit.limits with input as inp
+	some l in ratelimit.limits with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 	l.unit == "requests"
 	l.key == "tenant=playground/principal="
 	l.amount == 20
@@ -85,18 +86,18 @@ test_anonymous_callers_share_a_budget if {
 
 test_model_listing_has_no_model_limit if {
 	inp := object.union(chat("globex", ""), {"request": {"method": "GET", "path": "/v1/models", "max_tokens": 0}})
-	units := {l.unit | some l in ratelimit.limits} with input as inp
+	units := {l.unit | some l in ratelimit.limits} with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 	units == {"requests", "total_tokens"}
-	not ratelimit.reserve with input as inp
+	not ratelimit.reserve with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 }
 
 test_no_limits_for_unknown_tenant if {
-	count(ratelimit.limits) == 0 with input as chat("hooli", "llama-3.1-8b-instruct")
+	count(ratelimit.limits) == 0 with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as chat("hooli", "llama-3.1-8b-instruct")
 }
 
 test_every_limit_well_formed if {
 	every tenant in ["acme", "globex", "initech", "playground"] {
-		limits := ratelimit.limits with input as chat(tenant, "llama-3.1-8b-instruct")
+		limits := ratelimit.limits with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as chat(tenant, "llama-3.1-8b-instruct")
 		count(limits) == 3
 		every l in limits {
 			l.unit in {"requests", "input_tokens", "output_tokens", "total_tokens"}
@@ -113,18 +114,18 @@ test_every_limit_well_formed if {
 # without max_tokens gets its tier's cap (authz.max_tokens), by label too.
 
 test_no_reserve_rule if {
-	not ratelimit.reserve with input as chat("initech", "llama-3.1-8b-instruct")
-	not ratelimit.reserve with input as object.union(chat("globex", "llama-3.1-8b-instruct"), {"request": {"max_tokens": 0}})
+	not ratelimit.reserve with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as chat("initech", "llama-3.1-8b-instruct")
+	not ratelimit.reserve with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as object.union(chat("globex", "llama-3.1-8b-instruct"), {"request": {"max_tokens": 0}})
 }
 
 test_cap_without_max_tokens if {
 	inp := object.union(chat("globex", "llama-3.1-8b-instruct"), {"request": {"max_tokens": 0}})
-	authz.max_tokens == 4096 with input as inp
+	authz.max_tokens == 4096 with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 }
 
 test_cap_follows_tier_label if {
 	inp := object.union(chat("acme", "llama-3.1-8b-instruct"), {"labels": {"tier": "free"}, "request": {"max_tokens": 0}})
-	authz.max_tokens == 1024 with input as inp
+	authz.max_tokens == 1024 with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 }
 
 # The search tier writes no output: no output budget, only requests and
@@ -146,13 +147,13 @@ test_search_tier_limits if {
 			"amount": 1000000,
 			"window": "1m",
 		},
-	} with input as inp
+	} with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp
 }
 
 # Budgets in money: the tenant's per day and month, its team's per month,
 # and a key's own monthly budget, in pico-units.
 
-money_limits(inp) := {l | some l in ratelimit.limits with input as inp; l.unit == "money"}
+money_limits(inp) := {l | some l in ratelimit.limits with data.infergate.tiers as testdata.example.tiers with data.infergate.tenants as testdata.example.tenants with input as inp; l.unit == "money"}
 
 test_tenant_and_team_money_budgets if {
 	inp := object.union(chat("soylent", "llama-3.1-8b-instruct"), {"labels": {"team": "search"}})
