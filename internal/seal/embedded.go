@@ -110,7 +110,7 @@ func (o *EmbeddedOnce) Issue(_ context.Context, p Purpose, tenant, id string, ex
 		if err := b.Bucket(onceExpiry).Put(expiryKey(expires.UnixMilli(), key), nil); err != nil {
 			return err
 		}
-		if err := b.Bucket(onceTenants).Put([]byte(tenant), msBytes(held+1)); err != nil {
+		if err := b.Bucket(onceTenants).Put(tenantKey([]byte(tenant)), msBytes(held+1)); err != nil {
 			return err
 		}
 		return b.Put(onceCount, msBytes(n+1))
@@ -121,9 +121,13 @@ func (o *EmbeddedOnce) Issue(_ context.Context, p Purpose, tenant, id string, ex
 	return full
 }
 
+// tenantKey is tenant's key in onceTenants: prefixed, as bbolt refuses an
+// empty key and the anonymous tenant is "".
+func tenantKey(tenant []byte) []byte { return append([]byte{'t'}, tenant...) }
+
 // tenantHeld is how many seals tenant holds.
 func tenantHeld(b *bolt.Bucket, tenant string) int64 {
-	if v := b.Bucket(onceTenants).Get([]byte(tenant)); len(v) == 8 {
+	if v := b.Bucket(onceTenants).Get(tenantKey([]byte(tenant))); len(v) == 8 {
 		return msOf(v)
 	}
 	return 0
@@ -136,9 +140,9 @@ func dropTenant(b *bolt.Bucket, sealValue []byte) error {
 	}
 	tenant := sealValue[8:]
 	if n := tenantHeld(b, string(tenant)) - 1; n > 0 {
-		return b.Bucket(onceTenants).Put(bytes.Clone(tenant), msBytes(n))
+		return b.Bucket(onceTenants).Put(tenantKey(tenant), msBytes(n))
 	}
-	return b.Bucket(onceTenants).Delete(tenant)
+	return b.Bucket(onceTenants).Delete(tenantKey(tenant))
 }
 
 // Outstanding is how many seals tenant holds.

@@ -37,7 +37,9 @@ func TestEmbeddedOnce(t *testing.T) {
 	}
 	ctx := context.Background()
 	issue := func(id string, exp time.Duration) error { return o.Issue(ctx, Reservation, "acme", id, now.Add(exp)) }
-	claim := func(id string, exp time.Duration) (bool, error) { return o.Claim(ctx, Reservation, "acme", id, "c1", now.Add(exp)) }
+	claim := func(id string, exp time.Duration) (bool, error) {
+		return o.Claim(ctx, Reservation, "acme", id, "c1", now.Add(exp))
+	}
 	if err := issue("a", time.Minute); err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +108,8 @@ func TestEmbeddedOnceTenantShares(t *testing.T) {
 	if err := issue("greedy", "g3"); !errors.Is(err, ErrTenantFull) {
 		t.Errorf("greedy's third seal: %v, want ErrTenantFull", err)
 	}
-	if err := issue("modest", "m1"); err != nil {
-		t.Errorf("another tenant is refused: %v", err)
+	if err := issue("", "m1"); err != nil {
+		t.Errorf("another tenant (the anonymous one, \"\") is refused: %v", err)
 	}
 	if err := issue("third", "t1"); !errors.Is(err, ErrFull) {
 		t.Errorf("past the whole table: %v, want ErrFull", err)
