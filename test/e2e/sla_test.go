@@ -350,6 +350,10 @@ func TestSLASplitMode(t *testing.T) {
 	testutil.Eventually(t, 10*time.Second, func() bool { _, b := weights(t, ctrl.AdminURL); return b >= 98 }, "traffic to move to the backup")
 	t.Logf("split mode: moved to the backup %v after the primary slowed down", time.Since(start).Round(time.Millisecond))
 
+	// Envoy has the weights the controller published (what it keeps is
+	// what it received: the count below must not start before).
+	testutil.Eventually(t, 10*time.Second, func() bool { return envoyWeight(t, s.Envoy.AdminURL, "pool-b") >= 98 },
+		"Envoy to route by the published weights")
 	// The controller dies under load: Envoy keeps the last weights (the
 	// load loop above fails the test on any non-200).
 	ctrl.stop()

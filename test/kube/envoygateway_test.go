@@ -7,11 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -610,10 +612,15 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 		cfg["admin"].(map[string]any)["listen"] = listen(p.admin)
 		cfg["xds"].(map[string]any)["listen"] = listen(p.xds)
 		b, _ := json.Marshal(cfg)
-		conf := string(b)
-		for path, dir := range mounts {
-			conf = strings.ReplaceAll(conf, `"`+path, `"`+dir)
+		// One pass, longest mount path first: a directory put in place of
+		// one path (a temp dir under /tmp) must not be rewritten again by
+		// another mount (the pod's /tmp emptyDir).
+		paths := slices.SortedFunc(maps.Keys(mounts), func(a, b string) int { return len(b) - len(a) })
+		var pairs []string
+		for _, path := range paths {
+			pairs = append(pairs, `"`+path, `"`+mounts[path])
 		}
+		conf := strings.NewReplacer(pairs...).Replace(string(b))
 		if strings.Contains(conf, `"/etc/infergate`) {
 			t.Fatalf("config still names a pod path: %s", conf)
 		}
