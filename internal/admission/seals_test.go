@@ -33,6 +33,13 @@ func (tenantBudgets) Decide(_ context.Context, in *policy.Input) (policy.Decisio
 		{Name: "tpm", Key: "t=" + in.Tenant, Unit: ratelimit.TotalTokens, Amount: 10_000, Window: time.Minute}}}, nil
 }
 
+// frozen is a clock stopped at its first reading: a test that compares a
+// budget's counter across calls must not see its window turn over.
+func frozen() func() time.Time {
+	t0 := time.Now()
+	return func() time.Time { return t0 }
+}
+
 // twoTenants is a Controller with two keys, secretKey (tenant acme) and
 // otherKey (globex), per-tenant budgets on limiter, settle-once records in
 // once, and a spend log.
@@ -91,7 +98,7 @@ func TestFullTenantShareRefusesOnlyThatTenant(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c, spent := twoTenants(t, ratelimit.NewMemory(time.Now), once())
+			c, spent := twoTenants(t, ratelimit.NewMemory(frozen()), once())
 			ctx := context.Background()
 			greedy, other := map[string]string{"x-api-key": secretKey}, map[string]string{"x-api-key": otherKey}
 			for i := range 4 { // four seals: the share
@@ -130,7 +137,7 @@ func TestFullTenantShareRefusesOnlyThatTenant(t *testing.T) {
 // The share's refusal gives the reservation back whole: two refused
 // requests leave the tenant's budget holding its two admitted ones.
 func TestFullTenantShareReleasesTheReservation(t *testing.T) {
-	c, _ := twoTenants(t, ratelimit.NewMemory(time.Now), &seal.MemoryOnce{PerTenant: 2, Now: time.Now})
+	c, _ := twoTenants(t, ratelimit.NewMemory(frozen()), &seal.MemoryOnce{PerTenant: 2, Now: time.Now})
 	ctx := context.Background()
 	greedy := map[string]string{"x-api-key": secretKey}
 	for range 2 {
@@ -168,7 +175,8 @@ func TestSlowRedisKeepsTenantsAndBalances(t *testing.T) {
 	direct := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = direct.Close() })
 	once := seal.RedisOnce{Client: rdb, Now: time.Now, Retry: seal.Retry{Attempts: 3, PerAttempt: time.Second, Total: 5 * time.Second}}
-	c, spent := twoTenants(t, ratelimit.NewRedis(rdb, time.Now, ratelimit.RedisOptions{}), once)
+	clock := frozen()
+	c, spent := twoTenants(t, ratelimit.NewRedis(rdb, clock, ratelimit.RedisOptions{}), once)
 	ctx := context.Background()
 	tenants := map[string]string{secretKey: "acme", otherKey: "globex"}
 	decide := func(key string) string {
@@ -239,17 +247,17 @@ func TestSlowRedisKeepsTenantsAndBalances(t *testing.T) {
 		t.Errorf("replays recorded: %d settlements, want %d", len(*spent), len(reqs))
 	}
 	for _, tenant := range tenants {
-		if got := counter(t, direct, "t="+tenant); got != used[tenant] {
+		if got := counter(t, direct, clock, "t="+tenant); got != used[tenant] {
 			t.Errorf("%s: counter %d, want %d (at least the 10 tokens each request used)", tenant, got, used[tenant])
 		}
 	}
 }
 
-// counter is what a tenant's tpm budget counts now, read in Redis
+// counter is what a tenant's tpm budget counts at now, read in Redis
 // directly.
-func counter(t *testing.T, rdb *redis.Client, key string) int64 {
+func counter(t *testing.T, rdb *redis.Client, now func() time.Time, key string) int64 {
 	t.Helper()
-	l := ratelimit.NewRedis(rdb, time.Now, ratelimit.RedisOptions{})
+	l := ratelimit.NewRedis(rdb, now, ratelimit.RedisOptions{})
 	res, err := l.Reserve(context.Background(), []ratelimit.Limit{{Name: "tpm", Key: key, Unit: ratelimit.TotalTokens, Amount: 10_000, Window: time.Minute}},
 		ratelimit.Cost{Requests: 1})
 	if err != nil || len(res.States) != 1 {
