@@ -19,6 +19,7 @@ import (
 	"github.com/infergate/infergate/internal/ledgerfile"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/spend"
+	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
@@ -68,12 +69,9 @@ func TestLedgerSurvivesKill9(t *testing.T) {
 		"JWKS_FILE": filepath.Join(repoRoot, "envoy", "demo-jwks.json"), "OTLP_PORT": port(freeAddr(t)),
 	}))
 	url := "http://" + listen + "/v1/chat/completions"
-	for deadline := time.Now().Add(15 * time.Second); crashRequest(url, crashTenants[0].key, crashTenants[0].model, false, 8, 16) != http.StatusOK; {
-		if time.Now().After(deadline) {
-			t.Fatal("the stack never served a request")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		return crashRequest(url, crashTenants[0].key, crashTenants[0].model, false, 8, 16) == http.StatusOK
+	}, "the stack's first answer")
 
 	// The load: two clients per tenant, streamed and not, until stopped.
 	ctx, stop := context.WithCancel(context.Background())
@@ -121,12 +119,9 @@ func TestLedgerSurvivesKill9(t *testing.T) {
 	wg.Wait()
 	// Every request has ended; what the last run admitted has settled
 	// once its reservations say so. Then one more kill, and the reckoning.
-	for deadline := time.Now().Add(20 * time.Second); gauge(envoy.AdminURL, "http.llm.downstream_rq_active") != 0 && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
-	for deadline := time.Now().Add(10 * time.Second); !settledAt("http://"+adminAddr) && time.Now().Before(deadline); {
-		time.Sleep(100 * time.Millisecond)
-	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return gauge(envoy.AdminURL, "http.llm.downstream_rq_active") == 0 },
+		"Envoy's requests to end")
+	testutil.Eventually(t, 10*time.Second, func() bool { return settledAt("http://" + adminAddr) }, "the last run's reservations to settle")
 	gate.Kill()
 	final := check("the end")
 
