@@ -72,6 +72,9 @@ func gateMetadata(p *gate.Plan, traceparent string) (*structpb.Struct, error) {
 		}
 		f.set(k, pv)
 	}
+	// Last: a policy's field of that name does not decide what the
+	// client is shown.
+	f.set(request.UsageAddedKey, structpb.NewBoolValue(p.UsageAdded))
 	return &f.s, f.err
 }
 

@@ -19,7 +19,8 @@ func TestPlanEncodings(t *testing.T) {
 		Decision: "allow", Reason: strings.Repeat("r", request.MaxStampReason+10), Principal: "key-1", Tenant: "acme",
 		Gateway: request.GatewayTime{Gate: 5 * time.Microsecond, Timings: request.Timings{Auth: time.Microsecond,
 			Policy: 2 * time.Microsecond, RateLimit: 3 * time.Microsecond, Checks: 4 * time.Microsecond}}},
-		MaxTokens: 20, Reservation: "r-1", Metadata: map[string]any{"note": "x", "model": "policy's"}}
+		MaxTokens: 20, Reservation: "r-1", UsageAdded: true,
+		Metadata: map[string]any{"note": "x", "model": "policy's", request.UsageAddedKey: false}}
 	md, err := gateMetadata(&p, "00-tp")
 	if err != nil {
 		t.Fatal(err)
@@ -27,13 +28,14 @@ func TestPlanEncodings(t *testing.T) {
 	f := md.GetFields()
 	for k, want := range map[string]any{"model": "policy's", "api": "chat", "stream": true, "max_tokens": 20.0, "prompt_tokens": 9.0,
 		"decision": "allow", "reason": p.Stamp.Reason, "principal": "key-1", "tenant": "acme", "gate_us": 5.0, "auth_us": 1.0,
-		"policy_us": 2.0, "ratelimit_us": 3.0, "checks_us": 4.0, "reservation": "r-1", request.TraceparentKey: "00-tp", "note": "x"} {
+		"policy_us": 2.0, "ratelimit_us": 3.0, "checks_us": 4.0, "reservation": "r-1", request.TraceparentKey: "00-tp", "note": "x",
+		request.UsageAddedKey: true} { // the gate's, not the policy's
 		if got := f[k].AsInterface(); got != want {
 			t.Errorf("metadata %s = %v, want %v", k, got, want)
 		}
 	}
-	if len(f) != 17 {
-		t.Errorf("metadata has %d fields, want 17", len(f))
+	if len(f) != 18 {
+		t.Errorf("metadata has %d fields, want 18", len(f))
 	}
 	q := p
 	q.Reservation, q.Metadata = "", nil

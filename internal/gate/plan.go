@@ -31,10 +31,16 @@ type Plan struct {
 	Code  string // counted with the decision: "allowed", or the code a shadow denial would have answered
 	// Remove and Set are the request header mutations; Body, when not nil,
 	// replaces the request body.
-	Remove      []string
-	Set         []Header
-	Body        []byte
-	MaxTokens   int    // the output cap as sent upstream
+	Remove    []string
+	Set       []Header
+	Body      []byte
+	MaxTokens int // the output cap as sent upstream
+	// UsageAdded: the gate set stream_options.include_usage on a stream
+	// whose client did not ask for usage. The pool's usage-only event is
+	// the meter's to read and not the client's to see: the proxy removes
+	// it after the meter (sse.UsageStripper; envoy/snippet.yaml's
+	// infergate.usage filter).
+	UsageAdded  bool
 	Reservation string // the policy's reservation, settled by the meter
 	Metadata    map[string]any
 }
@@ -87,7 +93,7 @@ func PlanOf(r Rules, adm *request.Admission, removed []string, v request.Verdict
 	asksUsage := adm.API == openai.APIChat || adm.API == openai.APICompletions
 	if asksUsage && req.Stream && !r.KeepUsageOption && (req.IncludeUsage == nil || optedOut && !r.HonourUsageOptOut) {
 		if b, err := openai.WithUsage(adm.Body); err == nil {
-			p.Body = b
+			p.Body, p.UsageAdded = b, true
 		}
 	}
 	if v.MaxTokens > 0 && adm.Completion && adm.API.Generates() {

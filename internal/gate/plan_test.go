@@ -135,6 +135,10 @@ func TestPlanGate(t *testing.T) {
 			if (p.Body == nil) != (c.body == "") {
 				t.Errorf("body %q, want it unchanged (nil): %v", p.Body, c.body == "")
 			}
+			const asked = `"include_usage":true`
+			if added := strings.Contains(c.body, asked) && !strings.Contains(string(c.adm.Body), asked); p.UsageAdded != added {
+				t.Errorf("UsageAdded %t, want %t: the proxy must strip exactly the usage the gate asked for", p.UsageAdded, added)
+			}
 		})
 	}
 }

@@ -40,6 +40,10 @@ const (
 	// TraceparentKey carries the gate's span to the meter when Envoy sends
 	// no trace context of its own.
 	TraceparentKey = "traceparent"
+	// UsageAddedKey is true on a stream whose usage-only event the gate
+	// asked for on the client's behalf: the proxy removes it after the
+	// meter has read it (envoy/snippet.yaml's infergate.usage filter).
+	UsageAddedKey = "usage_added"
 )
 
 // The meter's wire. The gate also writes what the meter needs as one

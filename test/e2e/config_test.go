@@ -128,7 +128,7 @@ func checkSnippet(t *testing.T, bootstrap string, filters []any, localReply any,
 			infergateFilters = append(infergateFilters, f)
 		}
 	}
-	if len(infergateFilters) != 2 || !reflect.DeepEqual(infergateFilters, filters) {
+	if len(infergateFilters) != 3 || !reflect.DeepEqual(infergateFilters, filters) {
 		t.Errorf("envoy/snippet.yaml http_filters differ from %s's infergate filters", bootstrap)
 	}
 	if !reflect.DeepEqual(hcm["local_reply_config"], localReply) {
