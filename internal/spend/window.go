@@ -3,6 +3,7 @@ package spend
 import (
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/infergate/infergate/internal/ratelimit"
@@ -104,6 +105,36 @@ func ParseWindow(v url.Values, now time.Time) (Window, error) {
 			" days: " + earliest.Format(time.RFC3339) + " at the earliest"}
 	}
 	return w, nil
+}
+
+// CheckWindow checks what of a window query does not depend on the
+// clock (one of range, from/to, since; each well formed), so that a
+// command can refuse a typo before it asks a replica, whose clock decides
+// the rest.
+func CheckWindow(v url.Values) error {
+	latest := time.Time{}
+	for _, p := range []string{"from", "to"} {
+		if s := v.Get(p); s != "" {
+			t, err := parseTime(p, s, true)
+			if err != nil {
+				return err
+			}
+			if t.After(latest) {
+				latest = t
+			}
+		}
+	}
+	if from, err := parseTime("from", v.Get("from"), false); err == nil && v.Get("to") == "" {
+		latest = from.Add(time.Hour) // to defaults to now: any now after from
+	}
+	if latest.IsZero() {
+		latest = time.Now()
+	}
+	_, err := ParseWindow(v, latest)
+	if qe, ok := err.(*QueryError); ok && strings.HasPrefix(qe.msg, "from: the ledger keeps") {
+		return nil // the replica's clock decides what it still keeps
+	}
+	return err
 }
 
 // parseTime reads an RFC 3339 time or a date (UTC); a date that ends a
