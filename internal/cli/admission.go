@@ -475,6 +475,10 @@ func newSpend(cfg *config.Config, rdb redis.UniversalClient, ledger *ledgerfile.
 	}
 	if keys != nil {
 		l.Team = func(id string) string { return keys.Load().Label(id, "team") }
+		l.KeyInfo = func(id string) (string, string) {
+			e, _ := keys.Load().Entry(id)
+			return e.Name, e.Owner
+		}
 	}
 	return l
 }

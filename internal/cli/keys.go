@@ -24,7 +24,7 @@ holding one: a key is printed once, at creation, and only its SHA-256 is
 written; the gate reloads the keys without a restart.
 
 Usage:
-  infergate keys create --tenant T [--team T] [--tier T] [--owner NAME] [--expires 30d] [--budget-month 500] [--id ID] WHERE
+  infergate keys create --tenant T [--team T] [--tier T] [--name TEXT] [--owner WHO] [--expires 30d] [--budget-month 500] [--id ID] WHERE
   infergate keys list   [--admin URL]... [--admin-token-file F] [--json] WHERE
   infergate keys revoke ID WHERE
   infergate keys rotate ID [--grace 24h] WHERE
@@ -89,7 +89,8 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		tenant := fs.String("tenant", "", "the tenant whose budget the key spends (required)")
 		team := fs.String("team", "", "label team (policies see it)")
 		tier := fs.String("tier", "", "label tier (policies see it)")
-		owner := fs.String("owner", "", "who holds the key (shown by list)")
+		name := fs.String("name", "", "what the key is for, e.g. \"search backend\" (shown by list and the spend page)")
+		owner := fs.String("owner", "", "who holds the key, e.g. alice@acme.example (shown by list and the spend page)")
 		expires := fs.String("expires", "", "lifetime, e.g. 30d or 12h (default: none)")
 		keyID := fs.String("id", "", "the key's id (default: TENANT-<8 random hex digits>)")
 		budget := fs.String("budget-month", "", "the key's own budget per calendar month (UTC), a decimal amount of the prices' currency (prices.currency), e.g. 500; policies see it as input.principal.budget_month")
@@ -108,7 +109,13 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			fmt.Fprintln(stderr, "infergate keys create: --tenant is required")
 			return ErrUsage
 		}
-		e := identity.KeyEntry{ID: *keyID, Tenant: *tenant, Owner: *owner, Created: &now, BudgetMonth: *budget}
+		for flag, v := range map[string]string{"name": *name, "owner": *owner} {
+			if err := identity.CheckText(flag, v); err != nil {
+				fmt.Fprintf(stderr, "infergate keys create: --%v\n", err)
+				return ErrUsage
+			}
+		}
+		e := identity.KeyEntry{ID: *keyID, Tenant: *tenant, Name: *name, Owner: *owner, Created: &now, BudgetMonth: *budget}
 		if e.ID == "" {
 			e.ID = identity.NewKeyID(*tenant)
 		}
@@ -276,7 +283,7 @@ func rotate(ctx context.Context, st keyStore, id string, now time.Time, grace ti
 	if err != nil {
 		return err
 	}
-	e := identity.KeyEntry{ID: identity.NewKeyID(old.Tenant), Tenant: old.Tenant, Labels: old.Labels, Owner: old.Owner, Created: &now,
+	e := identity.KeyEntry{ID: identity.NewKeyID(old.Tenant), Tenant: old.Tenant, Labels: old.Labels, Name: old.Name, Owner: old.Owner, Created: &now,
 		BudgetMonth: old.BudgetMonth}
 	if old.Expires != nil && old.Created != nil {
 		at := now.Add(old.Expires.Sub(*old.Created))
@@ -373,7 +380,7 @@ func list(ctx context.Context, st keyStore, admins []string, tokenFile string, a
 		return enc.Encode(rows)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tTENANT\tTEAM\tTIER\tOWNER\tCREATED\tEXPIRES\tREVOKED\tLAST USE")
+	fmt.Fprintln(tw, "ID\tNAME\tTENANT\tTEAM\tTIER\tOWNER\tCREATED\tEXPIRES\tREVOKED\tLAST USE")
 	for _, r := range rows {
 		lastUse := "-"
 		switch {
@@ -382,7 +389,7 @@ func list(ctx context.Context, st keyStore, admins []string, tokenFile string, a
 		case len(admins) == 0:
 			lastUse = "(--admin)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.Tenant, dash(r.Labels["team"]), dash(r.Labels["tier"]),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, dash(r.Name), r.Tenant, dash(r.Labels["team"]), dash(r.Labels["tier"]),
 			dash(r.Owner), when(r.Created), when(r.Expires), when(r.Revoked), lastUse)
 	}
 	return tw.Flush()

@@ -137,7 +137,7 @@ func TestKeysCreateRevokeRotate(t *testing.T) {
 func TestKeysList(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys.yaml")
 	t0 := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
-	key, err := keysCmd(t, t0, "create", "--tenant", "acme", "--owner", "alice", "--id", "acme-a", "--file", path)
+	key, err := keysCmd(t, t0, "create", "--tenant", "acme", "--name", "search backend", "--owner", "alice", "--id", "acme-a", "--file", path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,14 +165,14 @@ func TestKeysList(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 1 || rows[0].ID != "acme-a" || rows[0].Owner != "alice" || rows[0].LastUsed == nil || !rows[0].LastUsed.Equal(t0.Add(2*time.Minute)) {
+	if len(rows) != 1 || rows[0].ID != "acme-a" || rows[0].Owner != "alice" || rows[0].Name != "search backend" || rows[0].LastUsed == nil || !rows[0].LastUsed.Equal(t0.Add(2*time.Minute)) {
 		t.Errorf("list --json: %s", out)
 	}
 	table, err := keysCmd(t, t0, "list", "--file", path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(table, "acme-a") || !strings.Contains(table, "alice") {
+	if !strings.Contains(table, "acme-a") || !strings.Contains(table, "alice") || !strings.Contains(table, "search backend") {
 		t.Errorf("list:\n%s", table)
 	}
 	b, _ := os.ReadFile(path)
@@ -199,6 +199,8 @@ func TestKeysUsageErrors(t *testing.T) {
 		{"create", "--file", path},
 		{"create", "--tenant", "a", "--expires", "-1h", "--file", path},
 		{"create", "--tenant", "a", "--expires", "1.5d", "--file", path},
+		{"create", "--tenant", "a", "--name", "a\x1b[2Jb", "--file", path},
+		{"create", "--tenant", "a", "--owner", strings.Repeat("o", identity.MaxText+1), "--file", path},
 		{"revoke", "--file", path},
 		{"frobnicate"},
 	} {

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"gopkg.in/yaml.v3"
 
@@ -49,7 +51,8 @@ var (
 //	  sha256: 9f86d08...       # hex SHA-256 of the key: `printf %s "$KEY" | sha256sum`
 //	  tenant: acme
 //	  labels: {tier: premium}
-//	  owner: alice             # optional, and so is the rest:
+//	  name: search backend     # optional, and so is the rest: what the key is for
+//	  owner: alice@acme.example  # who holds it
 //	  created: 2026-12-01T09:00:00Z
 //	  expires: 2026-12-31T09:00:00Z  # refused from then on
 //	  revoked: 2026-12-02T10:00:00Z  # refused from then on
@@ -63,15 +66,18 @@ type KeyFile struct {
 
 // KeyEntry is one API key.
 type KeyEntry struct {
-	ID        string            `yaml:"id" json:"id"`
-	SHA256    string            `yaml:"sha256" json:"-"`
-	Tenant    string            `yaml:"tenant" json:"tenant"`
-	Labels    map[string]string `yaml:"labels,omitempty" json:"labels,omitempty"`
-	Owner     string            `yaml:"owner,omitempty" json:"owner,omitempty"`
-	Created   *time.Time        `yaml:"created,omitempty" json:"created,omitempty"`
-	Expires   *time.Time        `yaml:"expires,omitempty" json:"expires,omitempty"`
-	Revoked   *time.Time        `yaml:"revoked,omitempty" json:"revoked,omitempty"`
-	RotatedTo string            `yaml:"rotatedTo,omitempty" json:"rotatedTo,omitempty"`
+	ID     string            `yaml:"id" json:"id"`
+	SHA256 string            `yaml:"sha256" json:"-"`
+	Tenant string            `yaml:"tenant" json:"tenant"`
+	Labels map[string]string `yaml:"labels,omitempty" json:"labels,omitempty"`
+	// Name says what the key is for and Owner who holds it: shown beside
+	// the id (keys list, the spend page), at most MaxText bytes each.
+	Name      string     `yaml:"name,omitempty" json:"name,omitempty"`
+	Owner     string     `yaml:"owner,omitempty" json:"owner,omitempty"`
+	Created   *time.Time `yaml:"created,omitempty" json:"created,omitempty"`
+	Expires   *time.Time `yaml:"expires,omitempty" json:"expires,omitempty"`
+	Revoked   *time.Time `yaml:"revoked,omitempty" json:"revoked,omitempty"`
+	RotatedTo string     `yaml:"rotatedTo,omitempty" json:"rotatedTo,omitempty"`
 	// BudgetMonth is the key's own budget per calendar month (UTC), a
 	// decimal amount of the prices' currency ("500", "12.50"): the policy
 	// reads it as input.principal.budget_month and may apply it.
@@ -153,6 +159,12 @@ func (k *Keys) add(f string, b []byte, ids map[string]string) error {
 		if err != nil || len(raw) != sha256.Size {
 			return fmt.Errorf("%s (%s): sha256 must be 64 hex digits", where, e.ID)
 		}
+		if err := checkText("name", e.Name); err != nil {
+			return fmt.Errorf("%s (%s): %w", where, e.ID, err)
+		}
+		if err := checkText("owner", e.Owner); err != nil {
+			return fmt.Errorf("%s (%s): %w", where, e.ID, err)
+		}
 		if prev, dup := ids[e.ID]; dup {
 			return fmt.Errorf("%s: id %q already defined in %s", where, e.ID, prev)
 		}
@@ -175,6 +187,28 @@ func (k *Keys) add(f string, b []byte, ids map[string]string) error {
 	}
 	return nil
 }
+
+// MaxText bounds a key's name and owner, in bytes.
+const MaxText = 128
+
+// checkText refuses a name or owner a page or a table could not show as
+// one line: longer than MaxText, invalid UTF-8, or with a control
+// character.
+func checkText(field, s string) error {
+	switch {
+	case len(s) > MaxText:
+		return fmt.Errorf("%s: longer than %d bytes", field, MaxText)
+	case !utf8.ValidString(s):
+		return fmt.Errorf("%s: not valid UTF-8", field)
+	case strings.ContainsFunc(s, unicode.IsControl):
+		return fmt.Errorf("%s: %q has a control character", field, s)
+	}
+	return nil
+}
+
+// CheckText is checkText for a command that writes a keys file: the
+// error names the flag.
+func CheckText(field, s string) error { return checkText(field, s) }
 
 // parseKeyFile decodes a keys file strictly (an unknown field, such as a
 // plaintext key, is an error that does not repeat it).
@@ -238,6 +272,14 @@ func (k *Keys) Label(id, name string) string {
 		return st.entry.Labels[name]
 	}
 	return ""
+}
+
+// Entry is the entry of the key of id (its hash cleared).
+func (k *Keys) Entry(id string) (KeyEntry, bool) {
+	if st, ok := k.byID[id]; ok {
+		return st.entry, true
+	}
+	return KeyEntry{}, false
 }
 
 // Status lists the keys by id.

@@ -49,6 +49,11 @@ func TestLoadKeysErrors(t *testing.T) {
 		"duplicate id":  "keys:\n- {id: a, sha256: " + hash("k1") + ", tenant: t}\n- {id: a, sha256: " + hash("k2") + ", tenant: t}\n",
 		"duplicate key": "keys:\n- {id: a, sha256: " + hash("k") + ", tenant: t}\n- {id: b, sha256: " + hash("k") + ", tenant: t}\n",
 		"unknown field": "keys:\n- {id: a, key: sk-plaintext, tenant: t}\n",
+		"long name":     "keys:\n- {id: a, sha256: " + hash("k") + ", tenant: t, name: " + strings.Repeat("n", MaxText+1) + "}\n",
+		"long owner":    "keys:\n- {id: a, sha256: " + hash("k") + ", tenant: t, owner: " + strings.Repeat("o", MaxText+1) + "}\n",
+		"control name":  "keys:\n- {id: a, sha256: " + hash("k") + ", tenant: t, name: \"a\\u001b[31mb\"}\n",
+		"newline owner": "keys:\n- {id: a, sha256: " + hash("k") + ", tenant: t, owner: \"a\\nb\"}\n",
+		"C1 name":       "keys:\n- {id: a, sha256: " + hash("k") + ", tenant: t, name: \"a\\u0085b\"}\n",
 	} {
 		path := filepath.Join(t.TempDir(), "keys.yaml")
 		os.WriteFile(path, []byte(body), 0o600)
@@ -158,5 +163,23 @@ func TestLastUse(t *testing.T) {
 	if len(st) != 2 || st[0].ID != "a" || st[0].Owner != "bob" || st[0].LastUsed == nil || !st[0].LastUsed.Equal(used) ||
 		st[1].LastUsed != nil || st[0].SHA256 != "" || st[1].SHA256 != "" {
 		t.Errorf("status after a reload: %+v", st)
+	}
+}
+
+// A key's name and owner load as written, up to MaxText bytes, and Entry
+// gives them by id (the spend page shows them beside the id).
+func TestKeyNameAndOwner(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys.yaml")
+	owner := strings.Repeat("é", MaxText/2)
+	os.WriteFile(path, []byte("keys:\n- {id: a, sha256: "+hash("k")+", tenant: t, name: search backend, owner: "+owner+"}\n"), 0o600)
+	keys, err := LoadKeys(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := keys.Entry("a"); !ok || e.Name != "search backend" || e.Owner != owner || e.SHA256 != "" {
+		t.Errorf("Entry(a) = %+v, %v", e, ok)
+	}
+	if _, ok := keys.Entry("b"); ok {
+		t.Error("Entry(b) of no key")
 	}
 }

@@ -13,15 +13,17 @@ import (
 // request under it (its reservation counted: a conservative figure, the
 // settlement may give some back); once its window has ended, all of it.
 type BudgetLeft struct {
-	Tenant    string        `json:"tenant"`
-	Name      string        `json:"name"`
-	Key       string        `json:"key"`
-	Unit      string        `json:"unit"`
-	Amount    int64         `json:"amount"`
-	Window    time.Duration `json:"window_ns"`
-	Remaining int64         `json:"remaining"`
-	Resets    time.Time     `json:"resets"`
-	Seen      time.Time     `json:"seen"`
+	Tenant string        `json:"tenant"`
+	Name   string        `json:"name"`
+	Key    string        `json:"key"`
+	Unit   string        `json:"unit"`
+	Amount int64         `json:"amount"`
+	Window time.Duration `json:"window_ns"`
+	// Per is Window as a person says it ("per day", "per month").
+	Per       string    `json:"per"`
+	Remaining int64     `json:"remaining"`
+	Resets    time.Time `json:"resets"`
+	Seen      time.Time `json:"seen"`
 }
 
 // MaxBudgets bounds the budgets a Ledger remembers: past it, a budget not
@@ -50,7 +52,7 @@ func (b *budgets) seen(tenant string, states []ratelimit.State, now time.Time) {
 			}
 		}
 		b.m[k] = BudgetLeft{Tenant: k[0], Name: k[1], Key: k[2], Unit: boundField(string(s.Limit.Unit)), Amount: s.Limit.Amount,
-			Window: s.Limit.Window, Remaining: s.Remaining, Resets: now.Add(s.Reset), Seen: now}
+			Window: s.Limit.Window, Per: Per(s.Limit.Window), Remaining: s.Remaining, Resets: now.Add(s.Reset), Seen: now}
 	}
 }
 

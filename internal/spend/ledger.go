@@ -3,6 +3,7 @@ package spend
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -18,8 +19,11 @@ type Ledger struct {
 	Prices *price.Table // nil: every cost is 0
 	// Team is a key id's team ("" when none); nil: no teams.
 	Team func(keyID string) string
-	Now  func() time.Time // nil: time.Now
-	Log  *slog.Logger
+	// KeyInfo is a key id's name and owner (both "" when none); nil:
+	// none. A report grouped by key shows them beside the id.
+	KeyInfo func(keyID string) (name, owner string)
+	Now     func() time.Time // nil: time.Now
+	Log     *slog.Logger
 
 	budgets         budgets
 	misses, lastLog atomic.Int64
@@ -88,12 +92,19 @@ func tokens(n int64) int { return int(max(n, 0)) }
 
 // Report answers q from the store.
 func (l *Ledger) Report(ctx context.Context, q Query) (Report, error) {
-	hours, err := l.Store.Hours(ctx, FirstHour(q), Hour(q.Until))
+	hours, err := l.Store.Hours(ctx, FirstHour(q), LastHour(q))
 	if err != nil {
 		return Report{}, err
 	}
 	r := Build(q, hours)
-	r.Budgets = l.budgets.left(q.Until)
+	if l.KeyInfo != nil && slices.Contains(q.By, ByKey) {
+		for i := range r.Rows {
+			if id := r.Rows[i].KeyID; id != "" && id != Other {
+				r.Rows[i].KeyName, r.Rows[i].KeyOwner = l.KeyInfo(id)
+			}
+		}
+	}
+	r.Budgets = l.budgets.left(q.now())
 	if l.Prices != nil {
 		r.Currency = l.Prices.Currency
 	}

@@ -289,23 +289,48 @@ func project(k Key, by []Dimension) Key {
 	return p
 }
 
-// Query is what a report covers: the hours from Since's to Until's, grouped
-// by By (none: one row, the total).
+// Query is what a report covers: the hours from Since's up to Until
+// (exclusive), grouped by By (none: one row, the total). Each row's
+// spend today and this month is as of Now (zero: Until), whatever the
+// window, so that last month's report still says what today cost.
 type Query struct {
-	Since, Until time.Time
-	By           []Dimension
+	Since, Until, Now time.Time
+	By                []Dimension
 }
 
-// MaxSince is the longest window a report covers (a Redis bucket lives
-// Retention).
-const MaxSince = 40 * 24 * time.Hour
+// now is q's Now, or its Until when unset.
+func (q Query) now() time.Time {
+	if q.Now.IsZero() {
+		return q.Until.UTC()
+	}
+	return q.Now.UTC()
+}
 
-// Retention is how long a bucket is kept.
-const Retention = 40 * 24 * time.Hour
+// lastHour is the last hour q's window covers: Until's, unless Until
+// starts an hour (the window ends before it) in the past; a window that
+// reaches Now covers Now's hour so far.
+func (q Query) lastHour() int64 {
+	if !q.Until.Before(q.now()) {
+		return Hour(q.Until)
+	}
+	return Hour(q.Until.Add(-time.Nanosecond))
+}
+
+// LastHour is the latest hour a report of q needs: its window's, or Now's
+// when later (Rows carry today's spend).
+func LastHour(q Query) int64 { return max(q.lastHour(), Hour(q.now())) }
+
+// Retention is how long a bucket is kept: the whole of last month on the
+// last day of this one (62 days: July and August are 31 days each).
+const Retention = 62 * 24 * time.Hour
+
+// MaxSince is the longest window a report covers: Retention.
+const MaxSince = Retention
 
 // Report is a Query's answer.
 type Report struct {
-	Since    time.Time   `json:"since"`
+	Since time.Time `json:"since"`
+	// Until is the end of the window, exclusive.
 	Until    time.Time   `json:"until"`
 	By       []Dimension `json:"by"`
 	Currency string      `json:"currency,omitempty"`
@@ -327,9 +352,14 @@ type Report struct {
 // Row is one group's spend.
 type Row struct {
 	Key
-	Window Amount `json:"window"`
-	Today  Amount `json:"today"`
-	Month  Amount `json:"month"`
+	// KeyName and KeyOwner are the key's name and owner in the keys file
+	// (Ledger.KeyInfo), when grouped by key: read at report time, never
+	// stored in the ledger.
+	KeyName  string `json:"key_name,omitempty"`
+	KeyOwner string `json:"key_owner,omitempty"`
+	Window   Amount `json:"window"`
+	Today    Amount `json:"today"`
+	Month    Amount `json:"month"`
 }
 
 // HourSpend is one hour's spend.
@@ -348,19 +378,19 @@ const TopN = 10
 // FirstHour is the earliest hour a report of q needs: its window's, or the
 // month's start when that is earlier (Rows carry the month's spend).
 func FirstHour(q Query) int64 {
-	u := q.Until.UTC()
-	month := time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC)
+	n := q.now()
+	month := time.Date(n.Year(), n.Month(), 1, 0, 0, 0, 0, time.UTC)
 	return min(Hour(q.Since), Hour(month))
 }
 
 // Build makes q's report from the buckets by hour (those from FirstHour(q)
-// to q.Until's hour; others are ignored).
+// to LastHour(q); others are ignored).
 func Build(q Query, hours map[int64]Bucket) Report {
-	u := q.Until.UTC()
-	first, last := Hour(q.Since), Hour(u)
-	today := Hour(time.Date(u.Year(), u.Month(), u.Day(), 0, 0, 0, 0, time.UTC))
-	month := Hour(time.Date(u.Year(), u.Month(), 1, 0, 0, 0, 0, time.UTC))
-	r := Report{Since: HourTime(first), Until: u, By: q.By, Rows: []Row{}, TopModels: []Row{}}
+	n := q.now()
+	first, last, now := Hour(q.Since), q.lastHour(), Hour(n)
+	today := Hour(time.Date(n.Year(), n.Month(), n.Day(), 0, 0, 0, 0, time.UTC))
+	month := Hour(time.Date(n.Year(), n.Month(), 1, 0, 0, 0, 0, time.UTC))
+	r := Report{Since: HourTime(first), Until: q.Until.UTC(), By: q.By, Rows: []Row{}, TopModels: []Row{}}
 	rows := map[Key]*Row{}
 	models := map[string]*Row{}
 	for h := first; h <= last; h++ {
@@ -372,7 +402,7 @@ func Build(q Query, hours map[int64]Bucket) Report {
 		r.Total = r.Total.Add(hs)
 	}
 	for h, b := range hours {
-		if h > last || h < min(first, month) {
+		if h > max(last, now) || h < min(first, month) {
 			continue
 		}
 		for k, a := range b {
@@ -382,7 +412,7 @@ func Build(q Query, hours map[int64]Bucket) Report {
 				row = &Row{Key: g}
 				rows[g] = row
 			}
-			if h >= first {
+			if h >= first && h <= last {
 				row.Window = row.Window.Add(a)
 				m := models[k.Model]
 				if m == nil {
@@ -391,10 +421,10 @@ func Build(q Query, hours map[int64]Bucket) Report {
 				}
 				m.Window = m.Window.Add(a)
 			}
-			if h >= today {
+			if h >= today && h <= now {
 				row.Today = row.Today.Add(a)
 			}
-			if h >= month {
+			if h >= month && h <= now {
 				row.Month = row.Month.Add(a)
 			}
 		}
@@ -464,7 +494,7 @@ func ParseSince(s string) (time.Duration, error) {
 		d, err = time.ParseDuration(s)
 	}
 	if err != nil || d <= 0 || d > MaxSince {
-		return 0, &QueryError{"since: " + s + " is not a duration between 1s and 40d (24h, 7d)"}
+		return 0, &QueryError{"since: " + s + " is not a duration between 1s and 62d (24h, 7d)"}
 	}
 	return d, nil
 }

@@ -122,7 +122,7 @@ func TestSpendAgreesWithTheLedger(t *testing.T) {
 				}
 			}
 			for g, a := range byTenantModel {
-				row := fmt.Sprintf("%s %s %s %d %d %d %d", g.tenant, g.model, price.FormatCost(a.Cost), a.Requests, a.InputTokens, a.CachedTokens, a.OutputTokens)
+				row := fmt.Sprintf("%s %s %s %d %d %d %d", g.tenant, g.model, price.Money(a.Cost, rep.Currency), a.Requests, a.InputTokens, a.CachedTokens, a.OutputTokens)
 				if !rows[row] {
 					t.Errorf("infergate spend's table has no row %q:\n%s", row, out.String())
 				}
