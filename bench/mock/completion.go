@@ -109,6 +109,7 @@ type params struct {
 	faults         streamFaults
 	emitTimestamps bool
 	lockstep       *Lockstep // x-mock-lockstep's gate; nil: stream freely
+	usageUnseen    bool      // x-mock-lockstep-unseen: usage
 }
 
 func (s *Server) parseParams(h http.Header) (params, error) {
@@ -193,6 +194,13 @@ func (s *Server) parseParams(h http.Header) (params, error) {
 		}
 		p.emitTimestamps = v
 	}
+	switch v := h.Get("x-mock-lockstep-unseen"); v {
+	case "":
+	case "usage":
+		p.usageUnseen = true
+	default:
+		return p, fmt.Errorf("invalid x-mock-lockstep-unseen header %q: want usage", v)
+	}
 	var err error
 	p.lockstep, err = s.lockstepOf(h)
 	return p, err
@@ -243,6 +251,7 @@ type completion struct {
 	faults         streamFaults
 	emitTimestamps bool
 	lockstep       *Lockstep // nil: not a lock-step stream
+	usageUnseen    bool      // the client will not see the usage event: the mock acknowledges it
 
 	// The ledger's record (see ledger.go): prompt tokens billed at
 	// admission, output tokens decoded so far.
@@ -305,7 +314,7 @@ func newCompletion(k kind, req request, p params, cfg Config, t0 time.Time) (*co
 	c.blocks = blocks
 	c.faults = p.faults
 	c.emitTimestamps = p.emitTimestamps
-	c.lockstep = p.lockstep
+	c.lockstep, c.usageUnseen = p.lockstep, p.usageUnseen
 	c.background = k == kindResponses && req.Background && !req.Stream
 	if k == kindChat || k == kindText {
 		c.choices = min(max(req.N, 1), maxChoices)

@@ -118,6 +118,10 @@
 // once, on any machine: the client waits for event n, the mock for its
 // acknowledgement. Streaming is proven by causality, with no timing in the
 // proof. Lockstep.Emitted gives each event's emit time (see lockstep.go).
+// With x-mock-lockstep-unseen: usage, the usage-only event of a chat or
+// completions stream (stream_options.include_usage) is acknowledged by the
+// mock itself: a gateway that asked for it on behalf of a client that did
+// not removes it, so that client never sees it; [DONE] then follows it.
 package mock
 
 import (

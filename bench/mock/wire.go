@@ -226,6 +226,12 @@ func (c *completion) streamClose(sw *sseWriter) error {
 	}
 	if err == nil && c.includeUsage {
 		err = sw.send(c.usageChunk())
+		if err == nil && c.lockstep != nil && c.usageUnseen {
+			// A gateway removes the usage the client did not ask for:
+			// the client will never acknowledge it, so [DONE] follows
+			// without waiting (every event before it was in lock step).
+			c.lockstep.Ack(sw.seq - 1)
+		}
 	}
 	if err == nil {
 		err = sw.event([]byte("[DONE]"))

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -88,6 +89,11 @@ func streamLockstepThen(client *http.Client, pools []lockstepPool, url, body str
 		req.Header.Set(k, v)
 	}
 	req.Header.Set("x-mock-lockstep", id)
+	if asksNoUsage(body) {
+		// The gateway removes the usage it asked the pool for on this
+		// client's behalf: the client never sees it to acknowledge it.
+		req.Header.Set("x-mock-lockstep-unseen", "usage")
+	}
 	r := lockstepResult{Sent: time.Now()}
 	never := func(err error) error {
 		if stalled.Load() {
@@ -138,6 +144,18 @@ func streamLockstepThen(client *http.Client, pools []lockstepPool, url, body str
 			return r, never(err)
 		}
 	}
+}
+
+// asksNoUsage is whether body is a chat or completions stream that did not
+// ask for usage (stream_options.include_usage).
+func asksNoUsage(body string) bool {
+	var b struct {
+		Stream        bool `json:"stream"`
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
+	}
+	return json.Unmarshal([]byte(body), &b) == nil && b.Stream && !b.StreamOptions.IncludeUsage
 }
 
 // mustLockstep is streamLockstep failing t on an error.
