@@ -6,6 +6,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/infergate/infergate/internal/spend"
+	"github.com/infergate/infergate/internal/testutil"
 )
 
 // The official SDKs' plainest streaming loops (choices[0] read unguarded,
@@ -13,10 +17,11 @@ import (
 // the usage-only chunk the gate asked of the pool for the meter never
 // reaches them (it would raise IndexError / TypeError), and they print what
 // the same loop prints against the pool directly, on chat, completions and
-// Responses.
+// Responses; each is charged (the spend ledger) exactly what the pool
+// billed for it.
 func TestPlainSDKLoopsSeeNoUsageChunk(t *testing.T) {
 	t.Parallel()
-	s := startStackFor(t, "envoy/demo.yaml", func(*stack) string { return policyConfig(writeKeys(t), loadPolicies(t, 1_000_000), "") }, 1)
+	s := startStackFor(t, "envoy/demo.yaml", func(*stack) string { return policyConfig(writeKeys(t), loadPolicies(t, 1_000_000), spendPrices) }, 1)
 	clients := map[string][]string{
 		"python": {filepath.Join(repoRoot, ".tools", "py-venv", "bin", "python"), filepath.Join(repoRoot, "test", "clients", "plain_loop.py")},
 		"node":   {"node", filepath.Join(repoRoot, "test", "clients", "plain_loop.mjs")},
@@ -43,8 +48,25 @@ func TestPlainSDKLoopsSeeNoUsageChunk(t *testing.T) {
 				if direct == "" {
 					t.Fatal("the pool streamed no text")
 				}
+				spent := func() spend.Amount {
+					return spendReport(t, s.Gateway.AdminURL+"/debug/spend?format=json&since=2h").Total
+				}
+				before, billed := spent(), s.PoolB.Usage()
 				if got := run(t, argv, s.Envoy.URL+"/v1", api); got != direct {
 					t.Errorf("through the gateway %q, directly %q", got, direct)
+				}
+				// The charge is still the pool's own usage: the meter read
+				// the event before it was removed.
+				var charged spend.Amount
+				testutil.Eventually(t, 10*time.Second, func() bool {
+					charged = spent()
+					return charged.Requests > before.Requests
+				}, "the request's settlement in the spend ledger")
+				used := s.PoolB.Usage()
+				if in, out := charged.InputTokens-before.InputTokens, charged.OutputTokens-before.OutputTokens; charged.Requests != before.Requests+1 ||
+					in != used.PromptTokens-billed.PromptTokens || out != used.CompletionTokens-billed.CompletionTokens {
+					t.Errorf("charged %d requests, %d input and %d output tokens; the pool billed 1, %d and %d",
+						charged.Requests-before.Requests, in, out, used.PromptTokens-billed.PromptTokens, used.CompletionTokens-billed.CompletionTokens)
 				}
 			})
 		}
