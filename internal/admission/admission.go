@@ -454,6 +454,16 @@ func (c *Controller) reserve(ctx context.Context, a *request.Admission, d *polic
 			v.Reason = "model_not_priced"
 			return nil, true
 		}
+		if p.InputOnly && (cost.OutputTokens > 0 || a.API.Generates()) {
+			// Priced for input only (an embeddings model): what output
+			// would cost is unknown, so no budget in money can bound it.
+			c.Log.Error("a money limit applies to a model priced for input only, on an API that generates output; denying",
+				"request_id", a.RequestID, "model", a.Request.Model, "api", a.API)
+			v.Deny = openai.NewError(http.StatusForbidden, openai.TypePermission, "model_output_not_priced", "model",
+				"this gateway budgets in money and the model has no output price: it serves input-only APIs (embeddings) here")
+			v.Reason = "model_output_not_priced"
+			return nil, true
+		}
 		if a.API != openai.APICountTokens {
 			cost.Money = p.Worst(cost.InputTokens, cost.OutputTokens)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/internal/identity"
+	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/policy"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/ratelimit"
@@ -109,6 +110,56 @@ func TestMoneyLimitOnUnpricedModelDenies(t *testing.T) {
 	}
 	if res, _ := mem.Reserve(context.Background(), []ratelimit.Limit{rpm}, ratelimit.Cost{}); res.States[0].Remaining != 10 {
 		t.Errorf("a refused request reserved: remaining %d of 10", res.States[0].Remaining)
+	}
+}
+
+// An embeddings model priced for input only: a money budget admits it on
+// the embeddings API, reserving and settling its input at the input price,
+// and refuses it (reserving nothing) on an API that generates output, whose
+// cost no price bounds.
+func TestMoneyLimitOnInputOnlyModel(t *testing.T) {
+	c := newController(t)
+	mem := ratelimit.NewMemory(nil)
+	prices := &price.Table{Currency: "USD"}
+	prices.Add("embed", price.Price{Input: 20_000, CachedInput: 20_000, CacheWrite: 20_000, InputOnly: true}, nil)
+	c.Limiter, c.Prices = mem, prices
+	money := ratelimit.Limit{Name: "money", Key: "t=acme", Unit: ratelimit.Money, Amount: 1_000_000_000, Window: ratelimit.Month}
+	c.Policy = &fakePolicy{d: policy.Decision{Allow: true, Limits: []ratelimit.Limit{money}}}
+	ctx := context.Background()
+	remaining := func() int64 {
+		res, err := mem.Reserve(ctx, []ratelimit.Limit{money}, ratelimit.Cost{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.States[0].Remaining
+	}
+
+	emb := chat(map[string]string{"x-api-key": secretKey})
+	emb.Path, emb.API, emb.Request.Model, emb.Request.Stream, emb.Request.MaxTokens = "/v1/embeddings", openai.APIEmbeddings, "embed", false, 0
+	v := c.Decide(ctx, emb)
+	if v.Deny != nil {
+		t.Fatalf("embeddings denied: %+v", v.Deny)
+	}
+	if got, want := remaining(), int64(1_000_000_000-20*20_000); got != want {
+		t.Errorf("remaining after reserving 20 input tokens = %d, want %d", got, want)
+	}
+	c.Settle(ctx, &request.Settlement{Reservation: v.Reservation, Model: "embed", UsageRead: true, End: request.EndComplete,
+		Origin: request.OriginPool, Status: 200, PromptTokens: 12})
+	if got, want := remaining(), int64(1_000_000_000-12*20_000); got != want {
+		t.Errorf("remaining after settling 12 input tokens = %d, want %d", got, want)
+	}
+
+	before := remaining()
+	for _, api := range []openai.API{"", openai.APIChat, openai.APIResponses} {
+		a := chat(map[string]string{"x-api-key": secretKey})
+		a.API, a.Request.Model = api, "embed"
+		v := c.Decide(ctx, a)
+		if v.Deny == nil || v.Deny.Status != 403 || v.Reason != "model_output_not_priced" {
+			t.Errorf("%q: verdict = %+v, %s; want a 403 model_output_not_priced", api, v.Deny, v.Reason)
+		}
+	}
+	if got := remaining(); got != before {
+		t.Errorf("refused requests reserved: remaining %d, was %d", got, before)
 	}
 }
 

@@ -79,6 +79,8 @@ type Prices struct {
 	Currency string `yaml:"currency"`
 	// Models are the prices by model name, as clients call it (a model or
 	// a virtual model). A model not named here costs nothing on record.
+	// With models or virtualModels set, every name here must be one of
+	// them (a misspelt name would leave the real model unpriced).
 	Models map[string]ModelPrice `yaml:"models"`
 }
 
@@ -102,7 +104,11 @@ type Price struct {
 	// CacheWriteInput is input written to the prompt cache (Anthropic's
 	// cache_creation_input_tokens); default: input.
 	CacheWriteInput Decimal `yaml:"cacheWriteInput"`
-	// Output is the price of output (reasoning included).
+	// Output is the price of output (reasoning included). Left out, the
+	// model is priced for input only (an embeddings model): a money budget
+	// then refuses it on an API that generates output (403
+	// model_output_not_priced), whose cost it could not bound, and such a
+	// request's cost on record, without a money budget, is its input's.
 	Output Decimal `yaml:"output"`
 }
 
@@ -140,7 +146,7 @@ func (p *Prices) validate() []error {
 		m := p.Models[name]
 		at := "models." + name
 		check(strings.TrimSpace(name) != "", at, "a model's name is empty")
-		check(m.Input != "" && m.Output != "", at, "input and output are required")
+		check(m.Input != "", at, "input is required (output too, unless the model only reads input, as an embeddings model does)")
 		check(len(m.Pools) <= maxPricedPools, at+".pools", "at most %d pools, got %d", maxPricedPools, len(m.Pools))
 		for _, pool := range slices.Sorted(maps.Keys(m.Pools)) {
 			check(strings.TrimSpace(pool) != "", at+".pools", "a pool's name is empty")
@@ -211,7 +217,8 @@ func (p Price) resolve() price.Price {
 		n, _ := price.Parse(string(d))
 		return n
 	}
-	out := price.Price{Input: read(p.Input), CachedInput: read(p.CachedInput), CacheWrite: read(p.CacheWriteInput), Output: read(p.Output)}
+	out := price.Price{Input: read(p.Input), CachedInput: read(p.CachedInput), CacheWrite: read(p.CacheWriteInput), Output: read(p.Output),
+		InputOnly: p.Output == ""}
 	if p.CachedInput == "" {
 		out.CachedInput = out.Input
 	}
@@ -219,6 +226,29 @@ func (p Price) resolve() price.Price {
 		out.CacheWrite = out.Input
 	}
 	return out
+}
+
+// unknownPricedModels are the priced models that are neither a model nor
+// a virtual model, when the configuration names any: a typo there would
+// leave the model clients call unpriced. With no catalog (models come from
+// the pools or Envoy's routes alone) there is nothing to check against.
+func (c *Config) unknownPricedModels() []error {
+	catalog := c.Catalog()
+	if len(catalog) == 0 {
+		return nil
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(c.Prices.Models)) {
+		if slices.Contains(catalog, name) {
+			continue
+		}
+		msg := fmt.Sprintf("no model or virtual model is named %q (models and virtualModels: %s)", name, strings.Join(catalog, ", "))
+		if near := nearest(name, catalog); near != "" {
+			msg += fmt.Sprintf("; did you mean %q?", near)
+		}
+		errs = append(errs, &Error{Path: "prices.models." + name, Msg: msg})
+	}
+	return errs
 }
 
 // Catalog is every model name a client may call: Models, then the
@@ -976,6 +1006,7 @@ func (c *Config) validate() error {
 	check(c.RateLimit.Redis.Timeout > 0, "ratelimit.redis.timeout", "must be positive")
 	errs = append(errs, c.Reservations.validate()...)
 	errs = append(errs, c.Prices.validate()...)
+	errs = append(errs, c.unknownPricedModels()...)
 	check(c.Policy.ReloadInterval >= 100*time.Millisecond, "policy.reloadInterval", "must be at least 100ms, got %s", c.Policy.ReloadInterval)
 	for name, ch := range c.Checks {
 		u, err := url.Parse(ch.URL)

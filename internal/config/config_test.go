@@ -601,3 +601,60 @@ func TestParseErrorsSpeakTheFilesWords(t *testing.T) {
 		}
 	}
 }
+
+// A price for a model the configuration does not name is refused, with the
+// names it does and the nearest one: a misspelt price leaves the model
+// clients call unpriced. With no models listed there is nothing to check.
+func TestPricesForUnknownModel(t *testing.T) {
+	_, err := Parse([]byte(`
+models: [gpt-4o-mini, llama-70b]
+virtualModels:
+- name: llama
+  pools: [{cluster: a}]
+prices:
+  models:
+    gpt-4o-mni: {input: 0.15, output: 0.60}
+    llama: {input: 1, output: 2}
+`))
+	want := `line 8: prices.models.gpt-4o-mni: no model or virtual model is named "gpt-4o-mni" (models and virtualModels: gpt-4o-mini, llama-70b, llama); did you mean "gpt-4o-mini"?`
+	if err == nil || err.Error() != want {
+		t.Errorf("got  %v\nwant %s", err, want)
+	}
+	if _, err := Parse([]byte("prices:\n  models:\n    anything: {input: 1, output: 2}\n")); err != nil {
+		t.Errorf("without models: %v", err)
+	}
+}
+
+// An embeddings model needs no output price: left out, the model is priced
+// for input only, on each pool too unless the pool gives one, and the
+// gate's worst case says so.
+func TestPricesInputOnly(t *testing.T) {
+	c, err := Parse([]byte(`
+prices:
+  models:
+    embed:
+      input: 0.02
+      pools:
+        hosted: {input: 0.03}
+        chatty: {output: 1}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tab := c.Prices.Table()
+	for pool, want := range map[string]price.Price{
+		"":       {Input: 20_000, CachedInput: 20_000, CacheWrite: 20_000, InputOnly: true},
+		"hosted": {Input: 30_000, CachedInput: 30_000, CacheWrite: 30_000, InputOnly: true},
+		"chatty": {Input: 20_000, CachedInput: 20_000, CacheWrite: 20_000, Output: 1_000_000},
+	} {
+		if p, _, _ := tab.Lookup("embed", pool); p != want {
+			t.Errorf("on %q: %+v, want %+v", pool, p, want)
+		}
+	}
+	if w, _ := tab.Worst("embed"); !w.InputOnly || w.Output != 1_000_000 {
+		t.Errorf("worst %+v: want input-only (one pool has no output price)", w)
+	}
+	if _, err := Parse([]byte("prices:\n  models:\n    embed: {output: 1}\n")); err == nil || !strings.Contains(err.Error(), "input is required") {
+		t.Errorf("a price without input: %v", err)
+	}
+}

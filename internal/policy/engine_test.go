@@ -630,6 +630,24 @@ func TestLoadErrors(t *testing.T) {
 			wantErr: []string{"1 of 2 policy tests failed", "authz_test.rego:7", "data.infergate.authz_test.test_denies_acme: FAIL"},
 		},
 		{
+			// Each failure in one line: the test, where it failed (the
+			// expression as written, its fixtures left out) and what the
+			// values there were, a rule's and a variable's.
+			name: "failing policy test, explained",
+			files: map[string]string{
+				"authz.rego": "package infergate.authz\n\ndefault allow := false\n\nallow if input.tenant == \"acme\"\n\nreason := concat(\" \", [\"hello\", input.tenant])\n",
+				"authz_test.rego": "package infergate.authz_test\n\nimport data.infergate.authz\n\n" +
+					"test_reason if {\n\tauthz.reason == \"hello acme\" with input as {\"tenant\": \"globex\"}\n}\n\n" +
+					"test_local if {\n\td := {\"allow\": true, \"n\": 3}\n\td.n > 5\n}\n\n" +
+					"test_ok if authz.allow with input as {\"tenant\": \"acme\"}\n",
+			},
+			wantErr: []string{"2 of 3 policy tests failed",
+				"authz_test.rego:5: data.infergate.authz_test.test_reason: FAIL at ",
+				"authz_test.rego:6: authz.reason == \"hello acme\" (authz.reason = \"hello globex\")\n",
+				"authz_test.rego:9: data.infergate.authz_test.test_local: FAIL at ",
+				"authz_test.rego:11: d.n > 5 (d.n = 3)"},
+		},
+		{
 			name: "policy test with a built-in error",
 			files: map[string]string{
 				"authz.rego":      allowAll,

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/open-policy-agent/opa/v1/storage"
 	"github.com/open-policy-agent/opa/v1/storage/inmem"
 	"github.com/open-policy-agent/opa/v1/tester"
+	"github.com/open-policy-agent/opa/v1/topdown"
 )
 
 // Load reads every *.rego, *.json, *.yaml and *.yml file under dir
@@ -145,6 +147,7 @@ func runTests(ctx context.Context, modules map[string]*ast.Module, store storage
 		}
 		return cmp.Or(strings.Compare(a.Location.File, b.Location.File), cmp.Compare(a.Location.Row, b.Location.Row))
 	})
+	failedAt := explainFailures(ctx, modules, store, failed[:min(len(failed), maxTestFailures)])
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d of %d policy tests failed:", len(failed), len(failed)+passed)
 	for i, r := range failed {
@@ -157,6 +160,9 @@ func runTests(ctx context.Context, modules map[string]*ast.Module, store storage
 			fmt.Fprintf(&b, ": ERROR: %v", r.Error)
 		} else {
 			b.WriteString(": FAIL")
+			if at := failedAt[r.Package+"."+r.Name]; at != "" {
+				b.WriteString(" at " + at)
+			}
 		}
 		if out := strings.TrimSpace(string(r.Output)); out != "" {
 			if len(out) > 500 {
@@ -166,4 +172,154 @@ func runTests(ctx context.Context, modules map[string]*ast.Module, store storage
 		}
 	}
 	return 0, errors.New(b.String())
+}
+
+// maxShownValue bounds each value a failure line shows.
+const maxShownValue = 200
+
+// explainFailures runs the failed tests again, traced (only they pay for
+// tracing, and only when a load fails), and says for each where it failed
+// as `opa test` does: the expression that did not hold, with its file and
+// line, and the values its variables had there. Keyed by package.name; a
+// test whose trace says nothing is left out.
+func explainFailures(ctx context.Context, modules map[string]*ast.Module, store storage.Store, failed []*tester.Result) map[string]string {
+	names := make([]string, 0, len(failed))
+	for _, r := range failed {
+		if r.Error == nil {
+			names = append(names, regexp.QuoteMeta(r.Package+"."+r.Name))
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	ch, err := tester.NewRunner().
+		SetStore(store).
+		SetModules(modules).
+		RaiseBuiltinErrors(true).
+		EnableTracing(true).
+		Filter("^("+strings.Join(names, "|")+")$").
+		SetTimeout(10*time.Second).
+		RunTests(ctx, nil)
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{}
+	for r := range ch {
+		if i := failingEvent(r.Trace); i >= 0 {
+			out[r.Package+"."+r.Name] = describeFailure(r.Trace[:i+1])
+		}
+	}
+	return out
+}
+
+// failingEvent is the index of the last expression of a test's own
+// queries that failed: where the test went wrong (an every's body is looked
+// into, not the every); -1 if none.
+func failingEvent(trace []*topdown.Event) int {
+	for i, e := range slices.Backward(trace) {
+		if e.Op != topdown.FailOp || e.Location == nil || e.QueryID == 0 {
+			continue
+		}
+		if expr, ok := e.Node.(*ast.Expr); ok {
+			if _, every := expr.Terms.(*ast.Every); every {
+				continue
+			}
+		}
+		return i
+	}
+	return -1
+}
+
+// describeFailure is the failed expression (trace's last event) as written
+// (its with modifiers left out: the test's fixtures), at its file:line,
+// then each variable, or rule of the policy, it reads with the value it
+// had: one line.
+func describeFailure(trace []*topdown.Event) string {
+	e := trace[len(trace)-1]
+	text := string(e.Location.Text)
+	expr, ok := e.Node.(*ast.Expr)
+	if ok && len(expr.With) > 0 && expr.With[0].Location != nil && expr.With[0].Location.File == e.Location.File {
+		if cut := expr.With[0].Location.Offset - e.Location.Offset; cut > 0 && cut <= len(text) {
+			text = text[:cut]
+		}
+	}
+	text = strings.Join(strings.Fields(text), " ")
+	if len(text) > maxShownValue {
+		text = text[:maxShownValue] + "..."
+	}
+	s := fmt.Sprintf("%s:%d: %s", e.Location.File, e.Location.Row, text)
+	if !ok || e.Locals == nil {
+		return s
+	}
+	var vals []string
+	seen := map[string]bool{}
+	// The expression's own terms: not its with modifiers' values.
+	walk := &ast.Expr{Terms: expr.Terms, Negated: expr.Negated}
+	ast.WalkTerms(walk, func(t *ast.Term) bool {
+		if t.Location == nil {
+			return false
+		}
+		var v ast.Value
+		switch x := t.Value.(type) {
+		case ast.Var:
+			v = e.Locals.Get(x)
+		case ast.Ref:
+			if x.HasPrefix(ast.DefaultRootRef) {
+				v = ruleValue(trace, x)
+			} else if head, ok := x[0].Value.(ast.Var); ok && len(x) > 1 {
+				if base := e.Locals.Get(head); base != nil {
+					v, _ = base.Find(x[1:])
+				}
+			}
+		default:
+			return false
+		}
+		name := strings.Join(strings.Fields(string(t.Location.Text)), " ")
+		if v == nil || name == "" || seen[name] || strings.HasPrefix(name, "__") {
+			return v != nil
+		}
+		seen[name] = true
+		shown := v.String()
+		if len(shown) > maxShownValue {
+			shown = shown[:maxShownValue] + "..."
+		}
+		vals = append(vals, name+" = "+shown)
+		return true
+	})
+	if len(vals) > 0 {
+		s += " (" + strings.Join(vals, ", ") + ")"
+	}
+	return s
+}
+
+// ruleValue is what ref (data.pkg.rule, or a path into it) was in the
+// trace's last evaluation of the rule: its value when the rule was last
+// left. Only rules of one value (not functions, not sets or objects built
+// by contains); nil when the trace does not say.
+func ruleValue(trace []*topdown.Event, ref ast.Ref) ast.Value {
+	for _, e := range slices.Backward(trace) {
+		r, ok := e.Node.(*ast.Rule)
+		if !ok || e.Op != topdown.ExitOp || len(r.Head.Args) > 0 || r.Head.RuleKind() != ast.SingleValue {
+			continue
+		}
+		path := r.Path()
+		if !ref.HasPrefix(path) {
+			continue
+		}
+		var v ast.Value
+		switch hv := r.Head.Value.Value.(type) {
+		case ast.Var:
+			v = e.Locals.Get(hv)
+		default:
+			if ast.IsConstant(hv) {
+				v = hv
+			}
+		}
+		if v == nil {
+			return nil
+		}
+		v, _ = v.Find(ref[len(path):])
+		return v
+	}
+	return nil
 }

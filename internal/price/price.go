@@ -27,6 +27,9 @@ type Price struct {
 	CachedInput int64 // input read from the prompt cache
 	CacheWrite  int64 // input written to the prompt cache (Anthropic's cache_creation_input_tokens)
 	Output      int64
+	// InputOnly: no output price was given (an embeddings model); Output
+	// is 0 and cannot bound what generated output costs.
+	InputOnly bool
 }
 
 // Tokens are the counts a cost is computed from. Cached and CacheWrite are
@@ -136,7 +139,8 @@ func (t *Table) Worst(model string) (p Price, ok bool) {
 	p = m.Price
 	for _, pp := range m.pools {
 		p = Price{Input: max(p.Input, pp.Input), CachedInput: max(p.CachedInput, pp.CachedInput),
-			CacheWrite: max(p.CacheWrite, pp.CacheWrite), Output: max(p.Output, pp.Output)}
+			CacheWrite: max(p.CacheWrite, pp.CacheWrite), Output: max(p.Output, pp.Output),
+			InputOnly: p.InputOnly || pp.InputOnly} // a pool without an output price leaves output unbounded
 	}
 	return p, true
 }

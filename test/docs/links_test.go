@@ -1,7 +1,7 @@
-// Package docs checks the documentation's links: every relative link and
-// #anchor of the README, docs/ and the chart's README resolves (anchors by
-// GitHub's heading slugs), and every page under docs/ is reachable from
-// docs/README.md, the index.
+// Package docs checks the documentation: every relative link and #anchor
+// of the README, docs/ and the chart's README resolves (anchors by GitHub's
+// heading slugs), every page under docs/ is reachable from docs/README.md,
+// the index, and the plain-Envoy guide's commands run as written.
 package docs
 
 import (

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
 
 // The drop-in snippet users copy is exactly what the tested bootstraps run
@@ -134,19 +136,106 @@ func checkSnippet(t *testing.T, bootstrap string, filters []any, localReply any,
 	if !reflect.DeepEqual(hcm["local_reply_config"], localReply) {
 		t.Errorf("envoy/snippet.yaml local_reply_config differs from %s's", bootstrap)
 	}
-	var demoCluster map[string]any
-	for _, c := range demo.StaticResources.Clusters {
-		if c["name"] == "infergate" {
-			demoCluster = c
-		}
-	}
-	if demoCluster == nil || len(clusters) != 1 {
+	demoCluster, snippetCluster := clusterNamed(demo.StaticResources.Clusters, "infergate"), clusterNamed(clusters, "infergate")
+	if demoCluster == nil || snippetCluster == nil {
 		t.Fatal("infergate cluster missing")
 	}
 	for _, k := range []string{"name", "connect_timeout", "typed_extension_protocol_options"} {
-		if !reflect.DeepEqual(demoCluster[k], clusters[0][k]) {
+		if !reflect.DeepEqual(demoCluster[k], snippetCluster[k]) {
 			t.Errorf("infergate cluster %s differs between %s and the snippet", k, bootstrap)
 		}
+	}
+}
+
+func clusterNamed(clusters []map[string]any, name string) map[string]any {
+	for _, c := range clusters {
+		if c["name"] == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// grpcClusters are the clusters v's gRPC services (envoy_grpc) name.
+func grpcClusters(v any) []string {
+	var out []string
+	switch v := v.(type) {
+	case map[string]any:
+		if g, ok := v["envoy_grpc"].(map[string]any); ok {
+			out = append(out, g["cluster_name"].(string))
+		}
+		for _, e := range v {
+			out = append(out, grpcClusters(e)...)
+		}
+	case []any:
+		for _, e := range v {
+			out = append(out, grpcClusters(e)...)
+		}
+	}
+	return out
+}
+
+// The snippet works unedited next to infergate on the same machine: put
+// into a bootstrap with nothing but a router and a route, real Envoy
+// accepts it (every cluster it names is one it defines), and the infergate
+// cluster is serve's default address, 127.0.0.1:50051.
+func TestSnippetIsCompleteOnLoopback(t *testing.T) {
+	t.Parallel()
+	var snippet map[string]any
+	readYAML(t, "envoy/snippet.yaml", &snippet)
+	var clusters []map[string]any
+	for _, c := range snippet["clusters"].([]any) {
+		clusters = append(clusters, c.(map[string]any))
+	}
+	ig := clusterNamed(clusters, "infergate")
+	addr, _ := yaml.Marshal(ig["load_assignment"])
+	if !strings.Contains(string(addr), "address: 127.0.0.1") || !strings.Contains(string(addr), "port_value: 50051") {
+		t.Errorf("the snippet's infergate cluster is not 127.0.0.1:50051:\n%s", addr)
+	}
+	// Envoy resolves a tracer's cluster only when it exports: validate
+	// mode passes an undefined one, so every gRPC service's is checked here.
+	for _, name := range grpcClusters(snippet) {
+		if clusterNamed(clusters, name) == nil {
+			t.Errorf("the snippet names cluster %q and does not define it", name)
+		}
+	}
+	filters := append(snippet["http_filters"].([]any), map[string]any{"name": "envoy.filters.http.router",
+		"typed_config": map[string]any{"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
+	bootstrap := map[string]any{
+		"static_resources": map[string]any{
+			"listeners": []any{map[string]any{
+				"name":    "llm",
+				"address": map[string]any{"socket_address": map[string]any{"address": "127.0.0.1", "port_value": 10000}},
+				"filter_chains": []any{map[string]any{"filters": []any{map[string]any{
+					"name": "envoy.filters.network.http_connection_manager",
+					"typed_config": map[string]any{
+						"@type":              "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+						"stat_prefix":        "llm",
+						"http_filters":       filters,
+						"local_reply_config": snippet["local_reply_config"],
+						"tracing":            snippet["tracing"],
+						"route_config": map[string]any{"virtual_hosts": []any{map[string]any{
+							"name": "llm", "domains": []any{"*"},
+							"response_headers_to_add": snippet["response_headers_to_add"],
+							"routes": []any{map[string]any{"match": map[string]any{"prefix": "/"},
+								"route": map[string]any{"cluster": "infergate"}}},
+						}}},
+					},
+				}}}},
+			}},
+			"clusters": snippet["clusters"],
+		},
+	}
+	b, err := yaml.Marshal(bootstrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "snippet-bootstrap.yaml")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(envoytest.Binary(t), "--mode", "validate", "-c", path, "--log-level", "warn").CombinedOutput(); err != nil {
+		t.Errorf("envoy --mode validate on envoy/snippet.yaml in a bootstrap: %v\n%s", err, out)
 	}
 }
 
