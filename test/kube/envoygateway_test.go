@@ -637,6 +637,7 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 // logLine is one line of infergate's request log.
 type logLine struct {
 	RequestID        string  `json:"request_id"`
+	Model            string  `json:"model"`
 	Stream           bool    `json:"stream"`
 	Tenant           string  `json:"tenant"`
 	Pool             string  `json:"pool"`

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -200,13 +202,15 @@ spec:
 		}
 	})
 
+	// Istio's gateway gives each request from outside an x-request-id of
+	// its own: a request is told by its model's name.
 	t.Run("GatewayToSidecarGatedOnce", func(t *testing.T) {
-		code, body := post(t, gwURL, map[string]string{"authorization": "Bearer " + apiKey, "x-request-id": "istio-gw-1"})
+		code, body := postModel(t, gwURL, "istio-gw-1", withKey)
 		if code != http.StatusOK {
 			t.Fatalf("through the gateway with a key: %d %s", code, body)
 		}
 		// One log line: the gate and the meter ran once (stamp fails on two).
-		st := ig.stamp(t, "the gateway's request", func(l logLine) bool { return l.RequestID == "istio-gw-1" })
+		st := ig.stamp(t, "the gateway's request", func(l logLine) bool { return l.Model == "istio-gw-1" })
 		if st.Decision != "allow" || st.Tenant != "acme" || !st.Complete {
 			t.Errorf("stamp %+v, want allow for acme, settled on the pool's usage", st)
 		}
@@ -214,8 +218,11 @@ spec:
 			t.Errorf("the model server answered %d requests, want 1", n)
 		}
 		// The hop was Istio's mutual TLS, the gateway's SPIFFE identity proven.
-		if n := stat(t, sc, "ssl\\.handshake$", "listener."+podIP+"_"+strconv.Itoa(inbound)+".ssl.handshake"); n == 0 {
-			t.Errorf("the sidecar's inbound listener made no TLS handshake")
+		if n := sumStats(t, gw, `^cluster\.outbound\|8000\|\|vllm\..*\.ssl\.handshake$`); n == 0 {
+			t.Errorf("the gateway's cluster of the model server made no TLS handshake:\n%s", get(t, gw+"/stats?filter=ssl"))
+		}
+		if n := sumStats(t, sc, `^listener\..*\.ssl\.handshake$`); n == 0 {
+			t.Errorf("the sidecar's inbound listener made no TLS handshake:\n%s", get(t, sc+"/stats?filter=ssl"))
 		}
 		if code, body := post(t, gwURL, nil); code != http.StatusUnauthorized || !strings.Contains(body, `"invalid_api_key"`) {
 			t.Errorf("through the gateway without a key: %d %s, want the gate's 401", code, body)
@@ -226,30 +233,29 @@ spec:
 		if code, body := post(t, scURL, nil); code != http.StatusUnauthorized || !strings.Contains(body, `"invalid_api_key"`) {
 			t.Errorf("to the sidecar without a key: %d %s, want its gate's 401", code, body)
 		}
-		code, body := post(t, scURL, map[string]string{"authorization": "Bearer " + apiKey, "x-request-id": "istio-sc-1"})
+		code, body := postModel(t, scURL, "istio-sc-1", withKey)
 		if code != http.StatusOK {
 			t.Fatalf("to the sidecar with a key: %d %s", code, body)
 		}
-		if st := ig.stamp(t, "the sidecar's request", func(l logLine) bool { return l.RequestID == "istio-sc-1" }); st.Decision != "allow" || st.Tenant != "acme" {
+		if st := ig.stamp(t, "the sidecar's request", func(l logLine) bool { return l.Model == "istio-sc-1" }); st.Decision != "allow" || st.Tenant != "acme" {
 			t.Errorf("stamp %+v, want the sidecar's gate's allow for acme", st)
 		}
 	})
 
 	t.Run("StreamThroughBothProxies", func(t *testing.T) {
-		hdr := map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "60", "x-mock-itl-ms": "15", "x-request-id": "istio-stream-1"}
-		got := streamChat(t, gwURL, chatBody("llama-3-70b", 8, true, ""), hdr)
+		hdr := map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "60", "x-mock-itl-ms": "15"}
+		got := streamChat(t, gwURL, chatBody("istio-stream-1", 8, true, ""), hdr)
 		if got.status != http.StatusOK {
 			t.Fatalf("stream through the gateway: %d %s", got.status, got.body)
 		}
-		hdr["x-request-id"] = "istio-stream-ref"
-		want := streamChat(t, "http://"+mock.addr, chatBody("llama-3-70b", 8, true, `,"stream_options":{"include_usage":true}`), hdr)
+		want := streamChat(t, "http://"+mock.addr, chatBody("istio-stream-1", 8, true, `,"stream_options":{"include_usage":true}`), hdr)
 		if len(want.body) == 0 || !bytes.Equal(got.body, want.body) {
 			t.Errorf("through gateway and sidecar:\n%q\nwant the model server's own:\n%q", got.body, want.body)
 		}
 		if n := strings.Count(string(got.body), `"content":`); got.reads < 8 || n < 8 {
 			t.Errorf("%d reads for %d content events: not incremental", got.reads, n)
 		}
-		st := ig.stamp(t, "the stream", func(s logLine) bool { return s.RequestID == "istio-stream-1" })
+		st := ig.stamp(t, "the stream", func(s logLine) bool { return s.Model == "istio-stream-1" })
 		if st.Decision != "allow" || st.CompletionTokens != 8 || !st.Complete {
 			t.Errorf("stamp %+v, want allow, 8 completion tokens, complete", st)
 		}
@@ -267,64 +273,97 @@ spec:
 	t.Logf("done at %v", time.Since(start).Round(time.Millisecond))
 }
 
+// sumStats is the sum of the counters filter selects in Envoy's admin.
+func sumStats(t *testing.T, admin, filter string) int {
+	t.Helper()
+	n := 0
+	for _, line := range strings.Split(get(t, admin+"/stats?filter="+url.QueryEscape(filter)), "\n") {
+		if _, v, ok := strings.Cut(line, ": "); ok {
+			i, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("stat %q", line)
+			}
+			n += i
+		}
+	}
+	return n
+}
+
+// postModel sends a one-token chat completion for model and returns the
+// status and body.
+func postModel(t *testing.T, base, model string, hdr map[string]string) (int, string) {
+	t.Helper()
+	resp, err := chat(base, model, 1, false, hdr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
 // httpFilterChains is the HTTP filter names of every HTTP connection
 // manager on port in the listeners istiod sent the Envoy at admin.
 func httpFilterChains(t *testing.T, admin string, port int) [][]string {
 	t.Helper()
+	// With ?resource=, each config is one DynamicListener.
 	var dump struct {
 		Configs []struct {
-			DynamicListeners []struct {
-				ActiveState struct {
-					Listener struct {
-						Address struct {
-							SocketAddress struct {
-								PortValue int `json:"port_value"`
-							} `json:"socket_address"`
-						} `json:"address"`
-						FilterChains []struct {
-							Filters []struct {
-								Name        string `json:"name"`
-								TypedConfig struct {
-									HTTPFilters []struct {
-										Name string `json:"name"`
-									} `json:"http_filters"`
-								} `json:"typed_config"`
-							} `json:"filters"`
-						} `json:"filter_chains"`
-					} `json:"listener"`
-				} `json:"active_state"`
-			} `json:"dynamic_listeners"`
+			Name        string `json:"name"`
+			ActiveState struct {
+				Listener struct {
+					Address struct {
+						SocketAddress struct {
+							PortValue int `json:"port_value"`
+						} `json:"socket_address"`
+					} `json:"address"`
+					FilterChains []struct {
+						Filters []struct {
+							Name        string `json:"name"`
+							TypedConfig struct {
+								HTTPFilters []struct {
+									Name string `json:"name"`
+								} `json:"http_filters"`
+							} `json:"typed_config"`
+						} `json:"filters"`
+					} `json:"filter_chains"`
+				} `json:"listener"`
+			} `json:"active_state"`
 		} `json:"configs"`
 	}
 	if err := json.Unmarshal([]byte(get(t, admin+"/config_dump?resource=dynamic_listeners")), &dump); err != nil {
 		t.Fatalf("config_dump: %v", err)
 	}
 	var chains [][]string
-	for _, cfg := range dump.Configs {
-		for _, l := range cfg.DynamicListeners {
-			if l.ActiveState.Listener.Address.SocketAddress.PortValue != port {
-				continue
-			}
-			for _, fc := range l.ActiveState.Listener.FilterChains {
-				for _, f := range fc.Filters {
-					if f.Name != "envoy.filters.network.http_connection_manager" {
-						continue
-					}
-					var names []string
-					for _, h := range f.TypedConfig.HTTPFilters {
-						names = append(names, h.Name)
-					}
-					chains = append(chains, names)
+	var listeners []string
+	for _, l := range dump.Configs {
+		listeners = append(listeners, l.Name)
+		if l.ActiveState.Listener.Address.SocketAddress.PortValue != port {
+			continue
+		}
+		for _, fc := range l.ActiveState.Listener.FilterChains {
+			for _, f := range fc.Filters {
+				if f.Name != "envoy.filters.network.http_connection_manager" {
+					continue
 				}
+				var names []string
+				for _, h := range f.TypedConfig.HTTPFilters {
+					names = append(names, h.Name)
+				}
+				chains = append(chains, names)
 			}
 		}
+	}
+	if len(chains) == 0 {
+		t.Logf("listeners at %s: %v", admin, listeners)
 	}
 	return chains
 }
 
-// istiod is where pilot-discovery serves: xDS in plaintext (the proxies'
-// pilot-agents), and its CA over TLS, which signs the proxies' certificates.
-type istiod struct{ xds, ca string }
+// istiod is where pilot-discovery serves its TLS port: xDS and its CA, which
+// signs the proxies' certificates (a pod reaches it as
+// istiod.istio-system.svc:15012, the name its certificate carries).
+type istiod struct{ tls string }
 
 // startIstiod runs pilot-discovery against the cluster, Istio's CRDs (the
 // module's manifests/charts/base) installed first, and waits for its CA's
@@ -347,7 +386,7 @@ func startIstiod(t *testing.T, c *cluster, bins string) istiod {
 	var ist istiod
 	serveOnFreePorts(t, "istiod", 6, 60*time.Second, nil, func(ports []int) (*exec.Cmd, string) {
 		addr := func(i int) string { return "127.0.0.1:" + strconv.Itoa(ports[i]) }
-		ist = istiod{xds: addr(1), ca: addr(2)}
+		ist = istiod{tls: addr(2)}
 		cmd := exec.Command(filepath.Join(bins, "pilot-discovery"), "discovery",
 			"--kubeconfig", c.kubeconfig, "--meshConfig", mesh, "--networksConfig", filepath.Join(dir, "none"),
 			"--httpAddr", addr(0), "--grpcAddr", addr(1), "--secureGRPCAddr", addr(2), "--monitoringAddr", addr(3),
@@ -423,14 +462,16 @@ func startPilotAgent(t *testing.T, c *cluster, bins string, ist istiod, p meshPr
 		pc, _ := json.Marshal(map[string]any{
 			"binaryPath": envoytest.Binary(t), "configPath": filepath.Join(dir, "etc/istio/proxy"),
 			"proxyBootstrapTemplatePath": filepath.Join(dir, "var/lib/istio/envoy/envoy_bootstrap_tmpl.json"),
-			"discoveryAddress":           ist.xds, "controlPlaneAuthPolicy": "NONE",
+			"discoveryAddress":           ist.tls, "controlPlaneAuthPolicy": "MUTUAL_TLS",
 			"proxyAdminPort": ports[0], "statusPort": ports[1], "drainDuration": "1s", "terminationDrainDuration": "1s",
+			// Istio keeps few of Envoy's stats; the TLS handshakes are evidence.
+			"proxyStatsMatcher": map[string]any{"inclusionSuffixes": []string{"ssl.handshake"}},
 		})
 		cmd := exec.Command(filepath.Join(bins, "pilot-agent"), "proxy", p.kind, "--proxyLogLevel", "warning", "--log_output_level", "default:warn")
 		cmd.Dir = dir
 		return withEnv(cmd, "PROXY_CONFIG="+string(pc), "POD_NAME="+p.name, "POD_NAMESPACE="+p.ns, "INSTANCE_IP="+p.ip,
 				"SERVICE_ACCOUNT="+p.sa, "ISTIO_META_CLUSTER_ID=Kubernetes", "ISTIO_METAJSON_LABELS="+string(labels),
-				"CA_ADDR="+ist.ca, "ISTIOD_SAN=istiod."+istioNS+".svc", "JWT_POLICY=third-party-jwt", "PILOT_CERT_PROVIDER=istiod",
+				"ISTIOD_SAN=istiod."+istioNS+".svc", "JWT_POLICY=third-party-jwt", "PILOT_CERT_PROVIDER=istiod",
 				"ENVOY_STATUS_PORT="+strconv.Itoa(ports[2]), "ENVOY_PROMETHEUS_PORT="+strconv.Itoa(ports[3])),
 			fmt.Sprintf("http://127.0.0.1:%d/healthz/ready", ports[1])
 	})
