@@ -111,7 +111,7 @@ release: wasm image ## dist/: binaries (linux, darwin; amd64, arm64), image (OCI
 	@ls -l $(DIST)
 
 .PHONY: deps
-deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs)
+deps: ## Install what the tests need (pinned Envoy, Redis, OpenAI Python and Node SDKs, Envoy Gateway, the Endpoint Picker, istiod and pilot-agent)
 	@scripts/install-test-deps.sh >/dev/null
 
 # The tiers: make unit, e2e, chaos and kube each run one part of make test.
@@ -202,7 +202,7 @@ chart-test: ## Helm chart: lint, render, strict decode, golden files, Envoy Gate
 	cd test/charts && $(GO) test -count=1 -timeout 30m ./...
 
 .PHONY: kube-test
-kube-test: deps ## The chart, the weight sinks, Envoy Gateway (Kubernetes mode) and the Inference Extension's Endpoint Picker against a real kube-apiserver (first run builds it: ~8 min)
+kube-test: deps ## The chart, the weight sinks, Envoy Gateway (Kubernetes mode), istiod with its gateway and a sidecar, and the Inference Extension's Endpoint Picker against a real kube-apiserver (first run builds it: ~8 min)
 	@# Its own Go module (test/kube/go.mod): kube-apiserver and etcd built from the
 	@# module proxy, in-process. The version stamp is what the chart's kubeVersion checks.
 	cd test/kube && $(GO) test -count=1 -timeout 40m -ldflags '$(KUBE_LDFLAGS)' ./...

@@ -555,6 +555,7 @@ func servedAll(t *testing.T, mocks map[string]*mockPool) int {
 type infergateProc struct {
 	extproc, admin, xds int
 	requests            *testutil.Buffer
+	proc                *testutil.Proc
 }
 
 // startInfergateFromRelease runs infergate with the release's ConfigMap,
@@ -605,7 +606,7 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 	}
 	kc := writeKubeconfig(t, c.tokenConfig(t, llmNS, sa))
 	p := &infergateProc{requests: &testutil.Buffer{}}
-	serveOnFreePorts(t, "infergate", 3, 20*time.Second, p.requests, func(ports []int) (*exec.Cmd, string) {
+	p.proc = serveOnFreePorts(t, "infergate", 3, 20*time.Second, p.requests, func(ports []int) (*exec.Cmd, string) {
 		p.extproc, p.admin, p.xds = ports[0], ports[1], ports[2]
 		listen := func(port int) string { return net.JoinHostPort(hostIP(t), strconv.Itoa(port)) }
 		cfg["extproc"].(map[string]any)["listen"] = listen(p.extproc)
@@ -636,6 +637,7 @@ func startInfergateFromRelease(t *testing.T, c *cluster, objs []*unstructured.Un
 // logLine is one line of infergate's request log.
 type logLine struct {
 	RequestID        string  `json:"request_id"`
+	Model            string  `json:"model"`
 	Stream           bool    `json:"stream"`
 	Tenant           string  `json:"tenant"`
 	Pool             string  `json:"pool"`
@@ -685,11 +687,12 @@ func startProc(t testing.TB, name string, cmd *exec.Cmd, stdout *testutil.Buffer
 
 // serveOnFreePorts starts the server start returns (its command and the
 // URL that answers 200 once it is ready) on n ports that were free, and
+// returns it running; it starts it
 // again on new ones if another socket took one before the server bound it:
 // a port is only free until someone binds it, and on a busy machine an
 // outgoing connection's source port may be the one chosen.
 func serveOnFreePorts(t testing.TB, name string, n int, timeout time.Duration, stdout *testutil.Buffer,
-	start func(ports []int) (cmd *exec.Cmd, readyURL string)) {
+	start func(ports []int) (cmd *exec.Cmd, readyURL string)) *testutil.Proc {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		ports := make([]int, n)
@@ -700,7 +703,7 @@ func serveOnFreePorts(t testing.TB, name string, n int, timeout time.Duration, s
 		p := startProc(t, name, cmd, stdout)
 		err := p.WaitReady(timeout, testutil.HTTPReady(readyURL))
 		if err == nil {
-			return
+			return p
 		}
 		if !p.Exited() || attempt == 3 || !strings.Contains(p.Log.Tail(1<<20), "address already in use") {
 			t.Fatal(err)
