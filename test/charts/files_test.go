@@ -168,7 +168,7 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 // filter's script, files/usage.lua, byte for byte envoy/snippet.yaml's
 // infergate.usage (which the end-to-end tests run in Envoy), and checks
 // that every place the chart renders it carries that script unchanged: each
-// Istio EnvoyFilter and the Envoy Gateway policy.
+// Istio EnvoyFilter and the Envoy Gateway policy (envoyGateway.usageFilter).
 func TestUsageLuaMatchesSnippet(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "snippet.yaml"))
 	if err != nil {
@@ -238,6 +238,20 @@ func TestUsageLuaMatchesSnippet(t *testing.T) {
 	}
 	if got := *lua[0].Inline; got != want {
 		t.Errorf("the EnvoyExtensionPolicy's Lua differs from files/usage.lua:\n%s", diff(want, got))
+	}
+
+	// Off by default: Envoy Gateway rejects a policy with Lua (and answers
+	// 500 on its routes) unless its extensionApis.enableLua is set.
+	vals := readValues(t, filepath.Join(chartDir, "ci", "envoygateway-values.yaml"))
+	delete(vals["envoyGateway"].(map[string]any), "usageFilter")
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range decodeAll(t, r)["gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy"] {
+		if lua := p.(*egv1a1.EnvoyExtensionPolicy).Spec.Lua; len(lua) != 0 {
+			t.Errorf("the policy has Lua without envoyGateway.usageFilter.enabled: %+v", lua)
+		}
 	}
 }
 

@@ -158,6 +158,23 @@ func asksNoUsage(body string) bool {
 	return json.Unmarshal([]byte(body), &b) == nil && b.Stream && !b.StreamOptions.IncludeUsage
 }
 
+// withoutUsageEvent is a pool's stream less its usage-only event ("choices":
+// []), as the gateway's usage filter passes it to a client that did not ask
+// for usage; it fails t if the pool sent no such event.
+func withoutUsageEvent(t *testing.T, body []byte) []byte {
+	t.Helper()
+	var out []byte
+	for _, e := range strings.SplitAfter(string(body), "\n\n") {
+		if !strings.Contains(e, `"choices":[]`) {
+			out = append(out, e...)
+		}
+	}
+	if len(out) == len(body) {
+		t.Fatalf("the pool sent no usage event:\n%s", body)
+	}
+	return out
+}
+
 // mustLockstep is streamLockstep failing t on an error.
 func mustLockstep(t *testing.T, p lockstepPool, url, body string, hdr map[string]string) lockstepResult {
 	t.Helper()
