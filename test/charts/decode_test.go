@@ -29,13 +29,14 @@ import (
 	"sigs.k8s.io/yaml"
 
 	// Register the types the EnvoyFilters' patches name in typed_config:
-	// the ExternalProcessor, the local-reply mapper's CEL filter, and the
-	// sidecars' skip for the gateway's identity (a matcher on the peer's
-	// URI SAN wrapping each filter).
+	// the ExternalProcessor, the usage filter's Lua, the local-reply
+	// mapper's CEL filter, and the sidecars' skip for the gateway's
+	// identity (a matcher on the peer's URI SAN wrapping each filter).
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/filters/cel/v3"
 	matchingv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/matching/v3"
 	actionv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/matcher/action/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	luav3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/lua/v3"
 	sslv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/ssl/v3"
 )
 
@@ -241,24 +242,25 @@ func decodeHCMPatch(js []byte) (*hcmv3.HttpConnectionManager, error) {
 	return &hcm, nil
 }
 
-// httpFilter is an HTTP filter patch: its name, its ext_proc config, and
-// the peer identities (URI SANs) it is skipped for, if it is wrapped in a
-// matcher that skips it.
+// httpFilter is an HTTP filter patch: its name, its ext_proc or Lua
+// config (the other nil), and the peer identities (URI SANs) it is skipped
+// for, if it is wrapped in a matcher that skips it.
 type httpFilter struct {
 	name  string
 	proc  *extprocv3.ExternalProcessor
+	lua   *luav3.Lua
 	skips []string // sorted
 }
 
-// decodeHTTPFilter decodes an Envoy HttpFilter holding an ext_proc filter,
-// maybe inside a matcher skipping it for peer identities, from proto JSON,
-// and validates it.
+// decodeHTTPFilter decodes an Envoy HttpFilter holding an ext_proc or a
+// Lua filter, maybe inside a matcher skipping it for peer identities, from
+// proto JSON, and validates it.
 func decodeHTTPFilter(js []byte) (httpFilter, error) {
 	var f hcmv3.HttpFilter
 	if err := protojson.Unmarshal(js, &f); err != nil {
 		return httpFilter{}, err
 	}
-	out := httpFilter{name: f.GetName(), proc: &extprocv3.ExternalProcessor{}}
+	out := httpFilter{name: f.GetName()}
 	config := f.GetTypedConfig()
 	var wrapped matchingv3.ExtensionWithMatcher
 	if config.MessageIs(&wrapped) {
@@ -286,6 +288,14 @@ func decodeHTTPFilter(js []byte) (httpFilter, error) {
 		slices.Sort(out.skips)
 		config = wrapped.GetExtensionConfig().GetTypedConfig()
 	}
+	if config.MessageIs(&luav3.Lua{}) {
+		out.lua = &luav3.Lua{}
+		if err := config.UnmarshalTo(out.lua); err != nil {
+			return httpFilter{}, fmt.Errorf("typed_config: %w", err)
+		}
+		return out, out.lua.ValidateAll()
+	}
+	out.proc = &extprocv3.ExternalProcessor{}
 	if err := config.UnmarshalTo(out.proc); err != nil {
 		return httpFilter{}, fmt.Errorf("typed_config: %w", err)
 	}

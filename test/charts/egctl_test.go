@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -153,6 +154,8 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 
 	filters := map[string]*extprocv3.ExternalProcessor{} // by HTTP filter name
 	var order []string
+	var chains [][]string       // each HTTP connection manager's filters, in order
+	luas := map[string]string{} // the Lua filters' scripts, by HTTP filter name
 	var bufferLimits []float64
 	var preservesRequestID []bool // per HTTP connection manager of the Gateway's listener
 	var routes []map[string]any
@@ -167,6 +170,17 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 			name := fmt.Sprint(m["name"])
 			filters[name] = &p
 			order = append(order, name)
+		}
+		if tc, ok := m["typedConfig"].(map[string]any); ok && tc["@type"] == "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua" {
+			code, _ := tc["defaultSourceCode"].(map[string]any)
+			luas[fmt.Sprint(m["name"])], _ = code["inlineString"].(string)
+		}
+		if hf, ok := m["httpFilters"].([]any); ok {
+			var chain []string
+			for _, f := range hf {
+				chain = append(chain, fmt.Sprint(f.(map[string]any)["name"]))
+			}
+			chains = append(chains, chain)
 		}
 		if m["@type"] == "type.googleapis.com/envoy.config.listener.v3.Listener" && m["name"] == "envoy-gateway-system/eg/http" {
 			v, _ := m["perConnectionBufferLimitBytes"].(float64)
@@ -222,14 +236,49 @@ func TestEnvoyGatewayTranslate(t *testing.T) {
 		}
 	}
 
-	// Both filters are enabled on every route of the HTTPRoute, including
-	// the catch-all the request first lands on, before the gate routes it.
+	// The usage filter: files/usage.lua (TestUsageLuaMatchesSnippet keeps
+	// it envoy/snippet.yaml's), accepted by Envoy Gateway's default Strict
+	// Lua validation (the conditions above), and placed before the gate and
+	// the meter: on the response Envoy runs the filters in reverse, so it
+	// removes the usage event only after the meter has read it.
+	script, err := os.ReadFile(filepath.Join(chartDir, "files", "usage.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(luas) != 1 {
+		t.Fatalf("want one Lua filter (the usage filter), got %v", keys(luas))
+	}
+	var usage string
+	for name, code := range luas {
+		usage = name
+		if code != string(script) {
+			t.Errorf("%s's script differs from files/usage.lua:\n%s", name, diff(string(script), code))
+		}
+	}
+	placed := 0
+	for _, chain := range chains {
+		lua, gate, meter := slices.Index(chain, usage), slices.Index(chain, order[0]), slices.Index(chain, order[1])
+		if lua < 0 && gate < 0 && meter < 0 {
+			continue
+		}
+		placed++
+		if lua < 0 || gate < 0 || meter < 0 || lua > gate || gate > meter {
+			t.Errorf("HTTP filters %v: want the usage filter %s before the gate and the meter", chain, usage)
+		}
+	}
+	if placed == 0 {
+		t.Errorf("no HTTP connection manager carries the gate, the meter and the usage filter: %v", chains)
+	}
+
+	// The three filters are enabled on every route of the HTTPRoute,
+	// including the catch-all the request first lands on, before the gate
+	// routes it.
 	if len(routes) != 3 {
 		t.Errorf("want 3 routes (two models and the catch-all), got %d", len(routes))
 	}
 	for _, rt := range routes {
 		per, _ := rt["typedPerFilterConfig"].(map[string]any)
-		for _, name := range order {
+		for _, name := range append(order, usage) {
 			if _, ok := per[name]; !ok {
 				t.Errorf("route %v does not enable %s", rt["name"], name)
 			}
@@ -273,7 +322,7 @@ func walk(v any, visit func(map[string]any)) {
 	}
 }
 
-func keys(m map[string]any) []string {
+func keys[V any](m map[string]V) []string {
 	var out []string
 	for k := range m {
 		out = append(out, k)

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	egv1a1 "github.com/envoyproxy/gateway/api/v1alpha1"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -52,9 +53,10 @@ func TestExamplePoliciesMatchRepo(t *testing.T) {
 	}
 }
 
-// TestIstioFiltersMatchSnippet keeps the EnvoyFilters' gate and meter equal
-// to envoy/snippet.yaml's (which a main-module test keeps equal to the
-// bootstrap the end-to-end tests run), apart from the cluster Istio names.
+// TestIstioFiltersMatchSnippet keeps the EnvoyFilters' gate, usage filter
+// and meter equal to envoy/snippet.yaml's (which a main-module test keeps
+// equal to the bootstrap the end-to-end tests run), apart from the cluster
+// Istio names.
 func TestIstioFiltersMatchSnippet(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "snippet.yaml"))
 	if err != nil {
@@ -71,14 +73,8 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 	if err := json.Unmarshal(js, &snippet); err != nil {
 		t.Fatal(err)
 	}
-	// The ext_proc filters: the snippet's infergate.usage (a Lua filter
-	// removing the usage event the gate asked for) is not yet in the
-	// EnvoyFilters (docs/reliability.md).
-	snippet.HTTPFilters = slices.DeleteFunc(snippet.HTTPFilters, func(f json.RawMessage) bool {
-		return strings.Contains(string(f), `"name":"infergate.usage"`)
-	})
-	if len(snippet.HTTPFilters) != 2 {
-		t.Fatalf("envoy/snippet.yaml has %d ext_proc http_filters, want the gate and the meter", len(snippet.HTTPFilters))
+	if len(snippet.HTTPFilters) != 3 {
+		t.Fatalf("envoy/snippet.yaml has %d http_filters, want the gate, the usage filter and the meter", len(snippet.HTTPFilters))
 	}
 
 	// The gate's failures: the snippet's first local-reply mapper (the
@@ -103,8 +99,12 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(filters) != 2 || filters[0].name != "infergate.gate" || filters[1].name != "infergate.meter" {
-			t.Fatalf("EnvoyFilter patches %v, want [infergate.gate infergate.meter] in that order", filters)
+		var names []string
+		for _, f := range filters {
+			names = append(names, f.name)
+		}
+		if want := []string{"infergate.gate", "infergate.usage", "infergate.meter"}; !slices.Equal(names, want) {
+			t.Fatalf("EnvoyFilter patches %v, want %v in that order", names, want)
 		}
 		underscores, reply := false, false
 		for _, cp := range spec.GetConfigPatches() {
@@ -140,6 +140,12 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if name := filters[i].name; filters[i].lua != nil || want.lua != nil {
+				if name != want.name || !proto.Equal(filters[i].lua, want.lua) {
+					t.Errorf("%s differs from envoy/snippet.yaml's %s:\nchart:   %v\nsnippet: %v", name, want.name, filters[i].lua, want.lua)
+				}
+				continue
+			}
 			name, got := filters[i].name, filters[i].proc
 			if got.GetGrpcService().GetEnvoyGrpc().GetClusterName() != cluster {
 				t.Errorf("%s: cluster %q, want %q", name, got.GetGrpcService().GetEnvoyGrpc().GetClusterName(), cluster)
@@ -154,6 +160,97 @@ func TestIstioFiltersMatchSnippet(t *testing.T) {
 	for _, c := range []string{"GATEWAY", "SIDECAR_INBOUND"} {
 		if !contexts[c] {
 			t.Errorf("no EnvoyFilter patch for context %s (have %v)", c, contexts)
+		}
+	}
+}
+
+// TestUsageLuaMatchesSnippet keeps the chart's one copy of the usage
+// filter's script, files/usage.lua, byte for byte envoy/snippet.yaml's
+// infergate.usage (which the end-to-end tests run in Envoy), and checks
+// that every place the chart renders it carries that script unchanged: each
+// Istio EnvoyFilter and the Envoy Gateway policy (envoyGateway.usageFilter).
+func TestUsageLuaMatchesSnippet(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy", "snippet.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snippet struct {
+		HTTPFilters []struct {
+			Name        string `json:"name"`
+			TypedConfig struct {
+				DefaultSourceCode struct {
+					InlineString string `json:"inline_string"`
+				} `json:"default_source_code"`
+			} `json:"typed_config"`
+		} `json:"http_filters"`
+	}
+	if err := yaml.Unmarshal(b, &snippet); err != nil {
+		t.Fatal(err)
+	}
+	var want string
+	for _, f := range snippet.HTTPFilters {
+		if f.Name == "infergate.usage" {
+			want = f.TypedConfig.DefaultSourceCode.InlineString
+		}
+	}
+	if !strings.Contains(want, "function envoy_on_response") {
+		t.Fatalf("envoy/snippet.yaml has no infergate.usage script (got %q)", want)
+	}
+	file, err := os.ReadFile(filepath.Join(chartDir, "files", "usage.lua"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(file) != want {
+		t.Fatalf("charts/infergate/files/usage.lua differs from envoy/snippet.yaml's infergate.usage script; copy it over:\n%s",
+			diff(want, string(file)))
+	}
+
+	var istio int
+	for _, doc := range mustRender(t, variant{"istio", filepath.Join(chartDir, "ci", "istio-values.yaml")}).docs {
+		if !strings.Contains(doc, "kind: EnvoyFilter") {
+			continue
+		}
+		_, filters, err := decodeEnvoyFilter([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range filters {
+			if f.lua != nil {
+				istio++
+				if got := f.lua.GetDefaultSourceCode().GetInlineString(); got != want {
+					t.Errorf("an EnvoyFilter's %s script differs from files/usage.lua:\n%s", f.name, diff(want, got))
+				}
+			}
+		}
+	}
+	if istio != 2 {
+		t.Errorf("%d Lua filters in the Istio EnvoyFilters, want 2 (the gateway's and the sidecar's)", istio)
+	}
+
+	objs := decodeAll(t, mustRender(t, variant{"envoygateway", filepath.Join(chartDir, "ci", "envoygateway-values.yaml")}))
+	policies := objs["gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy"]
+	if len(policies) != 1 {
+		t.Fatalf("%d EnvoyExtensionPolicies, want 1", len(policies))
+	}
+	lua := policies[0].(*egv1a1.EnvoyExtensionPolicy).Spec.Lua
+	if len(lua) != 1 || lua[0].Type != egv1a1.LuaValueTypeInline || lua[0].Inline == nil {
+		t.Fatalf("EnvoyExtensionPolicy lua %+v, want the usage script inline", lua)
+	}
+	if got := *lua[0].Inline; got != want {
+		t.Errorf("the EnvoyExtensionPolicy's Lua differs from files/usage.lua:\n%s", diff(want, got))
+	}
+
+	// Off by default: Envoy Gateway rejects a policy with Lua (and answers
+	// 500 on its routes) unless its extensionApis.enableLua is set.
+	vals := readValues(t, filepath.Join(chartDir, "ci", "envoygateway-values.yaml"))
+	delete(vals["envoyGateway"].(map[string]any), "usageFilter")
+	r, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range decodeAll(t, r)["gateway.envoyproxy.io/v1alpha1/EnvoyExtensionPolicy"] {
+		if lua := p.(*egv1a1.EnvoyExtensionPolicy).Spec.Lua; len(lua) != 0 {
+			t.Errorf("the policy has Lua without envoyGateway.usageFilter.enabled: %+v", lua)
 		}
 	}
 }
@@ -260,7 +357,7 @@ func TestIstioSidecarSkipsOnlyTheChartsGateway(t *testing.T) {
 					t.Errorf("%s skips %v, want %v", key, ids, want)
 				}
 			}
-			if n := len(skips); n != 2 && !c.gateway || n != 4 && c.gateway {
+			if n := len(skips); n != 3 && !c.gateway || n != 6 && c.gateway {
 				t.Errorf("HTTP filters patched: %v", skips)
 			}
 		})

@@ -271,3 +271,57 @@ func TestShippedConfigsDropUnderscoreHeaders(t *testing.T) {
 		t.Error("envoy/gateway/standalone.yaml's ClientTrafficPolicy does not drop headers with underscores")
 	}
 }
+
+// Envoy Gateway's usage filter (envoy/gateway/standalone.yaml's Lua, which
+// TestEnvoyGatewayStandalone runs) is envoy/snippet.yaml's infergate.usage
+// script, byte for byte (test/charts keeps the chart's copy identical too).
+func TestEnvoyGatewayUsageLuaMatchesSnippet(t *testing.T) {
+	t.Parallel()
+	var snippet struct {
+		HTTPFilters []struct {
+			Name        string `yaml:"name"`
+			TypedConfig struct {
+				DefaultSourceCode struct {
+					InlineString string `yaml:"inline_string"`
+				} `yaml:"default_source_code"`
+			} `yaml:"typed_config"`
+		} `yaml:"http_filters"`
+	}
+	readYAML(t, "envoy/snippet.yaml", &snippet)
+	var want string
+	for _, f := range snippet.HTTPFilters {
+		if f.Name == "infergate.usage" {
+			want = f.TypedConfig.DefaultSourceCode.InlineString
+		}
+	}
+	if !strings.Contains(want, "function envoy_on_response") {
+		t.Fatalf("envoy/snippet.yaml has no infergate.usage script (got %q)", want)
+	}
+	b, err := os.ReadFile(filepath.Join(repoRoot, "envoy/gateway/standalone.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found int
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		if !strings.Contains(doc, "\nkind: EnvoyExtensionPolicy\n") {
+			continue
+		}
+		var policy struct {
+			Spec struct {
+				Lua []struct{ Type, Inline string } `yaml:"lua"`
+			} `yaml:"spec"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &policy); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range policy.Spec.Lua {
+			found++
+			if l.Type != "Inline" || l.Inline != want {
+				t.Errorf("envoy/gateway/standalone.yaml's Lua (%s) differs from envoy/snippet.yaml's infergate.usage script", l.Type)
+			}
+		}
+	}
+	if found != 1 {
+		t.Errorf("envoy/gateway/standalone.yaml has %d Lua filters, want the usage filter", found)
+	}
+}

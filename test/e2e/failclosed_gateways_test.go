@@ -383,7 +383,7 @@ func gwExpectStreamWith(t *testing.T, client *http.Client, how, base string, p *
 			how, fwd.Get("x-infergate-model"), fwd.Get("authorization"))
 	}
 	// The gate asks for usage in the stream; the direct request does too.
-	want := unasked(stream(t, "http://"+p.Addr+"/v1/chat/completions",
+	want := unasked(t, stream(t, "http://"+p.Addr+"/v1/chat/completions",
 		chatBody(model, tokens, true, `,"stream_options":{"include_usage":true}`), h))
 	if string(got.Body) != string(want.Body) {
 		t.Fatalf("%s: body differs from the pool's own\n got: %q\nwant: %q", how, got.Body, want.Body)

@@ -37,7 +37,7 @@ func TestSLAFallbackAcrossPools(t *testing.T) {
 	const requests, workers, tokens = 500, 8, 4
 	hdr := map[string]string{"x-mock-ttft-ms": "5", "x-mock-itl-ms": "10"}
 	body := chatBody("llama", tokens, true, "")
-	want := unasked(stream(t, "http://"+s.PoolB.Addr+"/v1/chat/completions",
+	want := unasked(t, stream(t, "http://"+s.PoolB.Addr+"/v1/chat/completions",
 		chatBody("llama", tokens, true, `,"stream_options":{"include_usage":true}`), hdr))
 
 	var mu sync.Mutex

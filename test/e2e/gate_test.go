@@ -164,7 +164,7 @@ func TestMeterFailureNeverBreaksStream(t *testing.T) {
 	if err != nil {
 		t.Fatalf("after the meter died: %v", err)
 	}
-	want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+	want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", 20, true, `,"stream_options":{"include_usage":true}`), hdr))
 	if got.Status != 200 || string(got.Body) != string(want.Body) {
 		t.Fatalf("stream broken by the meter's failure: status %d\n got: %q\nwant: %q", got.Status, got.Body, want.Body)

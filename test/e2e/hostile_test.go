@@ -69,7 +69,7 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 	url := s.Envoy.URL + "/v1/chat/completions"
 	normal := chatCall("sk-acme-0001", "pool-a", 8)
 	normal.body = chatBody("pool-a", 4, true, "")
-	want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+	want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil))
 
 	heapBefore, logBefore, rssBefore := heapInUse(), s.Gateway.requests.Len(), rss(t)
@@ -223,7 +223,7 @@ func TestOutOfRangeExtProcMessagesCrashNothing(t *testing.T) {
 	}
 
 	// Still alive, still serving Envoy, no panic recovered along the way.
-	want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions", chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil))
+	want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions", chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil))
 	if got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 4, true, ""), nil); got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("after the hostile streams: status %d, body %q", got.Status, got.Body)
 	}
@@ -372,7 +372,7 @@ func TestDeepJSONRefusedAtOnce(t *testing.T) {
 		// The message names the depth check: the parse stopped there (a
 		// parser that descended would have exhausted its stack instead).
 	}
-	want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions", chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil))
+	want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions", chatBody("pool-a", 4, true, `,"stream_options":{"include_usage":true}`), nil))
 	if got := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 4, true, ""), nil); got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("after the deep bodies: status %d", got.Status)
 	}

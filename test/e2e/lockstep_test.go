@@ -321,7 +321,7 @@ func TestLockstepFailsThroughABufferingGateway(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+			want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 				chatBody("pool-a", 8, true, `,"stream_options":{"include_usage":true}`), nil))
 			if got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
 				t.Fatalf("status %d; body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Status, got.Body, want.Body)

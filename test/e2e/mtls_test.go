@@ -88,7 +88,7 @@ func TestExtProcMTLS(t *testing.T) {
 	if got.Status != 200 {
 		t.Fatalf("status %d through Envoy over mTLS: %s", got.Status, got.Body)
 	}
-	want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+	want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", 8, true, `,"stream_options":{"include_usage":true}`), nil))
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)

@@ -172,7 +172,7 @@ func TestPoolCredentialInjectedPerCluster(t *testing.T) {
 	if want := []string{"Bearer " + key2}; !reflect.DeepEqual(h.Values("Authorization"), want) {
 		t.Errorf("stream: pool-b received Authorization %q, want %q", h.Values("Authorization"), want)
 	}
-	want := unasked(stream(t, hosted.PlainURL+"/v1/chat/completions",
+	want := unasked(t, stream(t, hosted.PlainURL+"/v1/chat/completions",
 		chatBody("pool-b", 12, true, `,"stream_options":{"include_usage":true}`), hdr))
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)

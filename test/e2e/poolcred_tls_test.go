@@ -214,7 +214,7 @@ func TestPoolCredentialHostedTLS(t *testing.T) {
 		t.Fatalf("stream: status %d: %s", got.Status, got.Body)
 	}
 	checkHosted("stream")
-	want := unasked(stream(t, hosted.PlainURL+"/v1/chat/completions",
+	want := unasked(t, stream(t, hosted.PlainURL+"/v1/chat/completions",
 		chatBody("pool-b", tokens, true, `,"stream_options":{"include_usage":true}`), hdr))
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)
@@ -251,7 +251,7 @@ func TestPoolCredentialHostedHTTP1(t *testing.T) {
 	if h, _ := hosted.LastRequest(); !reflect.DeepEqual(h.Values("Authorization"), []string{"Bearer " + poolKey}) {
 		t.Errorf("pool-b received Authorization %q, want its own key", h.Values("Authorization"))
 	}
-	want := unasked(stream(t, hosted.PlainURL+"/v1/chat/completions",
+	want := unasked(t, stream(t, hosted.PlainURL+"/v1/chat/completions",
 		chatBody("pool-b", 8, true, `,"stream_options":{"include_usage":true}`), hdr))
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("stream through the gateway differs from the direct one\n got: %q\nwant: %q", got.Body, want.Body)

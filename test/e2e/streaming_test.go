@@ -33,10 +33,7 @@ func TestStreamingIsByteExactAndIncremental(t *testing.T) {
 	// same ids), less that one event.
 	direct := stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr)
-	want := unasked(direct)
-	if len(want.Body) == len(direct.Body) {
-		t.Fatalf("the pool sent no usage event:\n%s", direct.Body)
-	}
+	want := unasked(t, direct)
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
 	}
@@ -114,13 +111,18 @@ func stampsMatchCadence(t *testing.T, s *stack, timedInEnvoy bool) {
 
 // unasked is what a client that did not ask for usage gets of r, a stream
 // the pool answered with it (stream_options.include_usage, as the gate asks
-// for the meter): the gateway removes the usage-only event.
-func unasked(r streamResult) streamResult {
+// for the meter): the gateway's usage filter removes the usage-only event
+// ("choices": []). It fails t if the pool sent no such event.
+func unasked(t *testing.T, r streamResult) streamResult {
+	t.Helper()
 	var body []byte
 	for _, e := range strings.SplitAfter(string(r.Body), "\n\n") {
 		if !strings.Contains(e, `"choices":[]`) {
 			body = append(body, e...)
 		}
+	}
+	if len(body) == len(r.Body) {
+		t.Fatalf("the pool sent no usage event:\n%s", r.Body)
 	}
 	r.Body = body
 	return r

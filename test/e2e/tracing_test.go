@@ -73,7 +73,7 @@ tracing: {endpoint: %q, insecure: true}
 		if r.Status != 200 {
 			t.Fatalf("status %d: %s", r.Status, r.Body)
 		}
-		want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+		want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 			chatBody("pool-a", 6, true, `,"stream_options":{"include_usage":true}`), hdr))
 		if string(r.Body) != string(want.Body) {
 			t.Fatalf("body through the gateway differs from the mock's\n got: %q\nwant: %q", r.Body, want.Body)

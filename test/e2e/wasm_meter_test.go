@@ -93,7 +93,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 	if got.Status != 200 {
 		t.Fatalf("status %d: %s", got.Status, got.Body)
 	}
-	want := unasked(stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
+	want := unasked(t, stream(t, "http://"+s.PoolA.Addr+"/v1/chat/completions",
 		chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr))
 	if !bytes.Equal(got.Body, want.Body) {
 		t.Fatalf("body through the gateway differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)

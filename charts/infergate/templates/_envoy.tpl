@@ -78,6 +78,22 @@ typed_config:
 {{- end }}
 
 {{/*
+envoy/snippet.yaml's infergate.usage: on a stream whose usage the gate asked
+for on the client's behalf (metadata infergate.usage_added), removes the
+pool's usage-only event after the meter, the next filter, has read it. The
+script is files/usage.lua, byte for byte the snippet's (a test keeps them
+identical); the Envoy Gateway policy reads the same file.
+*/}}
+{{- define "infergate.envoy.usage" -}}
+name: infergate.usage
+typed_config:
+  "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+  default_source_code:
+    inline_string: |
+      {{- .root.Files.Get "files/usage.lua" | trimSuffix "\n" | nindent 6 }}
+{{- end }}
+
+{{/*
 The gate's failures in OpenAI's error format: envoy/snippet.yaml's first
 local-reply mapper (a test keeps them identical). Only replies the ext_proc
 filter made: a mesh's other local replies are left as they are.
