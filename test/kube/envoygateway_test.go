@@ -917,6 +917,13 @@ type streamed struct {
 // streamK POSTs body and records how the bytes arrived.
 func streamChat(t *testing.T, base, body string, hdr map[string]string) streamed {
 	t.Helper()
+	return streamChatEach(t, base, body, hdr, nil)
+}
+
+// streamChatEach is streamChat calling event (when not nil) as each SSE
+// event ends, before reading on.
+func streamChatEach(t *testing.T, base, body string, hdr map[string]string, event func()) streamed {
+	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -941,7 +948,12 @@ func streamChat(t *testing.T, base, body string, hdr map[string]string) streamed
 				r.firstByte = time.Since(begin)
 			}
 			r.reads++
-			r.body = append(r.body, buf[:n]...)
+			for _, b := range buf[:n] {
+				r.body = append(r.body, b)
+				if event != nil && bytes.HasSuffix(r.body, []byte("\n\n")) {
+					event()
+				}
+			}
 		}
 		if err == io.EOF {
 			r.total = time.Since(begin)
