@@ -67,7 +67,8 @@ func startModuleStack(t *testing.T) *moduleStack {
 		t.Fatal(err)
 	}
 	cfgPath := filepath.Join(dir, "infergate.yaml")
-	cfg := fmt.Sprintf("auth: {keys: %s}\npolicy: {dir: %s}\ngate: {maxBodyBytes: 65536}\nlog: {level: debug}\n", writeKeys(t), policies)
+	cfg := fmt.Sprintf("auth: {keys: %s}\npolicy: {dir: %s}\ngate: {maxBodyBytes: 65536}\nlog: {level: debug}\n"+
+		"ratelimit: {backend: embedded, embedded: {path: %s}}\n", writeKeys(t), policies, filepath.Join(dir, "ledger.db"))
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -151,11 +152,6 @@ func TestModule(t *testing.T) {
 		if got.Status != 200 {
 			t.Fatalf("status %d: %s", got.Status, got.Body)
 		}
-		want := stream(t, "http://"+s.Pool.Addr+"/v1/chat/completions",
-			chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr)
-		if !bytes.Equal(got.Body, want.Body) {
-			t.Fatalf("body through the module differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
-		}
 		fwdHdr, fwd := s.Pool.LastRequest()
 		if !bytes.Contains(fwd, []byte(`"include_usage":true`)) {
 			t.Errorf("upstream body lacks the injected include_usage: %s", fwd)
@@ -163,6 +159,11 @@ func TestModule(t *testing.T) {
 		if fwdHdr.Get("authorization") != "" || fwdHdr.Get("x-infergate-model") != "pool-a" {
 			t.Errorf("upstream headers: authorization %q (the gateway credential must stop at the gate), x-infergate-model %q",
 				fwdHdr.Get("authorization"), fwdHdr.Get("x-infergate-model"))
+		}
+		want := stream(t, "http://"+s.Pool.Addr+"/v1/chat/completions",
+			chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr)
+		if !bytes.Equal(got.Body, want.Body) {
+			t.Fatalf("body through the module differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
 		}
 		if n := len(seqsOf(got.Events, isChatContent)); n != tokens {
 			t.Fatalf("got %d content events, want %d", n, tokens)
