@@ -44,6 +44,7 @@ type filter struct {
 	// The meter: set once the plan is applied (admitted), nil otherwise.
 	m           *meter.Request
 	reservation string
+	respHeaders map[string]any // the policy's x-ratelimit-* of an admitted request, set on its response
 	ended       bool // the response's end of stream was seen
 	meterBroken bool // a panic on the response path: nothing settles by this count
 }
@@ -199,7 +200,7 @@ func (f *filter) apply() {
 	// From here the reservation is the meter's to settle: a panic below
 	// fails the request closed and the reservation stays charged (the
 	// charge falls only on proof).
-	f.reservation = d.v.Reservation
+	f.reservation, f.respHeaders = d.v.Reservation, p.Metadata
 	hm := f.h.RequestHeaders()
 	for _, k := range p.Remove {
 		hm.Remove(k)
@@ -258,6 +259,11 @@ func (f *filter) OnResponseHeaders(hm shared.HeaderMap, endOfStream bool) shared
 	m := f.m
 	if m == nil {
 		return shared.HeadersStatusContinue
+	}
+	for k, v := range f.respHeaders { // OpenAI's x-ratelimit-* (ext_proc's config sets them from the gate's metadata)
+		if s, ok := v.(string); ok && strings.HasPrefix(k, "x-ratelimit-") {
+			hm.Set(k, s)
+		}
 	}
 	m.Stamp.Status = meter.ClampInt(float64(atoi(hm.GetOne(":status").ToUnsafeString())), 100, 599)
 	m.Tally.SSE = strings.HasPrefix(hm.GetOne("content-type").ToUnsafeString(), "text/event-stream")

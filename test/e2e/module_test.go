@@ -212,6 +212,9 @@ func TestModule(t *testing.T) {
 			if resp.StatusCode != 200 {
 				t.Fatalf("request %d: %d %s", i+1, resp.StatusCode, body)
 			}
+			if resp.Header.Get("x-ratelimit-limit-tokens") == "" || resp.Header.Get("x-ratelimit-remaining-tokens") == "" {
+				t.Errorf("request %d: no x-ratelimit-*-tokens headers: %v", i+1, resp.Header)
+			}
 			st := s.stamp(t, resp.Header.Get("x-request-id")) // settled before it is stamped
 			if st.TokenSource != "usage" {
 				t.Errorf("request %d: token source %q", i+1, st.TokenSource)
