@@ -45,8 +45,8 @@ type filter struct {
 	m           *meter.Request
 	reservation string
 	respHeaders map[string]any // the policy's x-ratelimit-* of an admitted request, set on its response
-	ended       bool // the response's end of stream was seen
-	meterBroken bool // a panic on the response path: nothing settles by this count
+	ended       bool           // the response's end of stream was seen
+	meterBroken bool           // a panic on the response path: nothing settles by this count
 }
 
 // decision is what the goroutine decided: the plan and the verdict.

@@ -32,7 +32,7 @@ func newHandle(h map[string][]string) *handle {
 	return &handle{reqHeaders: fake.NewFakeHeaderMap(h), buffered: fake.NewFakeBodyBuffer(nil), tasks: make(chan func(), 4)}
 }
 
-func (h *handle) RequestHeaders() shared.HeaderMap      { return h.reqHeaders }
+func (h *handle) RequestHeaders() shared.HeaderMap       { return h.reqHeaders }
 func (h *handle) BufferedRequestBody() shared.BodyBuffer { return h.buffered }
 func (h *handle) GetScheduler() shared.Scheduler         { return h }
 func (h *handle) Schedule(f func())                      { h.tasks <- f }
