@@ -40,10 +40,12 @@ type filter struct {
 	// complete, so a plan that arrives now is released, never applied.
 	pending *decision
 	over    bool
+	// applying is the plan apply is writing: a panic there gives its
+	// reservation back (the request never reaches a pool).
+	applying *decision
 
 	// The meter: set once the plan is applied (admitted), nil otherwise.
 	m           *meter.Request
-	reservation string
 	respHeaders map[string]any // the policy's x-ratelimit-* of an admitted request, set on its response
 	ended       bool           // the response's end of stream was seen
 	meterBroken bool           // a panic on the response path: nothing settles by this count
@@ -197,10 +199,9 @@ func (f *filter) apply() {
 		f.deny(d.adm.Request.Model, request.Verdict{Deny: e, Reason: e.Code})
 		return
 	}
-	// From here the reservation is the meter's to settle: a panic below
-	// fails the request closed and the reservation stays charged (the
-	// charge falls only on proof).
-	f.reservation, f.respHeaders = d.v.Reservation, p.Metadata
+	// From here the request is admitted; a panic before it continues
+	// fails it closed and gives the reservation back.
+	f.applying, f.respHeaders = d, p.Metadata
 	hm := f.h.RequestHeaders()
 	for _, k := range p.Remove {
 		hm.Remove(k)
@@ -217,7 +218,7 @@ func (f *filter) apply() {
 	m.Stamp = p.Stamp
 	m.Stamp.Gateway.Gate = time.Since(f.started) - d.v.Timings.Checks // external checks are not the gateway's time
 	m.Reservation, m.Tally.API = p.Reservation, p.Stamp.API
-	f.m, f.answered = m, true
+	f.m, f.answered, f.applying = m, true, nil
 	f.h.ClearRouteCache() // the route is chosen on the model header just set
 	m.Sent = time.Now()
 	m.GateSent, m.EnvoyStart = m.Sent, f.started
@@ -406,6 +407,10 @@ func (f *filter) recovered(where string, then func()) {
 		f.mu.Lock()
 		f.over = true // a decision still on its way is released
 		f.mu.Unlock()
+		if d := f.applying; d != nil {
+			f.applying = nil
+			f.release(d.adm.RequestID, d.v.Reservation)
+		}
 		f.localReply(openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "gate_error", "", "internal gateway error"), nil)
 	case f.m != nil:
 		f.meterBroken = true
