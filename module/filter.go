@@ -313,6 +313,7 @@ func (f *filter) passChunk(b []byte, at time.Time) { f.m.Chunk(b, at) }
 
 // OnResponseTrailers ends the response (gRPC-style trailers).
 func (f *filter) OnResponseTrailers(shared.HeaderMap) shared.TrailersStatus {
+	defer f.recovered("response_trailers", nil)
 	f.ended = true
 	return shared.TrailersStatusContinue
 }
