@@ -31,6 +31,15 @@ WASM := bin/infergate-meter.wasm
 wasm: ## Build bin/infergate-meter.wasm, the in-Envoy meter (proxy-wasm, an option to the ext_proc meter)
 	GOOS=wasip1 GOARCH=wasm $(GO) build -trimpath -buildmode=c-shared -o $(WASM) ./cmd/infergate-meter-wasm
 
+# The gate and the meter as an Envoy dynamic module (envoy/snippet-module.yaml):
+# a Go shared library Envoy loads as lib<name>.so from
+# ENVOY_DYNAMIC_MODULES_SEARCH_PATH; Envoy then runs with GODEBUG=cgocheck=0.
+# cgo (a C compiler) is required. The e2e tests build it themselves.
+MODULE := bin/libinfergate.so
+.PHONY: module
+module: ## Build bin/libinfergate.so, the gate and the meter as an Envoy dynamic module (an option to ext_proc)
+	CGO_ENABLED=1 $(GO) build -trimpath -buildmode=c-shared -o $(MODULE) ./cmd/infergate-module
+
 # Release artefacts (make image, make release; docs/deploy/install.md). The release
 # version lives in one place, charts/infergate/Chart.yaml's appVersion: the
 # image's tag (the chart's default image is values.yaml image.repository +

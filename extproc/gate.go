@@ -1,18 +1,14 @@
 package extproc
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
-	"maps"
-	"mime"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -198,23 +194,7 @@ func bodyResponse(common *extprocv3.CommonResponse) *extprocv3.ProcessingRespons
 }
 
 // spoofed lists the client's x-infergate-* headers: only the gate sets those.
-// Underscore spellings (x_infergate_model) count too: a proxy in front of
-// Envoy may translate them.
-func (g *gateRequest) spoofed() []string {
-	var out []string
-	for k := range g.headers {
-		if strings.HasPrefix(k, request.ReservedHeaderPrefix) || strings.HasPrefix(k, reservedUnderscorePrefix) {
-			out = append(out, k)
-		}
-	}
-	return out
-}
-
-var reservedUnderscorePrefix = strings.ReplaceAll(request.ReservedHeaderPrefix, "-", "_")
-
-// credentialHeaders carry the client's gateway credential (identity reads
-// them); they are removed before the request leaves for a pool.
-var credentialHeaders = []string{"authorization", "x-api-key"}
+func (g *gateRequest) spoofed() []string { return gate.Spoofed(g.headers) }
 
 // GateHeaders are the request headers the shipped gate filters forward to
 // the gate (forward_rules in envoy/snippet.yaml; a test keeps them equal):
@@ -230,36 +210,17 @@ func UnforwardedHeaders(names []string) []string {
 	var out []string
 	for _, n := range names {
 		n = strings.ToLower(n)
-		if !slices.Contains(GateHeaders, n) && !strings.HasPrefix(n, request.ReservedHeaderPrefix) &&
-			!strings.HasPrefix(n, reservedUnderscorePrefix) && !slices.Contains(out, n) {
+		if !slices.Contains(GateHeaders, n) && !gate.Reserved(n) && !slices.Contains(out, n) {
 			out = append(out, n)
 		}
 	}
 	return out
 }
 
-// MaxModelBytes bounds the model name a request may carry: it becomes a
-// routing header, a stamp field, a policy input and a cache key, so a
-// longer one is refused (400) before anything stores it. Model ids in use
-// (e.g. "meta-llama/Llama-3.1-70B-Instruct") are far shorter.
-const MaxModelBytes = 256
+// MaxModelBytes bounds the model name a request may carry (gate.MaxModelBytes).
+const MaxModelBytes = gate.MaxModelBytes
 
-// headerSafe reports whether s may go in a header the gate sets: UTF-8
-// with no control character (C0, DEL, C1). Stricter than what Envoy
-// accepts in a header value (any byte but C0 controls other than HTAB, and
-// DEL), so that nothing the gate admits is refused by Envoy afterwards; a
-// model name has no use for either.
-func headerSafe(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if unicode.IsControl(r) {
-			return false
-		}
-	}
-	return true
-}
+func headerSafe(s string) bool { return gate.HeaderSafe(s) }
 
 // identify asks the policy who is calling from the request headers and
 // Envoy's metadata alone, before the body: an unauthenticated caller is
@@ -299,59 +260,21 @@ func (s *Server) decide(ctx context.Context, g *gateRequest) []*extprocv3.Proces
 }
 
 // newAdmission is what the policy is asked about the request from its
-// headers and Envoy's metadata, without its body: the one builder of
-// request.Admission, for identify and for admission. The client's reserved
-// headers (spoofed, returned) are not the policy's to read. A configured
-// path that names no API is read as a chat or text completion, as every
-// path was before the gate knew other APIs.
+// headers and Envoy's metadata, without its body (gate.Intake.Headless).
 func (s *Server) newAdmission(g *gateRequest) (adm *request.Admission, spoofed []string) {
-	h := g.headers
-	path, _, _ := strings.Cut(h[":path"], "?")
-	adm = &request.Admission{
-		RequestID:  request.Truncate(h["x-request-id"], request.MaxStampField), // a client may set it
-		Method:     h[":method"],
-		Path:       path,
-		Headers:    h,
-		Completion: slices.Contains(s.opts.CompletionPaths, path),
-		Metadata:   g.metadata,
-	}
-	if adm.Completion {
-		adm.API = cmp.Or(openai.APIOf(path), openai.APIChat)
-	}
-	if spoofed = g.spoofed(); len(spoofed) > 0 {
-		adm.Headers = maps.Clone(h)
-		for _, k := range spoofed {
-			delete(adm.Headers, k)
-		}
-	}
-	return adm, spoofed
+	return s.intake().Headless(g.headers, g.metadata)
 }
 
 // admission is what the policy is asked about the request, body included,
-// and the request headers to remove before it leaves: the client's
-// reserved ones and its gateway credential. An inference request must be
-// well-formed before anything else looks at it (an error: refused,
-// adm.Request partial); every request, inference or not, then gets the
-// policy's decision.
+// and the request headers to remove before it leaves (gate.Intake.Admission).
 func (s *Server) admission(g *gateRequest) (adm *request.Admission, removed []string, verr *openai.Error) {
-	adm, spoofed := s.newAdmission(g)
-	adm.Body = g.body
-	if adm.Completion {
-		g.api = adm.API
-		if adm.Request, verr = s.validate(adm.API, adm.Path, adm.Method, g.headers, g.body); verr != nil {
-			return adm, nil, verr
-		}
-		adm.PromptTokens = adm.Request.PromptTokens
-	}
-	// The client's gateway credential stops here: a pool (or a hosted
-	// API's access log) never receives it.
-	removed = spoofed
-	for _, k := range credentialHeaders {
-		if _, ok := g.headers[k]; ok {
-			removed = append(removed, k)
-		}
-	}
-	return adm, removed, nil
+	adm, removed, verr = s.intake().Admission(g.headers, g.metadata, g.body)
+	g.api = adm.API
+	return adm, removed, verr
+}
+
+func (s *Server) intake() gate.Intake {
+	return gate.Intake{CompletionPaths: s.opts.CompletionPaths, MaxBodyBytes: s.opts.MaxBodyBytes}
 }
 
 // answer turns a plan into the answers owed: a denial, or the admission
@@ -460,47 +383,6 @@ func (g *gateRequest) admit(mutation *extprocv3.HeaderMutation, newBody []byte, 
 	g.headersOwed, g.chunksOwed = false, 0
 	out[0].DynamicMetadata = md
 	return out
-}
-
-// validate checks an inference request is one the gate can decide on, as
-// its API reads it. The returned Request is partial when an error is
-// returned.
-func (s *Server) validate(api openai.API, path, method string, h headers, body []byte) (openai.Request, *openai.Error) {
-	if method != http.MethodPost {
-		return openai.Request{}, openai.NewError(http.StatusMethodNotAllowed, openai.TypeInvalidRequest, "method_not_allowed", "",
-			"method "+method+" is not allowed on "+path+"; use POST")
-	}
-	if mt, _, err := mime.ParseMediaType(h["content-type"]); err != nil || mt != "application/json" {
-		return openai.Request{}, openai.NewError(http.StatusUnsupportedMediaType, openai.TypeInvalidRequest, "unsupported_media_type", "",
-			"content-type must be application/json")
-	}
-	if len(body) > s.opts.MaxBodyBytes {
-		return openai.Request{}, openai.NewError(http.StatusRequestEntityTooLarge, openai.TypeInvalidRequest, "request_too_large", "",
-			"request body is "+strconv.Itoa(len(body))+" bytes; the limit is "+strconv.Itoa(s.opts.MaxBodyBytes))
-	}
-	req, err := openai.Parse(api, body)
-	var fe *openai.FieldError
-	switch {
-	case err == nil && len(req.Model) > MaxModelBytes:
-		return openai.Request{}, openai.BadRequest("invalid_value", "model",
-			"model is "+strconv.Itoa(len(req.Model))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
-	case err == nil && !headerSafe(req.Model):
-		// It becomes the routing header: Envoy would refuse the gate's
-		// mutation (503 header_mutation_set_contains_invalid_character)
-		// after the policy reserved. Refused here, before anything is.
-		return openai.Request{}, openai.BadRequest("invalid_value", "model",
-			"model must be UTF-8 text without control characters")
-	case err == nil:
-		return req, nil
-	case errors.Is(err, openai.ErrMissingModel):
-		return req, openai.BadRequest("missing_model", "model", "you must provide a model parameter")
-	case errors.As(err, &fe):
-		return req, openai.BadRequest("invalid_value", fe.Param, fe.Error())
-	case errors.Is(err, openai.ErrTooDeep):
-		return req, openai.BadRequest("invalid_json", "", err.Error())
-	default:
-		return req, openai.BadRequest("invalid_json", "", "request body is not valid JSON: "+err.Error())
-	}
 }
 
 // deny answers with an immediate error, in the style the request's API

@@ -370,6 +370,7 @@ func variants() []variant {
 				}}, nil, nil
 			}},
 		wasmMeterVariant(),
+		moduleVariant(),
 	}
 }
 

@@ -429,6 +429,9 @@ func markdown(r *Report) string {
 				itl = fmtDelta(added(st, gateway, v.Key, gapP(99)))
 				coal = fmt.Sprintf("%d / %d", coalesced(st, gateway), coalesced(st, v.Key))
 				igCPU = fmt.Sprintf("%.4f → %.4f s", cpuPer1k(st, gateway+"-infergate"), cpuPer1k(st, v.Key+"-infergate"))
+				if math.IsNaN(cpuPer1k(st, v.Key+"-infergate")) { // the module: no infergate process, its CPU is Envoy's
+					igCPU = fmt.Sprintf("%.4f s → in Envoy", cpuPer1k(st, gateway+"-infergate"))
+				}
 				envCPU = fmt.Sprintf("%.4f → %.4f s", cpuPer1k(st, gateway+"-envoy"), cpuPer1k(st, v.Key+"-envoy"))
 			}
 			note := ""

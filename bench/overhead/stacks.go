@@ -64,6 +64,11 @@ type gatewaySpec struct {
 	cpus      string                         // infergate's CPUs, when not the gateway's
 	env       []string                       // added to infergate's environment
 	bin       string                         // infergate's binary, when not the measured one
+	// module: the gate and the meter run inside Envoy as the dynamic
+	// module (variant "module"): no infergate process; envoyEnv is added
+	// to Envoy's environment (GODEBUG, the module's search path).
+	module   bool
+	envoyEnv []string
 }
 
 // startMock runs `infergate-bench mock --profile board` on the client CPUs.
@@ -83,7 +88,7 @@ func (h *harness) startMock() error {
 
 // startPlain runs Envoy without infergate (envoy/overhead-plain.yaml).
 func (h *harness) startPlain(name string) (*stack, error) {
-	return h.startEnvoy(name, "envoy/overhead-plain.yaml", map[string]string{}, nil, nil)
+	return h.startEnvoy(name, "envoy/overhead-plain.yaml", map[string]string{}, nil, nil, nil)
 }
 
 // startGateway runs infergate and an Envoy with its filters
@@ -127,6 +132,9 @@ func (h *harness) startGateway(name string, spec gatewaySpec) (*stack, error) {
 	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
 		return nil, err
 	}
+	if spec.module { // the same configuration file, read by the module in Envoy
+		return h.startEnvoy(name, "envoy/overhead.yaml", map[string]string{"EXTPROC_PORT": strconv.Itoa(extproc)}, spec.envoy, nil, spec.envoyEnv)
+	}
 	cpus := cmp.Or(spec.cpus, h.opts.InfergateCPUs, h.opts.GatewayCPUs)
 	ig, err := startProc(h.work, name+"-infergate", cpus, append(slices.Clone(h.opts.InfergateEnv), spec.env...), cmp.Or(spec.bin, h.infergateBin), "serve", "--config", cfgPath)
 	if err != nil {
@@ -149,7 +157,7 @@ func (h *harness) startGateway(name string, spec gatewaySpec) (*stack, error) {
 			return nil
 		})
 	}
-	st, err := h.startEnvoy(name, "envoy/overhead.yaml", map[string]string{"EXTPROC_PORT": strconv.Itoa(extproc)}, edit, ig)
+	st, err := h.startEnvoy(name, "envoy/overhead.yaml", map[string]string{"EXTPROC_PORT": strconv.Itoa(extproc)}, edit, ig, spec.envoyEnv)
 	if err != nil {
 		ig.stop()
 		return nil, err
@@ -160,7 +168,7 @@ func (h *harness) startGateway(name string, spec gatewaySpec) (*stack, error) {
 
 // startEnvoy renders an envoy/ template, applies edit, and runs Envoy with
 // one worker thread on the gateway CPUs.
-func (h *harness) startEnvoy(name, template string, vars map[string]string, edit func(map[string]any) error, ig *proc) (*stack, error) {
+func (h *harness) startEnvoy(name, template string, vars map[string]string, edit func(map[string]any) error, ig *proc, env []string) (*stack, error) {
 	listen, err := freePort()
 	if err != nil {
 		return nil, err
@@ -212,7 +220,7 @@ func (h *harness) startEnvoy(name, template string, vars map[string]string, edit
 	if err := os.WriteFile(cfgPath, []byte(rendered), 0o644); err != nil {
 		return nil, err
 	}
-	p, err := startProc(h.work, name+"-envoy", h.opts.GatewayCPUs, nil, h.envoyBin,
+	p, err := startProc(h.work, name+"-envoy", h.opts.GatewayCPUs, env, h.envoyBin,
 		"-c", cfgPath, "--concurrency", "1", "--disable-hot-restart", "-l", "warning")
 	if err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"net/http"
@@ -88,7 +89,19 @@ func (e *Envoy) Kill() { e.stop() }
 // and stops it when the test ends. args are more command-line flags.
 func Start(t testing.TB, config string, args ...string) *Envoy {
 	t.Helper()
-	return start(t, nil, config, args...)
+	return start(t, nil, nil, config, args...)
+}
+
+// StartWithEnv is Start with env (KEY=value) added to Envoy's environment
+// and its standard output written to stdout (when not nil): an Envoy that
+// loads a dynamic module (GODEBUG, ENVOY_DYNAMIC_MODULES_SEARCH_PATH) whose
+// request log is its standard output.
+func StartWithEnv(t testing.TB, env []string, stdout io.Writer, config string, args ...string) *Envoy {
+	t.Helper()
+	return start(t, nil, func(cmd *exec.Cmd) {
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Stdout = stdout
+	}, config, args...)
 }
 
 // StartWithHosts is Start with more names in Envoy's /etc/hosts (name ->
@@ -98,10 +111,10 @@ func Start(t testing.TB, config string, args ...string) *Envoy {
 // Service's name through the real resolver.
 func StartWithHosts(t testing.TB, hosts map[string]string, config string, args ...string) *Envoy {
 	t.Helper()
-	return start(t, hosts, config, args...)
+	return start(t, hosts, nil, config, args...)
 }
 
-func start(t testing.TB, hosts map[string]string, config string, args ...string) *Envoy {
+func start(t testing.TB, hosts map[string]string, edit func(*exec.Cmd), config string, args ...string) *Envoy {
 	t.Helper()
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "envoy.yaml")
@@ -126,6 +139,9 @@ func start(t testing.TB, hosts map[string]string, config string, args ...string)
 		// unshare and sh exec: the process is Envoy's own pid.
 		cmd = exec.Command("unshare", append([]string{"--mount", "--propagation", "private", "sh", "-c",
 			`mount --bind "$0" /etc/hosts && exec "$@"`, hostsPath}, cmd.Args...)...)
+	}
+	if edit != nil {
+		edit(cmd)
 	}
 	p := testutil.StartProc(t, cmd, testutil.ProcOptions{Name: "envoy"})
 	e := &Envoy{Pid: p.Pid(), stop: p.Kill}
