@@ -17,6 +17,7 @@ import (
 	"github.com/infergate/infergate/internal/meter"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
+	"github.com/infergate/infergate/internal/sse"
 )
 
 // filter is one request: the gate on its way in, the meter on its way out.
@@ -49,6 +50,9 @@ type filter struct {
 	respHeaders map[string]any // the policy's x-ratelimit-* of an admitted request, set on its response
 	ended       bool           // the response's end of stream was seen
 	meterBroken bool           // a panic on the response path: nothing settles by this count
+	// unasked removes the usage event the gate asked the pool for on the
+	// client's behalf (plan.UsageAdded), after the meter has read it.
+	unasked *sse.UsageStripper
 }
 
 // decision is what the goroutine decided: the plan and the verdict.
@@ -219,6 +223,9 @@ func (f *filter) apply() {
 	m.Stamp.Gateway.Gate = time.Since(f.started) - d.v.Timings.Checks // external checks are not the gateway's time
 	m.Reservation, m.Tally.API = p.Reservation, p.Stamp.API
 	f.m, f.answered, f.applying = m, true, nil
+	if p.UsageAdded {
+		f.unasked = &sse.UsageStripper{}
+	}
 	f.h.ClearRouteCache() // the route is chosen on the model header just set
 	m.Sent = time.Now()
 	m.GateSent, m.EnvoyStart = m.Sent, f.started
@@ -289,15 +296,21 @@ func (f *filter) OnResponseHeaders(hm shared.HeaderMap, endOfStream bool) shared
 }
 
 // OnResponseBody counts each chunk as it passes: views into Envoy's
-// buffers, never copied, never held (Continue per chunk).
+// buffers, never held (Continue per chunk). Only on a stream whose usage
+// the gate asked for is a chunk rewritten, when it holds (part of) that
+// usage event: the meter reads it first.
 func (f *filter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) shared.BodyStatus {
 	defer f.recovered("response_body", nil)
 	if f.m == nil || f.meterBroken {
 		return shared.BodyStatusContinue
 	}
 	at := time.Now()
-	for _, c := range body.GetChunks() {
-		f.passChunk(c.ToUnsafeBytes(), at)
+	chunks := body.GetChunks()
+	for _, c := range chunks {
+		f.m.Chunk(c.ToUnsafeBytes(), at)
+	}
+	if f.unasked != nil {
+		f.dropUnasked(body, chunks, endOfStream)
 	}
 	hook(f.headers, "response_body")
 	if endOfStream {
@@ -306,10 +319,36 @@ func (f *filter) OnResponseBody(body shared.BodyBuffer, endOfStream bool) shared
 	return shared.BodyStatusContinue
 }
 
-// passChunk is the one place a response chunk passes through the module:
-// the meter reads it here (a view, valid during the callback only).
-// Dropping the usage chunk a client did not ask for belongs here too.
-func (f *filter) passChunk(b []byte, at time.Time) { f.m.Chunk(b, at) }
+// dropUnasked passes body through f.unasked. A chunk it leaves whole stays
+// Envoy's; once one changes, the body is replaced by what the stripper let
+// through (copied, only then). At the end of the stream, what it still
+// held follows.
+func (f *filter) dropUnasked(body shared.BodyBuffer, chunks []shared.UnsafeEnvoyBuffer, endOfStream bool) {
+	var out []byte
+	changed := false
+	for i, c := range chunks {
+		b, ch := f.unasked.Strip(c.ToUnsafeBytes())
+		if ch && !changed {
+			changed = true
+			for _, before := range chunks[:i] {
+				out = append(out, before.ToUnsafeBytes()...)
+			}
+		}
+		if changed {
+			out = append(out, b...) // b may be the stripper's buffer: copied before the next Strip
+		}
+	}
+	var held []byte
+	if endOfStream {
+		held = f.unasked.End()
+	}
+	if changed {
+		body.Drain(body.GetSize())
+		body.Append(append(out, held...))
+	} else if len(held) > 0 {
+		body.Append(held)
+	}
+}
 
 // OnResponseTrailers ends the response (gRPC-style trailers).
 func (f *filter) OnResponseTrailers(shared.HeaderMap) shared.TrailersStatus {

@@ -160,10 +160,18 @@ func TestModule(t *testing.T) {
 			t.Errorf("upstream headers: authorization %q (the gateway credential must stop at the gate), x-infergate-model %q",
 				fwdHdr.Get("authorization"), fwdHdr.Get("x-infergate-model"))
 		}
-		want := stream(t, "http://"+s.Pool.Addr+"/v1/chat/completions",
-			chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr)
+		// The client asked for no usage: the module removes the usage
+		// event after its meter read it.
+		want := unasked(t, stream(t, "http://"+s.Pool.Addr+"/v1/chat/completions",
+			chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`), hdr))
 		if !bytes.Equal(got.Body, want.Body) {
-			t.Fatalf("body through the module differs from the direct body\n got: %q\nwant: %q", got.Body, want.Body)
+			t.Fatalf("body through the module differs from the direct body, less its usage event\n got: %q\nwant: %q", got.Body, want.Body)
+		}
+		// A client that asked for usage gets the pool's stream whole.
+		asked := chatBody("pool-a", tokens, true, `,"stream_options":{"include_usage":true}`)
+		if got, want := mustLockstep(t, s.Pool, s.Envoy.URL+"/v1/chat/completions", asked, hdr),
+			stream(t, "http://"+s.Pool.Addr+"/v1/chat/completions", asked, hdr); got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
+			t.Errorf("usage asked: status %d, through the module\n%q\nwant\n%q", got.Status, got.Body, want.Body)
 		}
 		if n := len(seqsOf(got.Events, isChatContent)); n != tokens {
 			t.Fatalf("got %d content events, want %d", n, tokens)
