@@ -37,6 +37,16 @@ func OpenReadOnly(path string) (*bolt.DB, error) {
 	return db, nil
 }
 
+// Store is the part of a bbolt database the ledger's adapters (the embedded
+// limiter, settle-once table and spend) use: *bbolt.DB has it, and so has
+// DB, whose Batch shares one fsync between concurrent writers.
+type Store interface {
+	View(fn func(*bolt.Tx) error) error
+	// Batch runs fn in a write transaction, committed (fsynced) when it
+	// returns; fn may run more than once.
+	Batch(fn func(*bolt.Tx) error) error
+}
+
 // DB is the opened ledger: a bbolt database whose Batch commits the
 // writes of every caller waiting at once in one transaction, one fsync.
 type DB struct {

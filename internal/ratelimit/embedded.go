@@ -12,17 +12,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-)
 
-// BoltDB is the part of a bbolt database the embedded adapters use:
-// *bbolt.DB has it, and so has internal/ledgerfile's DB, whose Batch
-// shares one fsync between concurrent writers.
-type BoltDB interface {
-	View(fn func(*bolt.Tx) error) error
-	// Batch runs fn in a write transaction, committed (fsynced) when it
-	// returns; fn may run more than once.
-	Batch(fn func(*bolt.Tx) error) error
-}
+	"github.com/infergate/infergate/internal/ledgerfile"
+)
 
 // EmbeddedOptions name the limiter's buckets in the file.
 type EmbeddedOptions struct {
@@ -47,7 +39,7 @@ type EmbeddedOptions struct {
 // counters of the current windows; an ended counter still held takes
 // refunds only, as in Memory. Counters saturate at math.MaxInt64.
 type Embedded struct {
-	db     BoltDB
+	db     ledgerfile.Store
 	clock  Clock
 	bucket []byte
 }
@@ -59,7 +51,7 @@ var (
 
 // NewEmbedded returns a limiter on db, creating its buckets; a nil clock
 // means time.Now.
-func NewEmbedded(db BoltDB, clock Clock, opts EmbeddedOptions) (*Embedded, error) {
+func NewEmbedded(db ledgerfile.Store, clock Clock, opts EmbeddedOptions) (*Embedded, error) {
 	if clock == nil {
 		clock = time.Now
 	}

@@ -23,7 +23,7 @@ func openLedger(t testing.TB, path string) *ledgerfile.DB {
 	return db
 }
 
-func newEmbedded(t testing.TB, db BoltDB, clock Clock) *Embedded {
+func newEmbedded(t testing.TB, db ledgerfile.Store, clock Clock) *Embedded {
 	t.Helper()
 	e, err := NewEmbedded(db, clock, EmbeddedOptions{})
 	if err != nil {

@@ -10,15 +10,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-)
 
-// BoltDB is the part of a bbolt database the embedded stores use
-// (*bbolt.DB has it; so has internal/ledgerfile's DB, whose Batch shares
-// one fsync between concurrent writers). Batch's fn may run more than once.
-type BoltDB interface {
-	View(fn func(*bolt.Tx) error) error
-	Batch(fn func(*bolt.Tx) error) error
-}
+	"github.com/infergate/infergate/internal/ledgerfile"
+)
 
 // EmbeddedOnce is a Once in a bbolt file: the settle-once table of one
 // replica that survives its restart. As MemoryOnce, it keeps the seals
@@ -31,7 +25,7 @@ type BoltDB interface {
 // and a claim is committed before it is reported: a crash after it cannot
 // let a replay settle again.
 type EmbeddedOnce struct {
-	db             BoltDB
+	db             ledgerfile.Store
 	max, perTenant int
 	now            func() time.Time
 	bucket         []byte
@@ -47,7 +41,7 @@ var (
 // NewEmbeddedOnce returns a Once on db in bucket (default "seals"),
 // holding at most max seals (0: DefaultMaxOutstanding), perTenant of one
 // tenant (0: DefaultTenantShare); a nil now means time.Now.
-func NewEmbeddedOnce(db BoltDB, bucket string, max, perTenant int, now func() time.Time) (*EmbeddedOnce, error) {
+func NewEmbeddedOnce(db ledgerfile.Store, bucket string, max, perTenant int, now func() time.Time) (*EmbeddedOnce, error) {
 	if now == nil {
 		now = time.Now
 	}
@@ -232,7 +226,7 @@ func sweepOnce(b *bolt.Bucket, nowMs int64) (int64, error) {
 // before a restart settles after it). The file holds secrets: it is
 // opened readable by its user only (internal/ledgerfile).
 type EmbeddedStore struct {
-	DB     BoltDB
+	DB     ledgerfile.Store
 	Bucket string           // default "seal-keys"
 	Now    func() time.Time // default time.Now
 }

@@ -10,15 +10,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-)
 
-// BoltDB is the part of a bbolt database Embedded uses (*bbolt.DB has it;
-// so has internal/ledgerfile's DB, whose Batch shares one fsync between
-// concurrent writers). Batch's fn may run more than once.
-type BoltDB interface {
-	View(fn func(*bolt.Tx) error) error
-	Batch(fn func(*bolt.Tx) error) error
-}
+	"github.com/infergate/infergate/internal/ledgerfile"
+)
 
 // Embedded is a Store in a bbolt file, beside the budgets of the embedded
 // limiter: one bucket per hour (its Unix hour, big-endian) holding each
@@ -27,7 +21,7 @@ type BoltDB interface {
 // kill -9 is everything that was added. Hours older than Retention are
 // dropped on later writes.
 type Embedded struct {
-	DB     BoltDB
+	DB     ledgerfile.Store
 	Bucket string // default "spend"
 	Shares Shares // an hour's rows per key, per tenant and in all; zero fields: defaults
 }
