@@ -112,55 +112,53 @@ func (c *Controller) authenticate(a *request.Admission) (request.Verdict, identi
 	return v, p, mark
 }
 
-// Decide implements request.Policy.
+// Decide implements request.Policy: the steps in order (who is calling,
+// the policy, a cost the gate cannot bound, the output cap, the budgets,
+// the external checks), the first that denies ending them; then conclude
+// applies shadow mode and gives back a denied request's reservation, once.
 func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.Verdict {
 	// Who is calling: asked again whatever Identify said (the keys may
 	// have been reloaded since, and a Decide must never be weaker alone).
 	v, p, mark := c.authenticate(a)
 	if v.Deny != nil {
-		return v
+		return v // not even shadow mode admits a caller it cannot name
 	}
+	var reserved *ratelimit.Reservation
+	defer func() {
+		// Whatever fails once a reservation is held, a panic included,
+		// the request never reaches a pool: its reservation goes back whole.
+		if r := recover(); r != nil {
+			if reserved != nil {
+				c.release(ctx, a.RequestID, *reserved)
+				c.consume(ctx, v.Reservation)
+			}
+			panic(r)
+		}
+	}()
+	c.decide(ctx, a, &p, mark, &v, &reserved)
+	return c.conclude(ctx, a, p, v, reserved)
+}
 
-	// What the policy says.
-	var d policy.Decision
-	if c.Policy == nil {
-		// Inference, and the model listing: the gate answers it when it
-		// knows the models (configured, or the pools'), each listed as
-		// Permits says; else it goes on to the route like a completion.
-		listing := a.Method == http.MethodGet && a.Path == "/v1/models"
-		d = policy.Decision{Allow: a.Completion || listing, Reason: "no_policy"}
-		if !d.Allow {
-			d.Status, d.Reason = http.StatusNotFound, "unknown_url"
-		}
-	} else {
-		var err error
-		d, err = c.Policy.Decide(ctx, c.input(a, &p))
-		if err != nil {
-			c.Log.Error("policy evaluation failed; denying", "request_id", a.RequestID, "err", err)
-			c.Metrics.policyError(ctx)
-			d = policy.Decision{Allow: false, Status: http.StatusInternalServerError, Reason: "policy_error"}
-		}
-	}
+// decide runs Decide's steps after authentication, recording each one's
+// time in v; a step that denies sets v.Deny and ends them. A reservation
+// is in *reserved as soon as it is held.
+func (c *Controller) decide(ctx context.Context, a *request.Admission, p *identity.Principal, mark time.Time,
+	v *request.Verdict, reserved **ratelimit.Reservation) {
+	d := c.policyDecision(ctx, a, p)
 	now := c.now()
 	v.Timings.Policy, mark = now.Sub(mark), now
 	v.Reason = d.Reason
 	v.FairnessID, v.Objective = d.FairnessID, d.Objective // for an Endpoint Picker
 	if !d.Allow {
 		v.Deny = policyError(d, a)
-		if c.Shadow {
-			return c.shadow(v)
-		}
-		return v
+		return
 	}
 
 	// A cost the gate cannot bound only with the policy's consent: decided
 	// here rather than in Rego, so a policy that forgets fails closed.
 	if e, field := refuseUnbounded(&a.Request, d.AllowUnbounded); e != nil {
 		v.Deny, v.Reason = e, "unbounded_cost:"+field
-		if c.Shadow {
-			return c.shadow(v)
-		}
-		return v
+		return
 	}
 
 	// What the request may write per choice: reserved below, and where a
@@ -174,64 +172,81 @@ func (c *Controller) Decide(ctx context.Context, a *request.Admission) request.V
 		v.MaxTokens = maxTokens
 	}
 
-	// Budgets: reserve now, settle when the response ends.
-	var reserved *ratelimit.Reservation
-	if len(d.Limits) > 0 && c.Limiter != nil {
+	// Budgets: reserve now, settle when the response ends. A refusal
+	// holds nothing.
+	if budgeted {
 		var deny bool
-		reserved, deny = c.reserve(ctx, a, &d, maxTokens, &v)
+		*reserved, deny = c.reserve(ctx, a, &d, maxTokens, v)
 		now = c.now()
 		v.Timings.RateLimit, mark = now.Sub(mark), now
 		if deny {
-			if c.Shadow {
-				return c.shadow(v)
-			}
-			return v
+			return
 		}
-	}
-	if reserved != nil {
-		// Whatever fails from here on, a panic included, the request never
-		// reaches a pool: its reservation goes back whole.
-		defer func() {
-			if p := recover(); p != nil {
-				c.release(ctx, a.RequestID, *reserved)
-				c.consume(ctx, v.Reservation)
-				panic(p)
-			}
-		}()
 	}
 
 	// External checks (moderation): their own time, their own failures.
-	for _, name := range d.Checks {
+	if len(d.Checks) > 0 {
+		c.runChecks(ctx, a, d.Checks, v)
+		v.Timings.Checks = c.now().Sub(mark)
+	}
+}
+
+// policyDecision is what the policy says of a, a failure to evaluate it
+// a denial. With no policy: inference, and the model listing (the gate
+// answers it when it knows the models, configured or the pools', each
+// listed as Permits says; else it goes on to the route like a completion).
+func (c *Controller) policyDecision(ctx context.Context, a *request.Admission, p *identity.Principal) policy.Decision {
+	if c.Policy == nil {
+		listing := a.Method == http.MethodGet && a.Path == "/v1/models"
+		d := policy.Decision{Allow: a.Completion || listing, Reason: "no_policy"}
+		if !d.Allow {
+			d.Status, d.Reason = http.StatusNotFound, "unknown_url"
+		}
+		return d
+	}
+	d, err := c.Policy.Decide(ctx, c.input(a, p))
+	if err != nil {
+		c.Log.Error("policy evaluation failed; denying", "request_id", a.RequestID, "err", err)
+		c.Metrics.policyError(ctx)
+		return policy.Decision{Allow: false, Status: http.StatusInternalServerError, Reason: "policy_error"}
+	}
+	return d
+}
+
+// runChecks runs the external checks the policy named, in order, until
+// one denies (or is not configured: denied, failing closed).
+func (c *Controller) runChecks(ctx context.Context, a *request.Admission, names []string, v *request.Verdict) {
+	for _, name := range names {
 		ch, ok := c.Checks[name]
 		if !ok {
 			c.Log.Error("policy requires an unconfigured check; denying", "check", name)
 			v.Deny = openai.NewError(http.StatusInternalServerError, openai.TypeServer, "check_unconfigured", "",
 				"the gateway's policy requires a check that is not configured")
 			v.Reason = "check_unconfigured:" + name
-			break
+			return
 		}
 		if e := ch.Run(ctx, a.Body); e != nil {
 			v.Deny, v.Reason = e, "check:"+name
-			break
+			return
 		}
 	}
-	if len(d.Checks) > 0 {
-		v.Timings.Checks = c.now().Sub(mark)
-	}
-	if v.Deny == nil {
+}
+
+// conclude is Decide's one exit after authentication: an admitted request
+// is counted; a denied one is, in shadow mode, recorded and let through
+// with its reservation (the meter settles it like any other), else
+// refused with its reservation given back whole (a release, not a
+// settlement, which would keep the request counted).
+func (c *Controller) conclude(ctx context.Context, a *request.Admission, p identity.Principal, v request.Verdict,
+	reserved *ratelimit.Reservation) request.Verdict {
+	switch {
+	case v.Deny == nil:
 		c.Metrics.track(p.Tenant, 1, 0)
 		return v
-	}
-	if c.Shadow {
-		// Not enforced: the request goes on to a pool with its
-		// reservation, which the meter settles like any other.
+	case c.Shadow:
 		return c.shadow(v)
 	}
 	if reserved != nil {
-		// Denied after the reservation (a check rejected the request or
-		// is down with onError: deny): nothing will be spent, give it all
-		// back. Not a settlement, which would keep the request counted
-		// and, incomplete, the tokens too.
 		c.release(ctx, a.RequestID, *reserved)
 		c.consume(ctx, v.Reservation)
 		v.Reservation = ""
