@@ -22,13 +22,13 @@ const ModelsPath = "/v1/models"
 // know when a model was made, and a fixed value keeps answers stable.
 const modelsCreated = 1735689600 // 2025-01-01T00:00:00Z
 
-// ModelPolicy is a request.Policy that can also tell, without reserving
+// ModelPolicy is a request.Admitter that can also tell, without reserving
 // budgets or running checks, whether it would admit a request. The gate
 // asks it, per model, which models a caller of GET /v1/models may call. A
-// Policy without it admits every well-formed inference request, so it is
+// policy without it admits every well-formed inference request, so it is
 // listed every model.
 type ModelPolicy interface {
-	request.Policy
+	request.Admitter
 	Permits(ctx context.Context, a *request.Admission) bool
 }
 
@@ -70,7 +70,7 @@ func (c Catalog) models() []string {
 }
 
 // List is the body of the listing: the models the caller of adm may call.
-func (c Catalog) List(ctx context.Context, p request.Policy, adm *request.Admission) []byte {
+func (c Catalog) List(ctx context.Context, p request.Admitter, adm *request.Admission) []byte {
 	list := openai.ModelList{Object: "list", Data: []openai.Model{}}
 	for _, m := range c.models() {
 		if c.mayCall(ctx, p, adm, m) {
@@ -83,7 +83,7 @@ func (c Catalog) List(ctx context.Context, p request.Policy, adm *request.Admiss
 
 // One is the body of one model's retrieval, or false when the caller of
 // adm is not listed it (or it is not in the catalog): answered 404.
-func (c Catalog) One(ctx context.Context, p request.Policy, adm *request.Admission, id string) ([]byte, bool) {
+func (c Catalog) One(ctx context.Context, p request.Admitter, adm *request.Admission, id string) ([]byte, bool) {
 	if !slices.Contains(c.models(), id) || !c.mayCall(ctx, p, adm, id) {
 		return nil, false
 	}
@@ -95,7 +95,7 @@ func (c Catalog) One(ctx context.Context, p request.Policy, adm *request.Admissi
 // gate's inference APIs (a tier may allow embeddings only): each is asked
 // of the policy as a request to that model, which its memo makes cheap
 // after the first listing. The caller checks the model is in the catalog.
-func (c Catalog) mayCall(ctx context.Context, p request.Policy, adm *request.Admission, model string) bool {
+func (c Catalog) mayCall(ctx context.Context, p request.Admitter, adm *request.Admission, model string) bool {
 	mp, ok := p.(ModelPolicy)
 	if !ok {
 		return true

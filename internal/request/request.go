@@ -151,22 +151,34 @@ const (
 	EndComplete
 )
 
-// Policy decides whether a request may reach an upstream, and settles what
-// it reserved. It is the seam for authentication, Rego and rate limits.
-// Implementations must be safe for concurrent use and fail closed.
+// Policy decides whether a request may reach an upstream (Admitter), and
+// settles what it reserved (Ledger). It is the seam for authentication,
+// Rego and rate limits. Implementations must be safe for concurrent use
+// and fail closed.
+type Policy interface {
+	Admitter
+	Ledger
+}
+
+// Admitter is the gate's half of a Policy.
 //
 // The gate asks Identify first, as soon as it has the request headers and
 // Envoy's metadata, before it waits for the body or parses it: a carries no
 // body (Request, Body and PromptTokens are zero). A Verdict with Deny set
 // refuses the request there (its Principal, Tenant, Reason and
 // Timings.Auth go in the stamp); any other Verdict is not an admission:
-// the gate goes on to Decide, which identifies the caller again, so a
-// Policy that cannot tell before the body returns the zero Verdict.
+// the gate goes on to Decide, which identifies the caller again, so an
+// Admitter that cannot tell before the body returns the zero Verdict.
 // Authentication thus comes before every check of the request itself: a
 // caller without a valid credential learns nothing about its body.
-type Policy interface {
+type Admitter interface {
 	Identify(ctx context.Context, a *Admission) Verdict
 	Decide(ctx context.Context, a *Admission) Verdict
+}
+
+// Ledger is the meter's half of a Policy: what a reservation becomes once
+// the response is over.
+type Ledger interface {
 	// Settle charges what a response proved it used (see Settlement).
 	Settle(ctx context.Context, s *Settlement)
 	// Release gives back whole the reservation of a request the gate
