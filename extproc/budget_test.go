@@ -126,7 +126,7 @@ func TestMeterSettlesRetriedRequestOnce(t *testing.T) {
 	resp := respHeaders("text/event-stream")
 	attrs := resp.Attributes[attributesKey].Fields
 	attrs["xds.cluster_name"] = structpb.NewStringValue("infergate-fallback/llama/pool-a")
-	attrs["xds.cluster_metadata"] = structpb.NewStringValue(aggregateMetadata)
+	attrs[request.PoolOrderAttribute] = structpb.NewStringValue(`["pool-a","pool-b"]`)
 	attrs["upstream.request_attempt_count"] = structpb.NewNumberValue(2)
 	now := time.Now()
 	for _, msg := range []*extprocv3.ProcessingRequest{hdrs, resp, respBody(roleChunk+contentChunk, false)} {

@@ -39,20 +39,3 @@ func localityRegion(text string) string {
 	}
 	return l.GetRegion()
 }
-
-// clusterMetadataPools reads the pools of an aggregate from its cluster
-// metadata in text form (xds.cluster_metadata, an older config's): the
-// meter's PoolOrders.Legacy.
-func clusterMetadataPools(text string) []string {
-	var md corev3.Metadata
-	if prototext.Unmarshal([]byte(text), &md) != nil {
-		return nil
-	}
-	var order []string
-	for _, v := range md.GetFilterMetadata()[request.MetadataNamespace].GetFields()[request.PoolsKey].GetListValue().GetValues() {
-		if s := v.GetStringValue(); s != "" {
-			order = append(order, s)
-		}
-	}
-	return order
-}

@@ -140,11 +140,7 @@ func (m *meterRequest) observe(msg *extprocv3.ProcessingRequest, at time.Time) b
 		m.Origin = meter.OriginOf(details)
 		m.Stamp.Attempts = meter.ClampInt(attrFloat(attrs, "upstream.request_attempt_count"), 0, meter.MaxAttempts)
 		m.Unsent = meter.UnsentBy(details, m.Stamp.Attempts, m.Stamp.Upstream)
-		order := attrString(attrs, request.PoolOrderAttribute)
-		if order == "" {
-			order = attrString(attrs, "xds.cluster_metadata") // an older config's whole cluster metadata
-		}
-		m.Served(m.orders.ServingPools(clusterOf(attrs, h), order, m.Stamp.Attempts))
+		m.Served(m.orders.ServingPools(clusterOf(attrs, h), attrString(attrs, request.PoolOrderAttribute), m.Stamp.Attempts))
 		m.Tally.SSE = strings.HasPrefix(header(hm, "content-type"), "text/event-stream")
 		if r.ResponseHeaders.GetEndOfStream() {
 			return true

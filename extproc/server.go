@@ -169,7 +169,7 @@ func New(opts Options) (*Server, error) {
 	opts.MaxWaitingBodiesPerPrincipal = cmp.Or(opts.MaxWaitingBodiesPerPrincipal, DefaultMaxWaitingBodiesPerPrincipal)
 	opts.BodyTimeout = cmp.Or(opts.BodyTimeout, DefaultBodyTimeout)
 	s := &Server{opts: opts, log: opts.Logger, policy: opts.Policy, sinks: opts.Sinks, tracer: opts.Tracer,
-		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer, stalls: meter.NewStallWatch(), orders: meter.PoolOrders{Legacy: clusterMetadataPools},
+		pool: opts.PoolName, now: opts.Now, sealer: opts.Sealer, stalls: meter.NewStallWatch(),
 		peers:   peerStreams{max: opts.MaxGateStreamsPerPeer, open: map[netip.Addr]int{}},
 		waiting: waitingBodies{max: opts.MaxWaitingBodiesPerPrincipal, held: map[waiter]int{}}}
 	if s.log == nil {

@@ -14,17 +14,11 @@ import (
 // order attempts try them: attempt k goes to the k-th pool (wrapping when
 // retries outnumber pools). The meter asks Envoy for that one field
 // (request.PoolOrderAttribute: a JSON array in a string, as CEL cannot pass
-// a list); an older config asks for the whole cluster metadata
-// (xds.cluster_metadata), which Envoy hands over as the text form of the
-// Metadata proto, read by the adapter (PoolOrders.Legacy).
+// a list).
 
 // PoolOrders caches parsed pool orders by their text: a handful of
 // aggregates repeat on every request. Each adapter's server has its own.
 type PoolOrders struct {
-	// Legacy reads an order from a text that is not a JSON array (an
-	// older config's cluster metadata); nil reads none.
-	Legacy func(text string) []string
-
 	mu sync.Mutex
 	m  map[string][]string
 }
@@ -37,8 +31,8 @@ const (
 	maxPoolOrderText = 16 << 10
 )
 
-// order returns the pools listed in a pool order (a JSON array of strings)
-// or in a text Legacy reads, or nil.
+// order returns the pools listed in a pool order (a JSON array of
+// strings), or nil.
 func (c *PoolOrders) order(text string) []string {
 	if text == "" || text == "NULL" || len(text) > maxPoolOrderText {
 		return nil
@@ -49,17 +43,13 @@ func (c *PoolOrders) order(text string) []string {
 		return order
 	}
 	var order []string
-	if text[0] == '[' {
-		if gjson.Valid(text) {
-			gjson.Parse(text).ForEach(func(_, v gjson.Result) bool {
-				if v.Type == gjson.String && v.Str != "" {
-					order = append(order, v.Str)
-				}
-				return true
-			})
-		}
-	} else if c.Legacy != nil {
-		order = c.Legacy(text)
+	if text[0] == '[' && gjson.Valid(text) {
+		gjson.Parse(text).ForEach(func(_, v gjson.Result) bool {
+			if v.Type == gjson.String && v.Str != "" {
+				order = append(order, v.Str)
+			}
+			return true
+		})
 	}
 	if c.m == nil || len(c.m) >= maxPoolOrders {
 		c.m = make(map[string][]string)
