@@ -750,19 +750,28 @@ func TestUsageLedger(t *testing.T) {
 		t.Fatalf("after a whole stream: %+v, want %+v", got, want)
 	}
 
-	// A client that leaves after three content events.
+	// A client that leaves after three content events, in lock step: the
+	// mock writes no event the client has not asked for by acknowledging
+	// the one before, so what it bills cannot run ahead of the client,
+	// however slow the machine.
+	gate := s.Lockstep("ledger-leaver")
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+"/v1/chat/completions",
 		strings.NewReader(strings.Replace(body, "STREAM", "true", 1)))
+	req.Header.Set("x-mock-lockstep", "ledger-leaver")
 	resp, err := ts.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := bufio.NewReader(resp.Body)
-	for content := 0; content < 3; {
+	for content, events := 0, 0; content < 3; {
 		line, err := r.ReadString('\n')
 		if err != nil {
 			t.Fatal(err)
+		}
+		if line == "\n" {
+			gate.Ack(events)
+			events++
 		}
 		if strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
 			content++
