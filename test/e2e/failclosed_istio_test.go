@@ -717,7 +717,7 @@ func istioExtProcConfig(t *testing.T, filter map[string]any) map[string]any {
 // underscore rule, and nothing on what the patches' matches exclude.
 func istioCheckPatched(t *testing.T, proxy istioProxy, bootstrap map[string]any) {
 	t.Helper()
-	const patched = "envoy.filters.http.grpc_stats,envoy.filters.http.fault,envoy.filters.http.cors,infergate.gate,infergate.meter,envoy.filters.http.router"
+	const patched = "envoy.filters.http.grpc_stats,envoy.filters.http.fault,envoy.filters.http.cors,infergate.gate,infergate.usage,infergate.meter,envoy.filters.http.router"
 	const untouched = "envoy.filters.http.grpc_stats,envoy.filters.http.fault,envoy.filters.http.cors,envoy.filters.http.router"
 	type want struct {
 		listener string
