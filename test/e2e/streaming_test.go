@@ -33,7 +33,7 @@ func stampsMatchCadence(t *testing.T, s *stack, timedInEnvoy bool) {
 				if len(seqs) != 16 {
 					t.Fatalf("%d content events, want 16", len(seqs))
 				}
-				checkBrackets(t, s.Gateway, r, seqs, timedInEnvoy)
+				checkBrackets(t, s.Gateway.AdminURL, r, seqs, timedInEnvoy)
 				if st.ContentEvents != 16 || st.CompletionTokens != 16 {
 					t.Errorf("stamp counted %d events / %d tokens, want 16", st.ContentEvents, st.CompletionTokens)
 				}

@@ -103,7 +103,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 	if len(seqs) != tokens {
 		t.Fatalf("got %d content events, want %d", len(seqs), tokens)
 	}
-	checkBrackets(t, s.Gateway, got, seqs, true)
+	checkBrackets(t, s.Gateway.AdminURL, got, seqs, true)
 
 	st := s.Gateway.stamp(t, got.RequestID)
 	t.Logf("stamp %+v", st)
