@@ -85,13 +85,3 @@ func TestModule(t *testing.T) {
 		}
 	})
 }
-
-// firstContent is the index of the first content event of a chat stream.
-func firstContent(r lockstepResult) int {
-	for i, e := range r.Events {
-		if isChatContent(e) {
-			return i
-		}
-	}
-	return 0
-}
