@@ -179,7 +179,7 @@ func TestEnvoyGatewayStandalone(t *testing.T) {
 		t.Errorf("%d content events, want 8", len(seqs))
 	}
 	st := s.Gateway.stamp(t, "eg-stream-1")
-	checkBrackets(t, s.Gateway, r, seqs, false)
+	checkBrackets(t, s.Gateway.AdminURL, r, seqs, false)
 	if st.Pool != "pool-a" || st.CompletionTokens != 8 || st.TokenSource != "usage" || st.Decision != "allow" || st.Principal == "" || !st.Complete {
 		t.Errorf("stamp %+v", st)
 	}

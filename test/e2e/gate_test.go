@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 )
 
 type openAIError struct {
@@ -119,30 +118,6 @@ func TestSpoofedRoutingHeaderHasNoEffect(t *testing.T) {
 	}
 	if got := fwd.Get("x-infergate-tenant"); got != "" {
 		t.Errorf("client's x-infergate-tenant reached the upstream: %q", got)
-	}
-}
-
-// With infergate down the gate fails closed: a prompt 503 in OpenAI's
-// format, and nothing reaches an upstream.
-func TestGateFailsClosed(t *testing.T) {
-	s := startStack(t)
-	s.Gateway.Stop(t)
-	start := time.Now()
-	resp, e := post(t, s.Envoy.URL+"/v1/chat/completions", "application/json", chatBody("pool-a", 3, true, ""), nil)
-	elapsed := time.Since(start)
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("status %d, want 503", resp.StatusCode)
-	}
-	if e.Error.Type != "gateway_error" || e.Error.Code != "gate_unavailable" || e.Error.Message == "" {
-		t.Errorf("error = %+v", e.Error)
-	}
-	// A hang detector, not a latency bound: the gate's address refuses
-	// connections, so Envoy answers at once; 10 s is a wait for nothing.
-	if elapsed > 10*time.Second {
-		t.Errorf("took %v to fail: it hung", elapsed)
-	}
-	if n := s.served(); n != 0 {
-		t.Fatalf("upstreams served %d requests with the gate down", n)
 	}
 }
 

@@ -55,15 +55,24 @@ type gateway struct {
 	XDSAddr     string // virtual-model routes, when the config has virtual models
 	AdminURL    string
 	requests    *testutil.Buffer
+	*stampLog   // requests, parsed
 	stop        context.CancelFunc
 	done        chan error
 	conns       *connTracker
-	index       struct { // the request log parsed so far, by request id
+}
+
+// stampLog reads stamps from a request log: infergate serve's, or Envoy's
+// standard output, where the module writes its own.
+type stampLog struct {
+	log   *testutil.Buffer
+	index struct { // the request log parsed so far, by request id
 		sync.Mutex
 		parsed int
 		byID   map[string]Stamp
 	}
 }
+
+func newStampLog(log *testutil.Buffer) *stampLog { return &stampLog{log: log} }
 
 // budgetClocks holds, by test, the budget clock of the infergates the
 // test starts (inOneWindow); a test without one uses time.Now.
@@ -115,7 +124,7 @@ func startInfergate(t *testing.T, yamlConfig string) *gateway {
 	tracker := &connTracker{Listener: ep}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &gateway{ExtProcAddr: ep.Addr().String(), AdminURL: "http://" + ad.Addr().String(),
-		requests: requests, stop: cancel, done: make(chan error, 1), conns: tracker}
+		requests: requests, stampLog: newStampLog(requests), stop: cancel, done: make(chan error, 1), conns: tracker}
 	xl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -208,9 +217,10 @@ func timedStream(sts ...Stamp) int {
 }
 
 // stamps returns every request-log line so far.
-func (g *gateway) stamps() []Stamp {
+func (l *stampLog) stamps() []Stamp {
 	var out []Stamp
-	sc := bufio.NewScanner(strings.NewReader(g.requests.String()))
+	sc := bufio.NewScanner(strings.NewReader(l.log.String()))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		var s Stamp
 		if json.Unmarshal(sc.Bytes(), &s) == nil && s.RequestID != "" {
@@ -221,35 +231,36 @@ func (g *gateway) stamps() []Stamp {
 }
 
 // stamp waits for the request log line of one request. Lines are parsed
-// once, as they arrive: tests look up hundreds of requests.
-func (g *gateway) stamp(t *testing.T, requestID string) Stamp {
+// once, as they arrive: tests look up hundreds of requests. A stamp is
+// written once its request is settled, by either adapter.
+func (l *stampLog) stamp(t *testing.T, requestID string) Stamp {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		g.index.Lock()
-		log := g.requests.String()
+		l.index.Lock()
+		log := l.log.String()
 		for {
-			end := strings.IndexByte(log[g.index.parsed:], '\n')
+			end := strings.IndexByte(log[l.index.parsed:], '\n')
 			if end < 0 {
 				break
 			}
 			var s Stamp
-			if json.Unmarshal([]byte(log[g.index.parsed:g.index.parsed+end]), &s) == nil && s.RequestID != "" {
-				if g.index.byID == nil {
-					g.index.byID = map[string]Stamp{}
+			if json.Unmarshal([]byte(log[l.index.parsed:l.index.parsed+end]), &s) == nil && s.RequestID != "" {
+				if l.index.byID == nil {
+					l.index.byID = map[string]Stamp{}
 				}
-				g.index.byID[s.RequestID] = s
+				l.index.byID[s.RequestID] = s
 			}
-			g.index.parsed += end + 1
+			l.index.parsed += end + 1
 		}
-		s, ok := g.index.byID[requestID]
-		g.index.Unlock()
+		s, ok := l.index.byID[requestID]
+		l.index.Unlock()
 		if ok {
 			return s
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("no stamp for request %s in:\n%s", requestID, g.requests.String())
+	t.Fatalf("no stamp for request %s in:\n%s", requestID, l.log.String())
 	return Stamp{}
 }
 
@@ -322,13 +333,28 @@ func waitHTTP(t *testing.T, url string) {
 	testutil.Eventually(t, 15*time.Second, func() bool { return ready() == nil }, url+" to answer 200")
 }
 
-// stack is Envoy + infergate + two mock pools, the demo topology.
+// stack is Envoy + infergate + two mock pools, the demo topology, on
+// either adapter (startAdapterStack): ext_proc (infergate serve beside
+// Envoy) or the dynamic module (in Envoy's process).
 type stack struct {
+	Adapter  adapter
 	Envoy    *envoytest.Envoy
-	Gateway  *gateway   // the first replica
+	Gateway  *gateway   // the first replica; nil on the module
 	Replicas []*gateway // all of them
 	PoolA    *pool
-	PoolB    *pool
+	PoolB    *pool     // on the module, PoolA: envoy/snippet-module.yaml has one upstream
+	Stamps   *stampLog // the request log, whichever process writes it
+	AdminURL string    // infergate's /metrics and /debug pages; "" where the adapter serves none yet
+	// TimedInEnvoy: the meter times bytes in Envoy as they pass, before
+	// Envoy forwards them (the module, the Wasm meter): checkBrackets'
+	// upper bound is sound.
+	TimedInEnvoy bool
+}
+
+// stamp waits for one request's stamp, from either adapter's request log.
+func (s *stack) stamp(t *testing.T, requestID string) Stamp {
+	t.Helper()
+	return s.Stamps.stamp(t, requestID)
 }
 
 const testConfig = `
@@ -374,7 +400,8 @@ func startStackFor(t *testing.T, bootstrap string, config func(*stack) string, r
 		s.Replicas = append(s.Replicas, g)
 		addrs = append(addrs, g.ExtProcAddr)
 	}
-	s.Gateway = s.Replicas[0]
+	s.Adapter, s.Gateway = extProc, s.Replicas[0]
+	s.Stamps, s.AdminURL = s.Gateway.stampLog, s.Gateway.AdminURL
 	if bootstrap != "" {
 		s.Envoy = startEnvoy(t, bootstrap, addrs, s.Replicas[0].XDSAddr, s.PoolA.Addr, s.PoolB.Addr)
 	}

@@ -197,11 +197,13 @@ type stampRecord struct {
 	GapsMs       []float64 `json:"gaps_ms"`
 }
 
-func (g *gateway) record(t *testing.T, requestID string) stampRecord {
+// recordAt reads a request's stamp from the /debug/requests of the admin
+// server at adminURL (infergate serve's, or the module's).
+func recordAt(t *testing.T, adminURL, requestID string) stampRecord {
 	t.Helper()
 	var rec stampRecord
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		resp, err := http.Get(g.AdminURL + "/debug/requests/" + requestID + "?format=json")
+		resp, err := http.Get(adminURL + "/debug/requests/" + requestID + "?format=json")
 		if err != nil {
 			return false
 		}
@@ -241,9 +243,9 @@ func msDur(ms float64) time.Duration { return time.Duration(math.Round(ms*1e3)) 
 // The stamp's durations are published floored to the microsecond, so F_k
 // is known within [F'_k, F'_k + (k+3) µs): each check refutes only what
 // that interval excludes.
-func checkBrackets(t *testing.T, g *gateway, r lockstepResult, seqs []int, timedInEnvoy bool) {
+func checkBrackets(t *testing.T, adminURL string, r lockstepResult, seqs []int, timedInEnvoy bool) {
 	t.Helper()
-	rec := g.record(t, r.RequestID)
+	rec := recordAt(t, adminURL, r.RequestID)
 	if len(rec.GapsMs) != len(seqs)-1 {
 		t.Fatalf("the stamp has %d gaps for %d content events", len(rec.GapsMs), len(seqs))
 	}

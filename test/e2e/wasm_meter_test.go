@@ -59,6 +59,7 @@ func startWasmStack(t *testing.T, config string) *stack {
 		"EXTPROC_PORT": port(t, s.Gateway.ExtProcAddr), "POOL_A_PORT": port(t, s.PoolA.Addr), "POOL_B_PORT": port(t, s.PoolB.Addr),
 		"JWKS_FILE": testIssuer(t).jwksPath, "OTLP_PORT": otlpPort(t), "WASM_FILE": wasm,
 	}))
+	s.TimedInEnvoy = true
 	return s
 }
 
@@ -102,7 +103,7 @@ func TestWasmMeterStreamsByteExact(t *testing.T) {
 	if len(seqs) != tokens {
 		t.Fatalf("got %d content events, want %d", len(seqs), tokens)
 	}
-	checkBrackets(t, s.Gateway, got, seqs, true)
+	checkBrackets(t, s.Gateway.AdminURL, got, seqs, true)
 
 	st := s.Gateway.stamp(t, got.RequestID)
 	t.Logf("stamp %+v", st)
@@ -252,7 +253,7 @@ func TestWasmMeterPerAPI(t *testing.T) {
 			got, before, ledger := a.throughGateway(t, s, tokens, hdr)
 			st := s.Gateway.stamp(t, got.RequestID)
 			t.Logf("stamp %+v", st)
-			a.checkStamp(t, s.Gateway, st, got, tokens, before, ledger, true)
+			a.checkStamp(t, s, st, got, tokens, before, ledger, ttft*time.Millisecond)
 		})
 	}
 }
