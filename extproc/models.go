@@ -63,8 +63,7 @@ func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admiss
 	decision := cmp.Or(v.Decision, "allow")
 	st := gate.Answered(gate.Answer{RequestID: g.headers["x-request-id"], Model: id, Status: http.StatusOK,
 		Decision: decision, Started: g.started, Took: time.Since(g.started)}, v)
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(decision, "allowed"))
-	s.metrics.GateSeconds.Record(ctx, st.Gateway.Gate.Seconds())
+	s.meters.Decided(ctx, decision, "allowed", st.Gateway.Gate)
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}
