@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/infergate/infergate/bench/mock"
+	"github.com/infergate/infergate/internal/spend"
 	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
@@ -28,6 +29,7 @@ import (
 type moduleStack struct {
 	Envoy    *envoytest.Envoy
 	Pool     *pool
+	AdminURL string           // the module's admin port (admin.listen), served from Envoy's process
 	requests *testutil.Buffer // Envoy's stdout: the module's request log
 }
 
@@ -67,16 +69,22 @@ func startModuleStack(t *testing.T) *moduleStack {
 		t.Fatal(err)
 	}
 	cfgPath := filepath.Join(dir, "infergate.yaml")
+	adminAddr := "127.0.0.1:" + freePort(t)
 	cfg := fmt.Sprintf("auth: {keys: %s}\npolicy: {dir: %s}\ngate: {maxBodyBytes: 65536}\nlog: {level: debug}\n"+
-		"ratelimit: {backend: embedded, embedded: {path: %s}}\n", writeKeys(t), policies, filepath.Join(dir, "ledger.db"))
+		"ratelimit: {backend: embedded, embedded: {path: %s}}\nadmin: {listen: %q, debug: {enabled: true}}\n"+
+		"models: [pool-a, pool-b]\nprices: {currency: USD, models: {pool-a: {input: 0.15, output: 0.60}}}\n",
+		writeKeys(t), policies, filepath.Join(dir, "ledger.db"), adminAddr)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s := &moduleStack{Pool: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}), requests: &testutil.Buffer{}}
+	s := &moduleStack{Pool: startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond}), requests: &testutil.Buffer{},
+		AdminURL: "http://" + adminAddr}
 	rendered := renderEnvoy(t, "envoy/snippet-module.yaml", map[string]string{
 		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "POOL_A_PORT": port(t, s.Pool.Addr), "INFERGATE_CONFIG": cfgPath,
 	})
 	s.Envoy = envoytest.StartWithEnv(t, []string{"GODEBUG=cgocheck=0", "ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + dir}, s.requests, rendered)
+	testutil.Eventually(t, 10*time.Second, func() bool { return testutil.HTTPReady(s.AdminURL+"/readyz")() == nil },
+		"the module's admin port")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("module request log:\n%s", s.requests.String())
@@ -90,19 +98,30 @@ func startModuleStack(t *testing.T) *moduleStack {
 func (s *moduleStack) stamp(t *testing.T, requestID string) Stamp {
 	t.Helper()
 	var st Stamp
+	if err := json.Unmarshal(s.stampLine(t, requestID), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// stampLine waits for the module's stamp of a request and returns its
+// request-log line as written.
+func (s *moduleStack) stampLine(t *testing.T, requestID string) []byte {
+	t.Helper()
+	var line []byte
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		sc := bufio.NewScanner(strings.NewReader(s.requests.String()))
 		sc.Buffer(make([]byte, 1<<20), 1<<20)
 		for sc.Scan() {
 			var x Stamp
 			if json.Unmarshal(sc.Bytes(), &x) == nil && x.RequestID == requestID {
-				st = x
+				line = bytes.Clone(sc.Bytes())
 				return true
 			}
 		}
 		return false
 	}, "the module's stamp of "+requestID)
-	return st
+	return line
 }
 
 func (s *moduleStack) post(t *testing.T, body string, hdr map[string]string) (*http.Response, []byte) {
@@ -265,6 +284,73 @@ func TestModule(t *testing.T) {
 			t.Errorf("Envoy not ready after the panics: %v", ready())
 		}
 	})
+
+	// The module's stamps reach serve's sinks, on the admin port its
+	// process serves: the request's metric series, its line on
+	// /debug/requests, its charge on /debug/spend.
+	t.Run("admin", func(t *testing.T) {
+		resp, body := s.post(t, chatBody("pool-a", 6, false, ""), acme)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%d %s", resp.StatusCode, body)
+		}
+		id := resp.Header.Get("x-request-id")
+		var st spendLine // settled, then recorded by every sink
+		if err := json.Unmarshal(s.stampLine(t, id), &st); err != nil || st.Cost == "" || st.TokenSource != "usage" {
+			t.Fatalf("stamp %+v (%v): want the pool's usage, priced", st, err)
+		}
+		metrics := get(t, s.AdminURL+"/metrics")
+		for _, series := range [][]string{
+			{"gen_ai_client_token_usage", `gen_ai_request_model="pool-a"`, `gen_ai_token_type="output"`, `gen_ai_operation_name="chat"`},
+			{"gen_ai_server_request_duration", `gen_ai_request_model="pool-a"`, `infergate_pool="pool"`},
+			{"infergate_gate_decisions_total", `code="allowed"`, `decision="allow"`},
+			{"infergate_gate_decisions_total", `code="invalid_api_key"`, `decision="deny"`}, // "no key"
+			{"infergate_cost_total", `gen_ai_request_model="pool-a"`, `infergate_tenant="acme"`},
+		} {
+			if !hasSeries(metrics, series[0], series[1:]...) {
+				t.Errorf("/metrics has no series %s with %v", series[0], series[1:])
+			}
+		}
+		if recent := get(t, s.AdminURL+"/debug/requests?format=json"); !strings.Contains(recent, id) {
+			t.Errorf("/debug/requests does not list %s", id)
+		}
+		rep := spendReport(t, s.AdminURL+"/debug/spend?format=json&since=2h&by=tenant,model")
+		var acmeA spend.Amount
+		for _, r := range rep.Rows {
+			if r.Tenant == "acme" && r.Model == "pool-a" {
+				acmeA = r.Window
+			}
+		}
+		// Every acme request on pool-a was settled on the pool's usage and
+		// priced: the stamp's is one of them.
+		if acmeA.Requests == 0 || acmeA.OutputTokens < int64(st.CompletionTokens) || acmeA.Cost < pico(t, st.Cost.String()) {
+			t.Errorf("/debug/spend acme/pool-a = %+v; want at least the stamp's %d output tokens, cost %s", acmeA, st.CompletionTokens, st.Cost)
+		}
+		if h := get(t, s.AdminURL+"/healthz"); !strings.HasPrefix(h, "ok") {
+			t.Errorf("/healthz: %q", h)
+		}
+	})
+}
+
+// hasSeries reports whether Prometheus text metrics hold a sample of the
+// metric named name (or its _bucket, _count, _sum) with every label of labels.
+func hasSeries(metrics, name string, labels ...string) bool {
+	for _, line := range strings.Split(metrics, "\n") {
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || !strings.Contains(rest, "{") {
+			continue
+		}
+		if suffix, _, _ := strings.Cut(rest, "{"); suffix != "" && suffix != "_bucket" && suffix != "_count" && suffix != "_sum" && suffix != "_total" {
+			continue
+		}
+		all := true
+		for _, l := range labels {
+			all = all && strings.Contains(line, l)
+		}
+		if all {
+			return true
+		}
+	}
+	return false
 }
 
 // firstContent is the index of the first content event of a chat stream.
