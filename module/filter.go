@@ -1,6 +1,7 @@
 package module
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -67,6 +68,9 @@ type decision struct {
 	v        request.Verdict
 	plan     gate.Plan
 	fail     *openai.Error // the decision itself failed (a panic): answered as it is
+	// listed is the gate's own answer to GET /v1/models (Catalog), nil
+	// for any other request.
+	listed *gate.Listed
 }
 
 // OnRequestHeaders reads the headers, refuses an unauthenticated caller at
@@ -143,6 +147,7 @@ func (f *filter) decide() {
 		f.deny(adm.Request.Model, request.Verdict{Deny: verr, Reason: verr.Code})
 		return
 	}
+	id, one, listing := f.opts.Catalog.Request(adm.Method, adm.Path)
 	sched := f.h.GetScheduler() // created here, on the worker thread
 	go func() {
 		d := &decision{adm: adm}
@@ -160,6 +165,12 @@ func (f *filter) decide() {
 		ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 		defer cancel()
 		d.policyAt = time.Now()
+		if listing {
+			l := f.opts.Catalog.Answer(ctx, f.opts.Policy, adm, id, one, settleTimeout)
+			d.listed, d.v = &l, l.V
+			d.v.Reservation = "" // settled by Answer: nothing to give back
+			return
+		}
 		d.v = f.opts.Policy.Decide(ctx, adm)
 		hook(f.headers, "decide")
 		d.plan = gate.PlanOf(f.opts.Rules, adm, removed, d.v)
@@ -198,6 +209,9 @@ func (f *filter) apply() {
 	}
 	p := &d.plan
 	switch {
+	case d.fail == nil && d.listed != nil:
+		f.list(d)
+		return
 	case d.fail != nil:
 		f.deny(d.adm.Request.Model, request.Verdict{Deny: d.fail, Reason: d.fail.Code})
 		return
@@ -263,6 +277,33 @@ func (f *filter) denyAt(model string, v request.Verdict, policyAt time.Time) {
 		slog.String("code", v.Deny.Code), slog.String("message", request.Truncate(v.Deny.Message, request.MaxStampReason)))
 	f.record(&st)
 	f.localReply(v.Deny, v.Headers)
+}
+
+// list answers GET /v1/models from the catalog, as the ext_proc gate does:
+// a refusal as any other, else 200 with the models the caller may call.
+func (f *filter) list(d *decision) {
+	l := d.listed
+	if l.Refused {
+		f.denyAt(l.Model, l.V, d.policyAt)
+		return
+	}
+	f.answered = true
+	decision := cmp.Or(l.V.Decision, "allow")
+	st := gate.Answered(gate.Answer{RequestID: f.headers["x-request-id"], Model: l.Model, Status: http.StatusOK,
+		Decision: decision, Started: f.started, Took: time.Since(f.started)}, l.V)
+	ctx := context.Background()
+	f.opts.Meters.Decided(ctx, decision, "allowed", st.Gateway.Gate)
+	if sc := observe.GateSpan(ctx, f.opts.Tracer, f.started, d.policyAt, time.Now(), &st); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
+	}
+	f.record(&st)
+	hdrs := [][2]string{{"content-type", "application/json"}, {request.ErrorHeader, ""}}
+	for k, v := range l.V.Metadata {
+		if s, ok := v.(string); ok && strings.HasPrefix(k, "x-ratelimit-") {
+			hdrs = append(hdrs, [2]string{k, s})
+		}
+	}
+	f.h.SendLocalResponse(http.StatusOK, hdrs, l.Body, "infergate_models")
 }
 
 // localReply sends e as Envoy's local reply: OpenAI's error body, or

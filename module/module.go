@@ -37,6 +37,9 @@ const FilterName = "infergate"
 type Options struct {
 	Intake gate.Intake // what the gate parses, and its body limit
 	Rules  gate.Rules  // what PlanOf follows
+	// Catalog is what the gate lists on GET /v1/models itself (empty: the
+	// path is the policy's and the pools', like any other).
+	Catalog gate.Catalog
 	// Policy identifies, decides, settles and releases: the admission
 	// controller serve builds, from the same configuration file.
 	Policy request.Policy

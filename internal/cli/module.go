@@ -103,10 +103,17 @@ func newModule(cfg *config.Config, logger *slog.Logger) (*module.Options, error)
 	handler := admin{cfg: cfg.Admin, tracing: cfg.Tracing, metrics: metrics, adm: adm, recent: obs.recent,
 		health: adm.health, ready: func() bool { return true }}.handler()
 	go serveAdmin(ctx, cfg.Admin.Listen, handler, logger)
+	catalog := gate.Catalog{Models: cfg.Catalog(), CompletionPaths: cfg.Gate.Paths}
+	if pm := cfg.PoolModels; len(pm.Pools) > 0 {
+		models := newPoolModels(pm, logger)
+		go models.Run(ctx)
+		catalog.PoolModels = models.Models
+	}
 	return &module.Options{
 		Intake: gate.Intake{CompletionPaths: cfg.Gate.Paths, MaxBodyBytes: cfg.Gate.MaxBodyBytes},
 		Rules: gate.Rules{KeepUsageOption: !*cfg.Gate.InjectUsage, HonourUsageOptOut: cfg.Gate.HonourUsageOptOut,
 			ChatOutputLimit: cfg.Gate.ChatOutputLimit},
+		Catalog:        catalog,
 		Policy:         adm.controller,
 		Sinks:          obs.sinks,
 		Meters:         observe.NewMeters(inst, nil, nil, nil),

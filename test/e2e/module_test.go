@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -301,7 +302,7 @@ func TestModule(t *testing.T) {
 		metrics := get(t, s.AdminURL+"/metrics")
 		for _, series := range [][]string{
 			{"gen_ai_client_token_usage", `gen_ai_request_model="pool-a"`, `gen_ai_token_type="output"`, `gen_ai_operation_name="chat"`},
-			{"gen_ai_server_request_duration", `gen_ai_request_model="pool-a"`, `infergate_pool="pool"`},
+			{"gen_ai_server_request_duration_seconds", `gen_ai_request_model="pool-a"`, `infergate_pool="pool"`},
 			{"infergate_gate_decisions_total", `code="allowed"`, `decision="allow"`},
 			{"infergate_gate_decisions_total", `code="invalid_api_key"`, `decision="deny"`}, // "no key"
 			{"infergate_cost_total", `gen_ai_request_model="pool-a"`, `infergate_tenant="acme"`},
@@ -327,6 +328,54 @@ func TestModule(t *testing.T) {
 		}
 		if h := get(t, s.AdminURL+"/healthz"); !strings.HasPrefix(h, "ok") {
 			t.Errorf("/healthz: %q", h)
+		}
+	})
+
+	// GET /v1/models is the gate's own answer from the catalog (models:),
+	// decided as any request: no pool sees it, a caller without a key is
+	// refused.
+	t.Run("models", func(t *testing.T) {
+		before := s.Pool.Served()
+		list := func(hdr map[string]string) (*http.Response, []byte) {
+			req, err := http.NewRequest(http.MethodGet, s.Envoy.URL+"/v1/models", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range hdr {
+				req.Header.Set(k, v)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var b bytes.Buffer
+			b.ReadFrom(resp.Body)
+			return resp, b.Bytes()
+		}
+		resp, body := list(acme)
+		var got struct {
+			Object string
+			Data   []struct{ ID, Object string }
+		}
+		if resp.StatusCode != 200 || json.Unmarshal(body, &got) != nil || got.Object != "list" {
+			t.Fatalf("GET /v1/models: %d %s", resp.StatusCode, body)
+		}
+		var ids []string
+		for _, m := range got.Data {
+			ids = append(ids, m.ID)
+		}
+		if !slices.Contains(ids, "pool-a") {
+			t.Errorf("acme's listing %v lacks pool-a", ids)
+		}
+		if st := s.stamp(t, resp.Header.Get("x-request-id")); st.Status != 200 || st.Decision != "allow" || st.Tenant != "acme" {
+			t.Errorf("stamp of the listing = %+v", st)
+		}
+		if resp, body := list(nil); resp.StatusCode != 401 || errorCode(body) == "" {
+			t.Errorf("GET /v1/models without a key: %d %s", resp.StatusCode, body)
+		}
+		if s.Pool.Served() != before {
+			t.Error("a listing reached the pool")
 		}
 	})
 }
