@@ -90,11 +90,19 @@ func (c *ConfigFactory) Create(h shared.HttpFilterConfigHandle, config []byte) (
 	if err != nil {
 		return nil, err
 	}
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	return &Factory{opts: o}, nil
+}
+
+// defaults fills what Options left zero.
+func (o *Options) defaults() error {
 	o.Logger = cmp.Or(o.Logger, slog.Default())
 	if o.Meters == nil {
 		inst, err := observe.NewInstruments(metricnoop.NewMeterProvider().Meter(""), "USD")
 		if err != nil {
-			return nil, err
+			return err
 		}
 		o.Meters = observe.NewMeters(inst, nil, nil, nil)
 	}
@@ -104,7 +112,7 @@ func (c *ConfigFactory) Create(h shared.HttpFilterConfigHandle, config []byte) (
 	if o.Intake.MaxBodyBytes == 0 {
 		o.Intake.MaxBodyBytes = 1 << 20
 	}
-	return &Factory{opts: o}, nil
+	return nil
 }
 
 // Factory makes one filter per request.
