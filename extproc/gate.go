@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/gate"
+	"github.com/infergate/infergate/internal/observe"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
@@ -287,11 +288,10 @@ func (s *Server) answer(ctx context.Context, g *gateRequest, adm *request.Admiss
 		return s.failClosed(ctx, g, adm, v, p.Fail)
 	}
 	p.Stamp.Gateway.Gate = time.Since(g.started) - v.Timings.Checks // external checks are not the gateway's time
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(p.Stamp.Decision, p.Code))
-	s.metrics.GateSeconds.Record(ctx, p.Stamp.Gateway.Gate.Seconds())
+	s.meters.Decided(ctx, p.Stamp.Decision, p.Code, p.Stamp.Gateway.Gate)
 	traceparent := ""
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &p.Stamp); sc.IsValid() {
-		traceparent = formatTraceparent(sc)
+		traceparent = observe.Traceparent(sc)
 	}
 	md, err := s.envoyMetadata(ctx, p, traceparent)
 	if err != nil {
@@ -391,8 +391,7 @@ func (s *Server) deny(ctx context.Context, g *gateRequest, model string, v reque
 	g.decided = true
 	st := gate.Answered(gate.Answer{RequestID: g.headers["x-request-id"], Model: model, API: g.api, Status: v.Deny.Status,
 		Decision: "deny", Started: g.started, Took: time.Since(g.started)}, v)
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", v.Deny.Code))
-	s.metrics.GateSeconds.Record(ctx, st.Gateway.Gate.Seconds())
+	s.meters.Decided(ctx, "deny", v.Deny.Code, st.Gateway.Gate)
 	s.log.LogAttrs(ctx, slog.LevelInfo, "request denied",
 		slog.String("request_id", st.RequestID), slog.Int("status", v.Deny.Status),
 		slog.String("code", v.Deny.Code), slog.String("message", request.Truncate(v.Deny.Message, request.MaxStampReason)))

@@ -13,10 +13,8 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/infergate/infergate/internal/meter"
-	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/seal"
-	"github.com/infergate/infergate/internal/tally"
 )
 
 // settleTimeout bounds settling a reservation once the response ended,
@@ -259,10 +257,6 @@ func (m *meterRequest) fromGate(md *structpb.Struct) {
 	m.Tally.API = meter.KnownAPI(f["api"].GetStringValue())
 }
 
-// generates reports whether api writes output (an unknown API is read as
-// a chat's, as before the meter knew others).
-func generates(api openai.API) bool { return api == "" || api.Generates() }
-
 // finish stamps a request whose response ended at end (meter.StampOf),
 // settles it (meter.SettlementOf, admission's to charge), and hands the stamp to the
 // metrics, the span and the sinks.
@@ -290,10 +284,10 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 	if e.Uncertain {
 		s.metrics.MeterErrors.Add(ctx, 1, claimUncertainAttr)
 	}
-	s.countStamp(ctx, &m.Tally, st)
+	s.meters.Stamped(ctx, &m.Tally, st)
 	settle := meter.SettlementOf(&m.Request, &o)
 	if settle != nil && settle.NeverSent {
-		s.metrics.Unsent.Add(ctx, 1, metric.WithAttributes(attribute.String("details", m.Unsent)))
+		s.meters.CountUnsent(ctx, m.Unsent)
 		s.log.Warn("Envoy answered an admitted request itself before any pool was asked; its reservation is released",
 			"request_id", st.RequestID, "tenant", st.Tenant, "status", st.Status, "details", m.Unsent)
 	}
@@ -308,35 +302,6 @@ func (s *Server) finish(ctx context.Context, m *meterRequest, end time.Time, com
 		st.TraceID = sc.TraceID().String()
 	}
 	s.record(ctx, st)
-}
-
-// countStamp records the meter's metrics of a stamped request: what it
-// could not time or read, and the inter-token gaps it timed.
-func (s *Server) countStamp(ctx context.Context, t *tally.Response, st *request.Stamp) {
-	switch st.Timing {
-	case request.TimingLateRead:
-		s.metrics.MeterErrors.Add(ctx, 1, lateReadAttr)
-	case request.TimingLateStream:
-		s.metrics.MeterErrors.Add(ctx, 1, lateStreamAttr)
-	}
-	if len(st.Gaps) > 0 && st.Timing.StreamTimed() { // gaps read from a backlog are not the stream's
-		set := s.meters.poolAttrs(st)
-		for _, g := range st.Gaps {
-			s.metrics.InterToken.Record(ctx, g.Seconds(), set)
-		}
-	}
-	if t.BadEvents > 0 {
-		s.metrics.MeterErrors.Add(ctx, int64(t.BadEvents), metric.WithAttributes(attribute.String("reason", "bad_event")))
-	}
-	if t.Parser.Dropped > 0 {
-		s.metrics.MeterErrors.Add(ctx, int64(t.Parser.Dropped), metric.WithAttributes(attribute.String("reason", "line_too_long")))
-	}
-	if t.Parser.Overflowed > 0 {
-		s.metrics.MeterErrors.Add(ctx, int64(t.Parser.Overflowed), metric.WithAttributes(attribute.String("reason", "event_too_long")))
-	}
-	if !st.Complete {
-		s.metrics.MeterErrors.Add(ctx, 1, metric.WithAttributes(attribute.String("reason", "incomplete")))
-	}
 }
 
 // trusted reports whether the request's field verified, and claims its
@@ -377,8 +342,6 @@ func (s *Server) untrusted(ctx context.Context, st *request.Stamp) {
 var (
 	unverifiedAttr     = metric.WithAttributes(attribute.String("reason", "unverified"))
 	claimUncertainAttr = metric.WithAttributes(attribute.String("reason", request.ClaimUncertain))
-	lateReadAttr       = metric.WithAttributes(attribute.String("reason", string(request.TimingLateRead)))
-	lateStreamAttr     = metric.WithAttributes(attribute.String("reason", string(request.TimingLateStream)))
 )
 
 func atoi(s string) int {

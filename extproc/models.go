@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -13,7 +12,6 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 
 	"github.com/infergate/infergate/internal/gate"
-	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 )
 
@@ -27,44 +25,16 @@ func (s *Server) catalog() gate.Catalog {
 // other (authentication, the policy's say on the listing, its budgets);
 // retrieving one model is decided as the listing, which is what it reveals.
 func (s *Server) models(ctx context.Context, g *gateRequest, adm *request.Admission, id string, one bool) []*extprocv3.ProcessingResponse {
-	// The id is the client's (a path may be tens of KiB): refused past the
-	// bound a body's model has, before the policy, the stamp or the log.
-	if len(id) > MaxModelBytes {
-		e := openai.BadRequest("invalid_value", "model",
-			"model is "+strconv.Itoa(len(id))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
-		return s.deny(ctx, g, request.Truncate(id, MaxModelBytes), request.Verdict{Deny: e, Reason: e.Code})
-	}
-	adm.Path = gate.ModelsPath
 	g.policyAt = s.now()
-	v := s.policy.Decide(ctx, adm)
-	if v.Deny != nil && v.Decision != "shadow_deny" {
-		return s.deny(ctx, g, id, v)
+	l := s.catalog().Answer(ctx, s.policy, adm, id, one, settleTimeout)
+	if l.Refused {
+		return s.deny(ctx, g, l.Model, l.V)
 	}
-	// Answered here: nothing more will be spent (the request stays counted).
-	if v.Reservation != "" {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
-		s.policy.Settle(sctx, &request.Settlement{RequestID: adm.RequestID, Tenant: v.Tenant, Reservation: v.Reservation,
-			Status: http.StatusOK, Origin: request.OriginGate, End: request.EndComplete})
-		cancel()
-	}
-
-	var body []byte
-	if one {
-		var listed bool
-		if body, listed = s.catalog().One(ctx, s.policy, adm, id); !listed {
-			e := openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
-				"The model '"+request.Truncate(id, MaxModelBytes)+"' does not exist or you do not have access to it.")
-			return s.deny(ctx, g, id, request.Verdict{Deny: e, Reason: e.Code, Principal: v.Principal, Tenant: v.Tenant, Timings: v.Timings})
-		}
-	} else {
-		body = s.catalog().List(ctx, s.policy, adm)
-	}
-
+	v, body := l.V, l.Body
 	decision := cmp.Or(v.Decision, "allow")
 	st := gate.Answered(gate.Answer{RequestID: g.headers["x-request-id"], Model: id, Status: http.StatusOK,
 		Decision: decision, Started: g.started, Took: time.Since(g.started)}, v)
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs(decision, "allowed"))
-	s.metrics.GateSeconds.Record(ctx, st.Gateway.Gate.Seconds())
+	s.meters.Decided(ctx, decision, "allowed", st.Gateway.Gate)
 	if sc := s.traceGate(ctx, g, g.policyAt, s.now(), &st); sc.IsValid() {
 		st.TraceID = sc.TraceID().String()
 	}

@@ -67,7 +67,7 @@ func peerAddr(ctx context.Context) netip.Addr {
 func (s *Server) overloaded(ctx context.Context, stream extprocv3.ExternalProcessor_ProcessServer, first *extprocv3.ProcessingRequest) error {
 	e := openai.NewError(http.StatusServiceUnavailable, openai.TypeServer, "gate_overloaded", "",
 		"the gateway is handling too many requests from this peer; retry shortly")
-	s.metrics.GateDecisions.Add(ctx, 1, s.meters.decisionAttrs("deny", e.Code))
+	s.metrics.GateDecisions.Add(ctx, 1, s.meters.DecisionAttrs("deny", e.Code))
 	g := &gateRequest{}
 	if h, ok := first.Request.(*extprocv3.ProcessingRequest_RequestHeaders); ok {
 		g.headers = headersFrom(h.RequestHeaders.GetHeaders()) // the style of the error: the path's API

@@ -37,6 +37,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/infergate/infergate/internal/meter"
+	"github.com/infergate/infergate/internal/observe"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/seal"
@@ -48,13 +49,13 @@ type Server struct {
 
 	opts    Options
 	log     *slog.Logger
-	metrics *instruments
+	metrics *observe.Instruments
 	policy  request.Policy
 	sinks   []request.Sink
 	tracer  trace.Tracer
 	pool    func(string) string
 	now     func() time.Time
-	meters  *meters
+	meters  *observe.Meters
 	orders  meter.PoolOrders
 	peers   peerStreams
 	waiting waitingBodies
@@ -199,10 +200,10 @@ func New(opts Options) (*Server, error) {
 	if opts.Prices != nil && opts.Prices.Currency != "" {
 		currency = opts.Prices.Currency
 	}
-	if s.metrics, err = newInstruments(meter, currency); err != nil {
+	if s.metrics, err = observe.NewInstruments(meter, currency); err != nil {
 		return nil, err
 	}
-	s.meters = &meters{m: s.metrics, models: newLabelSet(opts.Models), pools: newLabelSet(opts.Pools), tenants: newLabelSet(opts.Tenants)}
+	s.meters = observe.NewMeters(s.metrics, opts.Models, opts.Pools, opts.Tenants)
 	s.sinks = append([]request.Sink{s.meters}, s.sinks...)
 	return s, nil
 }

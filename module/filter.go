@@ -1,6 +1,7 @@
 package module
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -12,9 +13,13 @@ import (
 	"time"
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/meter"
+	"github.com/infergate/infergate/internal/observe"
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/sse"
@@ -47,9 +52,10 @@ type filter struct {
 
 	// The meter: set once the plan is applied (admitted), nil otherwise.
 	m           *meter.Request
-	respHeaders map[string]any // the policy's x-ratelimit-* of an admitted request, set on its response
-	ended       bool           // the response's end of stream was seen
-	meterBroken bool           // a panic on the response path: nothing settles by this count
+	respHeaders map[string]any    // the policy's x-ratelimit-* of an admitted request, set on its response
+	ended       bool              // the response's end of stream was seen
+	meterBroken bool              // a panic on the response path: nothing settles by this count
+	gateSpan    trace.SpanContext // the gate's span: the meter's parent
 	// unasked removes the usage event the gate asked the pool for on the
 	// client's behalf (plan.UsageAdded), after the meter has read it.
 	unasked *sse.UsageStripper
@@ -57,10 +63,14 @@ type filter struct {
 
 // decision is what the goroutine decided: the plan and the verdict.
 type decision struct {
-	adm  *request.Admission
-	v    request.Verdict
-	plan gate.Plan
-	fail *openai.Error // the decision itself failed (a panic): answered as it is
+	adm      *request.Admission
+	policyAt time.Time // when the policy was asked
+	v        request.Verdict
+	plan     gate.Plan
+	fail     *openai.Error // the decision itself failed (a panic): answered as it is
+	// listed is the gate's own answer to GET /v1/models (Catalog), nil
+	// for any other request.
+	listed *gate.Listed
 }
 
 // OnRequestHeaders reads the headers, refuses an unauthenticated caller at
@@ -71,9 +81,10 @@ func (f *filter) OnRequestHeaders(hm shared.HeaderMap, endOfStream bool) (st sha
 	f.headers = headersOf(hm)
 	hook(f.headers, "request_headers")
 	adm, _ := f.opts.Intake.Headless(f.headers, nil)
+	policyAt := time.Now()
 	if v := f.opts.Policy.Identify(context.Background(), adm); v.Deny != nil && v.Decision != "shadow_deny" {
 		f.api = adm.API
-		f.deny("", v)
+		f.denyAt("", v, policyAt)
 		return shared.HeadersStatusStop
 	}
 	if endOfStream {
@@ -136,6 +147,7 @@ func (f *filter) decide() {
 		f.deny(adm.Request.Model, request.Verdict{Deny: verr, Reason: verr.Code})
 		return
 	}
+	id, one, listing := f.opts.Catalog.Request(adm.Method, adm.Path)
 	sched := f.h.GetScheduler() // created here, on the worker thread
 	go func() {
 		d := &decision{adm: adm}
@@ -152,6 +164,13 @@ func (f *filter) decide() {
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), decideTimeout)
 		defer cancel()
+		d.policyAt = time.Now()
+		if listing {
+			l := f.opts.Catalog.Answer(ctx, f.opts.Policy, adm, id, one, settleTimeout)
+			d.listed, d.v = &l, l.V
+			d.v.Reservation = "" // settled by Answer: nothing to give back
+			return
+		}
 		d.v = f.opts.Policy.Decide(ctx, adm)
 		hook(f.headers, "decide")
 		d.plan = gate.PlanOf(f.opts.Rules, adm, removed, d.v)
@@ -190,11 +209,14 @@ func (f *filter) apply() {
 	}
 	p := &d.plan
 	switch {
+	case d.fail == nil && d.listed != nil:
+		f.list(d)
+		return
 	case d.fail != nil:
 		f.deny(d.adm.Request.Model, request.Verdict{Deny: d.fail, Reason: d.fail.Code})
 		return
 	case p.Deny != nil:
-		f.deny(p.Stamp.Model, d.v)
+		f.denyAt(p.Stamp.Model, d.v, d.policyAt)
 		return
 	case p.Fail != nil:
 		f.release(d.adm.RequestID, d.v.Reservation)
@@ -221,6 +243,10 @@ func (f *filter) apply() {
 	m := meter.New(f.opts.MaxTrackedGaps, f.opts.MaxEventBytes)
 	m.Stamp = p.Stamp
 	m.Stamp.Gateway.Gate = time.Since(f.started) - d.v.Timings.Checks // external checks are not the gateway's time
+	ctx := context.Background()
+	f.opts.Meters.Decided(ctx, p.Stamp.Decision, p.Code, m.Stamp.Gateway.Gate)
+	f.gateSpan = observe.GateSpan(ctx, f.opts.Tracer, f.started, d.policyAt, time.Now(), &m.Stamp)
+	f.opts.Meters.MeterStreams.Add(ctx, 1)
 	m.Reservation, m.Tally.API = p.Reservation, p.Stamp.API
 	f.m, f.answered, f.applying = m, true, nil
 	if p.UsageAdded {
@@ -234,15 +260,50 @@ func (f *filter) apply() {
 
 // deny answers the request with the gate's error, in the style its API
 // expects, and stamps it.
-func (f *filter) deny(model string, v request.Verdict) {
+func (f *filter) deny(model string, v request.Verdict) { f.denyAt(model, v, time.Time{}) }
+
+// denyAt is deny of a request the policy was asked about at policyAt.
+func (f *filter) denyAt(model string, v request.Verdict, policyAt time.Time) {
 	f.answered = true
 	st := gate.Answered(gate.Answer{RequestID: f.headers["x-request-id"], Model: model, API: f.api, Status: v.Deny.Status,
 		Decision: "deny", Started: f.started, Took: time.Since(f.started)}, v)
+	ctx := context.Background()
+	f.opts.Meters.Decided(ctx, "deny", v.Deny.Code, st.Gateway.Gate)
+	if sc := observe.GateSpan(ctx, f.opts.Tracer, f.started, policyAt, time.Now(), &st); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
+	}
 	f.opts.Logger.LogAttrs(context.Background(), slog.LevelInfo, "request denied",
 		slog.String("request_id", st.RequestID), slog.Int("status", v.Deny.Status),
 		slog.String("code", v.Deny.Code), slog.String("message", request.Truncate(v.Deny.Message, request.MaxStampReason)))
 	f.record(&st)
 	f.localReply(v.Deny, v.Headers)
+}
+
+// list answers GET /v1/models from the catalog, as the ext_proc gate does:
+// a refusal as any other, else 200 with the models the caller may call.
+func (f *filter) list(d *decision) {
+	l := d.listed
+	if l.Refused {
+		f.denyAt(l.Model, l.V, d.policyAt)
+		return
+	}
+	f.answered = true
+	decision := cmp.Or(l.V.Decision, "allow")
+	st := gate.Answered(gate.Answer{RequestID: f.headers["x-request-id"], Model: l.Model, Status: http.StatusOK,
+		Decision: decision, Started: f.started, Took: time.Since(f.started)}, l.V)
+	ctx := context.Background()
+	f.opts.Meters.Decided(ctx, decision, "allowed", st.Gateway.Gate)
+	if sc := observe.GateSpan(ctx, f.opts.Tracer, f.started, d.policyAt, time.Now(), &st); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
+	}
+	f.record(&st)
+	hdrs := [][2]string{{"content-type", "application/json"}, {request.ErrorHeader, ""}}
+	for k, v := range l.V.Metadata {
+		if s, ok := v.(string); ok && strings.HasPrefix(k, "x-ratelimit-") {
+			hdrs = append(hdrs, [2]string{k, s})
+		}
+	}
+	f.h.SendLocalResponse(http.StatusOK, hdrs, l.Body, "infergate_models")
 }
 
 // localReply sends e as Envoy's local reply: OpenAI's error body, or
@@ -369,7 +430,11 @@ func (f *filter) OnStreamComplete() {
 	if d != nil && d.v.Reservation != "" && d.fail == nil && d.plan.Deny == nil {
 		f.release(d.adm.RequestID, d.v.Reservation)
 	}
-	if f.m == nil || f.meterBroken {
+	if f.m == nil {
+		return
+	}
+	f.opts.Meters.MeterStreams.Add(context.Background(), -1)
+	if f.meterBroken {
 		return
 	}
 	m, end, complete := f.m, time.Now(), f.ended
@@ -388,18 +453,33 @@ func (f *filter) OnStreamComplete() {
 // finish stamps a request whose response ended at end and settles it.
 func (f *filter) finish(m *meter.Request, end time.Time, complete bool) {
 	m.Tally.End(end)
-	o := meter.StampOf(m, meter.End{At: end, Complete: complete, Trusted: true, PoolName: poolName, Prices: f.opts.Prices})
+	e := meter.End{At: end, Complete: complete, Trusted: true, PoolName: poolName, Prices: f.opts.Prices}
+	if f.opts.Stalls != nil && !m.EnvoyTimed {
+		e.Stalls = f.opts.Stalls.Recent(time.Now())
+	}
+	o := meter.StampOf(m, e)
+	st := &o.Stamp
+	ctx := context.Background()
+	f.opts.Meters.Stamped(ctx, &m.Tally, st)
 	if s := meter.SettlementOf(m, &o); s != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
-		f.opts.Policy.Settle(ctx, s)
+		if s.NeverSent {
+			f.opts.Meters.CountUnsent(ctx, m.Unsent)
+		}
+		sctx, cancel := context.WithTimeout(ctx, settleTimeout)
+		f.opts.Policy.Settle(sctx, s)
 		cancel()
 	}
-	f.record(&o.Stamp)
+	parent := trace.ContextWithSpanContext(ctx, f.gateSpan)
+	if sc := observe.MeterSpan(parent, f.opts.Tracer, o.Sent, m.Tally.First, o.End, st); sc.IsValid() {
+		st.TraceID = sc.TraceID().String()
+	}
+	f.record(st)
 }
 
 func poolName(p string) string { return p }
 
 func (f *filter) record(st *request.Stamp) {
+	f.opts.Meters.Record(context.Background(), st)
 	for _, s := range f.opts.Sinks {
 		s.Record(context.Background(), st)
 	}
@@ -458,9 +538,13 @@ func (f *filter) recovered(where string, then func()) {
 }
 
 func (f *filter) logPanic(where string, r any) {
+	f.opts.Meters.Panics.Add(context.Background(), 1, panicAttr)
 	f.opts.Logger.Error("infergate module panicked; the request fails closed, Envoy serves on",
 		"where", where, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 }
+
+// panicAttr labels infergate.extproc.panics of the module.
+var panicAttr = metric.WithAttributes(attribute.String("role", "module"))
 
 func gateError() *openai.Error {
 	return openai.NewError(http.StatusInternalServerError, openai.TypeServer, "gate_error", "", "internal gateway error")

@@ -81,8 +81,12 @@ func (p *policy) Settle(_ context.Context, s *request.Settlement) {
 }
 
 func newFilter(p request.Policy, h *handle) *filter {
-	return &filter{opts: &Options{Intake: gate.Intake{CompletionPaths: []string{"/v1/chat/completions"}, MaxBodyBytes: 1 << 16},
-		Policy: p, Logger: slog.New(slog.DiscardHandler)}, h: h}
+	o := &Options{Intake: gate.Intake{CompletionPaths: []string{"/v1/chat/completions"}, MaxBodyBytes: 1 << 16},
+		Policy: p, Logger: slog.New(slog.DiscardHandler)}
+	if err := o.defaults(); err != nil {
+		panic(err)
+	}
+	return &filter{opts: o, h: h}
 }
 
 const chat = `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`

@@ -18,8 +18,13 @@ import (
 	"time"
 
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/infergate/infergate/internal/gate"
+	"github.com/infergate/infergate/internal/meter"
+	"github.com/infergate/infergate/internal/observe"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/request"
 )
@@ -32,11 +37,22 @@ const FilterName = "infergate"
 type Options struct {
 	Intake gate.Intake // what the gate parses, and its body limit
 	Rules  gate.Rules  // what PlanOf follows
+	// Catalog is what the gate lists on GET /v1/models itself (empty: the
+	// path is the policy's and the pools', like any other).
+	Catalog gate.Catalog
 	// Policy identifies, decides, settles and releases: the admission
 	// controller serve builds, from the same configuration file.
 	Policy request.Policy
-	Sinks  []request.Sink // where stamps go (the request log)
-	Prices *price.Table   // the models' prices; nil prices nothing
+	Sinks  []request.Sink // where stamps go besides Meters (the request log, /debug/requests, the SLA feed)
+	// Meters records the per-request metrics, as the ext_proc adapter
+	// does (internal/observe); nil records none.
+	Meters *observe.Meters
+	Tracer trace.Tracer // the gate's and the meter's spans; nil: none
+	// Stalls notes when the process did not run (its watch runs as long as
+	// the options live): a meter read after a stall is marked late_read.
+	// Nil: reads are trusted.
+	Stalls *meter.StallWatch
+	Prices *price.Table // the models' prices; nil prices nothing
 	// MaxTrackedGaps and MaxEventBytes bound the meter per request.
 	MaxTrackedGaps, MaxEventBytes int
 	Logger                        *slog.Logger
@@ -74,11 +90,29 @@ func (c *ConfigFactory) Create(h shared.HttpFilterConfigHandle, config []byte) (
 	if err != nil {
 		return nil, err
 	}
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	return &Factory{opts: o}, nil
+}
+
+// defaults fills what Options left zero.
+func (o *Options) defaults() error {
 	o.Logger = cmp.Or(o.Logger, slog.Default())
+	if o.Meters == nil {
+		inst, err := observe.NewInstruments(metricnoop.NewMeterProvider().Meter(""), "USD")
+		if err != nil {
+			return err
+		}
+		o.Meters = observe.NewMeters(inst, nil, nil, nil)
+	}
+	if o.Tracer == nil {
+		o.Tracer = tracenoop.NewTracerProvider().Tracer("")
+	}
 	if o.Intake.MaxBodyBytes == 0 {
 		o.Intake.MaxBodyBytes = 1 << 20
 	}
-	return &Factory{opts: o}, nil
+	return nil
 }
 
 // Factory makes one filter per request.

@@ -41,7 +41,7 @@ func moduleSpec(h *harness) (gatewaySpec, func(), error) {
 	}
 	// The configuration file startGateway writes for this stack.
 	rendered, err := render(filepath.Join(h.opts.Root, "envoy/snippet-module.yaml"), map[string]string{
-		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "POOL_A_PORT": "0",
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "POOL_A_PORT": "0", "POOL_B_PORT": "0",
 		"INFERGATE_CONFIG": filepath.Join(h.work, moduleKey+"-infergate.yaml"),
 	})
 	if err != nil {
@@ -65,7 +65,8 @@ func moduleSpec(h *harness) (gatewaySpec, func(), error) {
 			fs, _ := m["http_filters"].([]any)
 			fs = slices.DeleteFunc(fs, func(f any) bool {
 				name, _ := f.(map[string]any)["name"].(string)
-				return name == "infergate.gate" || name == "infergate.meter"
+				// The module is the gate, the meter and the usage filter.
+				return name == "infergate.gate" || name == "infergate.usage" || name == "infergate.meter"
 			})
 			m["http_filters"] = append([]any{filter}, fs...)
 			return nil

@@ -1,16 +1,22 @@
 package cli
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/gate"
-	"github.com/infergate/infergate/internal/request"
-	"github.com/infergate/infergate/internal/requestlog"
+	"github.com/infergate/infergate/internal/meter"
+	"github.com/infergate/infergate/internal/observe"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/module"
 )
@@ -44,31 +50,103 @@ func ModuleOptions(filterConfig []byte) (*module.Options, error) {
 		return nil, err
 	}
 	logger := newLogger(os.Stderr, cfg.Log)
-	metrics, err := telemetry.New()
+	o, err := newModule(cfg, logger)
 	if err != nil {
 		return nil, err
-	}
-	adm, err := newAdmission(context.Background(), cfg, logger, metrics, nil)
-	if err != nil {
-		return nil, err
-	}
-	go adm.run(context.Background()) // reloads of keys and policies, the seals' keys: as long as Envoy runs
-	var sinks []request.Sink
-	if *cfg.Log.Requests {
-		sinks = append(sinks, requestlog.NewLogSink(os.Stdout))
-	}
-	o := &module.Options{
-		Intake: gate.Intake{CompletionPaths: cfg.Gate.Paths, MaxBodyBytes: cfg.Gate.MaxBodyBytes},
-		Rules: gate.Rules{KeepUsageOption: !*cfg.Gate.InjectUsage, HonourUsageOptOut: cfg.Gate.HonourUsageOptOut,
-			ChatOutputLimit: cfg.Gate.ChatOutputLimit},
-		Policy:         adm.controller,
-		Sinks:          sinks,
-		Prices:         cfg.Prices.Table(),
-		MaxTrackedGaps: cfg.Meter.MaxTrackedGaps,
-		MaxEventBytes:  cfg.Meter.MaxEventBytes,
-		Logger:         logger,
 	}
 	modules[path] = o
 	logger.Info("infergate module configured", "config", path, "ratelimit", cfg.RateLimit.Backend)
 	return o, nil
+}
+
+// newModule composes the module's options as serve composes the ext_proc
+// adapter's (admission, observers, the admin port), and starts what runs
+// with them for as long as the process does: reloads, the stall watch, the
+// SLA feed's publisher and the admin listener.
+func newModule(cfg *config.Config, logger *slog.Logger) (*module.Options, error) {
+	ctx := context.Background()
+	if len(cfg.VirtualModels) > 0 && cfg.RateLimit.Backend != "redis" {
+		// The controller serves xDS and may follow pods through the
+		// Kubernetes API: not in Envoy's process. It runs in serve or
+		// `infergate controller`, fed through the shared Redis.
+		return nil, errors.New("virtualModels through the module need ratelimit.backend: redis: the module publishes its " +
+			"observations to the shared feed, which the SLA controller (infergate controller, or serve) reads")
+	}
+	if err := checkDebugToken(cfg.Admin); err != nil {
+		return nil, err
+	}
+	metrics, err := telemetry.New()
+	if err != nil {
+		return nil, err
+	}
+	obs, err := newObservers(ctx, cfg, metrics, os.Stdout)
+	if err != nil {
+		return nil, err
+	}
+	adm, err := newAdmission(ctx, cfg, logger, metrics, nil)
+	if err != nil {
+		return nil, err
+	}
+	obs.observeSLA(adm, nil, logger)
+	currency := cmp.Or(cfg.Prices.Table().Currency, "USD")
+	inst, err := observe.NewInstruments(metrics.Meter(), currency)
+	if err != nil {
+		adm.close()
+		return nil, err
+	}
+	stalls := meter.NewStallWatch()
+	go adm.run(ctx) // reloads of keys and policies, the seals' keys: as long as Envoy runs
+	go stalls.Run(ctx, time.Now)
+	if obs.publisher != nil {
+		go obs.publisher.Run(ctx)
+	}
+	handler := admin{cfg: cfg.Admin, tracing: cfg.Tracing, metrics: metrics, adm: adm, recent: obs.recent,
+		health: adm.health, ready: func() bool { return true }}.handler()
+	go serveAdmin(ctx, cfg.Admin.Listen, handler, logger)
+	catalog := gate.Catalog{Models: cfg.Catalog(), CompletionPaths: cfg.Gate.Paths}
+	if pm := cfg.PoolModels; len(pm.Pools) > 0 {
+		models := newPoolModels(pm, logger)
+		go models.Run(ctx)
+		catalog.PoolModels = models.Models
+	}
+	return &module.Options{
+		Intake: gate.Intake{CompletionPaths: cfg.Gate.Paths, MaxBodyBytes: cfg.Gate.MaxBodyBytes},
+		Rules: gate.Rules{KeepUsageOption: !*cfg.Gate.InjectUsage, HonourUsageOptOut: cfg.Gate.HonourUsageOptOut,
+			ChatOutputLimit: cfg.Gate.ChatOutputLimit},
+		Catalog:        catalog,
+		Policy:         adm.controller,
+		Sinks:          obs.sinks,
+		Meters:         observe.NewMeters(inst, nil, nil, nil),
+		Tracer:         obs.tracing.Tracer(),
+		Stalls:         stalls,
+		Prices:         cfg.Prices.Table(),
+		MaxTrackedGaps: cfg.Meter.MaxTrackedGaps,
+		MaxEventBytes:  cfg.Meter.MaxEventBytes,
+		Logger:         logger,
+	}, nil
+}
+
+// adminRetry is how long the module waits to bind the admin address
+// again: a restarting Envoy (hot restart) may hold it for a while.
+const adminRetry = 5 * time.Second
+
+// serveAdmin serves the module's admin port (admin.listen, loopback by
+// default) for as long as ctx lasts. Envoy's process may not bind it at
+// once (its previous process holds it): it tries again, never failing a
+// request for it.
+func serveAdmin(ctx context.Context, addr string, h http.Handler, logger *slog.Logger) {
+	for {
+		lis, err := net.Listen("tcp", addr)
+		if err == nil {
+			logger.Info("infergate module admin serving", "admin", lis.Addr().String())
+			srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+			err = srv.Serve(lis)
+		}
+		logger.Error("infergate module admin listener; trying again", "admin", addr, "err", err, "in", adminRetry)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(adminRetry):
+		}
+	}
 }

@@ -30,9 +30,7 @@ import (
 	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/poolmodels"
 	"github.com/infergate/infergate/internal/ratelimit"
-	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
-	"github.com/infergate/infergate/internal/spend"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/internal/tlsreload"
 	"github.com/infergate/infergate/xds/feed"
@@ -108,17 +106,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 	if err != nil {
 		return nil, err
 	}
-	var sinks []request.Sink
-	if *cfg.Log.Requests {
-		sinks = append(sinks, requestlog.NewLogSink(requests))
-	}
-	var recent *requestlog.Ring
-	if cfg.Admin.Debug.Enabled && *cfg.Admin.RecentRequests > 0 {
-		recent = requestlog.NewRing(*cfg.Admin.RecentRequests)
-		sinks = append(sinks, recent)
-	}
-	tracing, err := telemetry.NewTracing(ctx, telemetry.TracingOptions{Endpoint: cfg.Tracing.Endpoint, Protocol: cfg.Tracing.Protocol,
-		Insecure: cfg.Tracing.Insecure, SampleRatio: cfg.Tracing.SampleRatio, QueueSize: cfg.Tracing.QueueSize}, Version, metrics)
+	obs, err := newObservers(ctx, cfg, metrics, requests)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +123,7 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		adm.close()
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: recent, tracing: tracing, listen: net.Listen}
+	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: obs.recent, tracing: obs.tracing, listen: net.Listen}
 	if s.gatewayExt, err = newGatewayExtension(cfg, logger); err != nil {
 		adm.close()
 		return nil, err
@@ -144,15 +132,10 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		adm.close()
 		return nil, err
 	}
-	switch {
-	case adm.redis != nil:
-		// Replicas share Redis: every one publishes its observations and
-		// every controller reads them all, so they decide alike.
-		s.publisher = feed.NewPublisher(adm.redis, feed.DefaultStream, logger)
-		sinks = append(sinks, routing.PublishSink(s.publisher))
-	case rt != nil:
-		sinks = append(sinks, rt)
-	}
+	// Replicas share Redis: every one publishes its observations and
+	// every controller reads them all, so they decide alike.
+	obs.observeSLA(adm, rt, logger)
+	s.publisher = obs.publisher
 	var poolModels func() []string
 	if pm := cfg.PoolModels; len(pm.Pools) > 0 {
 		s.models = newPoolModels(pm, logger)
@@ -169,11 +152,11 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		Prices:            cfg.Prices.Table(),
 		Logger:            logger,
 		Meter:             metrics.Meter(),
-		Sinks:             sinks,
+		Sinks:             obs.sinks,
 		Policy:            adm.controller,
 		Catalog:           cfg.Catalog(),
 		PoolModels:        poolModels,
-		Tracer:            tracing.Tracer(),
+		Tracer:            obs.tracing.Tracer(),
 		PoolName:          rt.PoolName,
 		Sealer:            adm.fields,
 
@@ -302,40 +285,8 @@ func (s *Service) health() error {
 // AdminHandler serves /metrics, /healthz and /readyz, and the /debug
 // pages admin.debug and admin.pprof turn on.
 func (s *Service) AdminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /{$}", adminIndex(s.cfg.Admin, s.adm.controller.Keys != nil, s.recent != nil))
-	mux.Handle("GET /metrics", s.metrics.Handler())
-	debugPages(mux, s.cfg.Admin, func(debug *http.ServeMux) {
-		debug.HandleFunc("GET /debug/controller", s.routing.DebugHandler)
-		if keys := s.adm.controller.Keys; keys != nil {
-			debug.Handle("GET /debug/keys", keysHandler(keys))
-		}
-		debug.Handle("GET /debug/spend", spend.Handler(s.adm.spend))
-		if s.recent != nil {
-			pages := requestlog.Handler(s.recent, s.cfg.Tracing.TraceURL)
-			debug.Handle("GET /debug/requests", pages)
-			debug.Handle("GET /debug/requests/{id}", pages)
-		}
-	})
-	// Health and readiness mean "can decide": a refused reload of keys or
-	// policies keeps the last good version serving, so the pod stays ready
-	// (a bad shared ConfigMap must not take every replica out of rotation
-	// at once); the refusal shows in /healthz, the log and
-	// infergate_reload_errors_total.
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		io.WriteString(w, "ok\n")
-		if err := s.health(); err != nil {
-			io.WriteString(w, "serving the last good version: "+err.Error()+"\n")
-		}
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.ready.Load() || !s.modelsPrimed() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ready\n")
-	})
-	return mux
+	return admin{cfg: s.cfg.Admin, tracing: s.cfg.Tracing, metrics: s.metrics, adm: s.adm, recent: s.recent, routing: s.routing,
+		health: s.health, ready: func() bool { return s.ready.Load() && s.modelsPrimed() }}.handler()
 }
 
 // newPoolModels lists what the pools of pm serve.

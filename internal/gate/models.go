@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/infergate/infergate/internal/openai"
 	"github.com/infergate/infergate/internal/request"
@@ -114,4 +116,51 @@ func (c Catalog) mayCall(ctx context.Context, p request.Admitter, adm *request.A
 
 func modelObject(id string) openai.Model {
 	return openai.Model{ID: id, Object: "model", Created: modelsCreated, OwnedBy: "infergate"}
+}
+
+// Listed is the gate's answer to a request Catalog.Request said is its own.
+type Listed struct {
+	Model string          // the id asked for (bounded), "" for the listing
+	V     request.Verdict // the policy's; Refused: V.Deny is the answer
+	// Refused: the request is denied (by the policy, or the id is too
+	// long or not listed to the caller); else Body is the 200's.
+	Refused bool
+	Body    []byte
+}
+
+// Answer decides a listing request of adm (id and one from Request): the
+// id bounded before anything reads it, the policy asked as for any
+// request (authentication, its say on the listing, its budgets, on
+// ModelsPath: retrieving one model is decided as the listing, which is
+// what it reveals), a reservation settled at once (nothing more will be
+// spent), and the body listed.
+func (c Catalog) Answer(ctx context.Context, p request.Policy, adm *request.Admission, id string, one bool, settleTimeout time.Duration) Listed {
+	// The id is the client's (a path may be tens of KiB): refused past the
+	// bound a body's model has, before the policy, the stamp or the log.
+	if len(id) > MaxModelBytes {
+		e := openai.BadRequest("invalid_value", "model",
+			"model is "+strconv.Itoa(len(id))+" bytes long; the limit is "+strconv.Itoa(MaxModelBytes))
+		return Listed{Model: request.Truncate(id, MaxModelBytes), V: request.Verdict{Deny: e, Reason: e.Code}, Refused: true}
+	}
+	adm.Path = ModelsPath
+	v := p.Decide(ctx, adm)
+	if v.Deny != nil && v.Decision != "shadow_deny" {
+		return Listed{Model: id, V: v, Refused: true}
+	}
+	if v.Reservation != "" {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+		p.Settle(sctx, &request.Settlement{RequestID: adm.RequestID, Tenant: v.Tenant, Reservation: v.Reservation,
+			Status: http.StatusOK, Origin: request.OriginGate, End: request.EndComplete})
+		cancel()
+	}
+	if !one {
+		return Listed{V: v, Body: c.List(ctx, p, adm)}
+	}
+	body, listed := c.One(ctx, p, adm, id)
+	if !listed {
+		e := openai.NewError(http.StatusNotFound, openai.TypeInvalidRequest, "model_not_found", "model",
+			"The model '"+request.Truncate(id, MaxModelBytes)+"' does not exist or you do not have access to it.")
+		return Listed{Model: id, V: request.Verdict{Deny: e, Reason: e.Code, Principal: v.Principal, Tenant: v.Tenant, Timings: v.Timings}, Refused: true}
+	}
+	return Listed{Model: id, V: v, Body: body}
 }

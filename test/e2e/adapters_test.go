@@ -86,15 +86,20 @@ func startModuleStackFor(t *testing.T, config func(*stack) string) *stack {
 	dir := moduleDir(t)
 	p := startPool(t, mock.Config{TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond})
 	requests := &testutil.Buffer{}
-	s := &stack{Adapter: module, PoolA: p, PoolB: p, Stamps: newStampLog(requests), TimedInEnvoy: true}
+	// The module serves the admin port (metrics, /debug pages) from
+	// Envoy's process, on the config's admin.listen (parityConfig).
+	s := &stack{Adapter: module, PoolA: p, PoolB: p, Stamps: newStampLog(requests), TimedInEnvoy: true,
+		AdminURL: "http://127.0.0.1:" + freePort(t)}
 	cfgPath := filepath.Join(t.TempDir(), "infergate.yaml")
 	if err := os.WriteFile(cfgPath, []byte(config(s)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	rendered := renderEnvoy(t, "envoy/snippet-module.yaml", map[string]string{
-		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "POOL_A_PORT": port(t, p.Addr), "INFERGATE_CONFIG": cfgPath,
+		"LISTEN_PORT": "0", "ADMIN_PORT": "0", "POOL_A_PORT": port(t, p.Addr), "POOL_B_PORT": port(t, p.Addr), "INFERGATE_CONFIG": cfgPath,
 	})
 	s.Envoy = envoytest.StartWithEnv(t, []string{"GODEBUG=cgocheck=0", "ENVOY_DYNAMIC_MODULES_SEARCH_PATH=" + dir}, requests, rendered)
+	testutil.Eventually(t, 10*time.Second, func() bool { return testutil.HTTPReady(s.AdminURL+"/readyz")() == nil },
+		"the module's admin port")
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("module request log:\n%s", requests.String())

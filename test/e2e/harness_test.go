@@ -233,6 +233,25 @@ func (l *stampLog) stamps() []Stamp {
 // stamp waits for the request log line of one request. Lines are parsed
 // once, as they arrive: tests look up hundreds of requests. A stamp is
 // written once its request is settled, by either adapter.
+// line is the request-log line of one request as written, once its stamp
+// is there.
+func (l *stampLog) line(t *testing.T, requestID string) []byte {
+	t.Helper()
+	l.stamp(t, requestID)
+	sc := bufio.NewScanner(strings.NewReader(l.log.String()))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var x struct {
+			RequestID string `json:"request_id"`
+		}
+		if json.Unmarshal(sc.Bytes(), &x) == nil && x.RequestID == requestID {
+			return bytes.Clone(sc.Bytes())
+		}
+	}
+	t.Fatalf("no request-log line for %s", requestID)
+	return nil
+}
+
 func (l *stampLog) stamp(t *testing.T, requestID string) Stamp {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -342,7 +361,7 @@ type stack struct {
 	Gateway  *gateway   // the first replica; nil on the module
 	Replicas []*gateway // all of them
 	PoolA    *pool
-	PoolB    *pool     // on the module, PoolA: envoy/snippet-module.yaml has one upstream
+	PoolB    *pool     // on the module, PoolA: both of envoy/snippet-module.yaml's pools are one mock here
 	Stamps   *stampLog // the request log, whichever process writes it
 	AdminURL string    // infergate's /metrics and /debug pages; "" where the adapter serves none yet
 	// TimedInEnvoy: the meter times bytes in Envoy as they pass, before

@@ -60,11 +60,16 @@ func parityConfig(t *testing.T) func(*stack) string {
 	cfg := fmt.Sprintf(`auth: {keys: %s}
 policy: {dir: %s}
 gate: {maxBodyBytes: 65536}
-admin: {debug: {enabled: true}}
 log: {level: debug}
 ratelimit: {backend: embedded, embedded: {path: %s}}
 `, writeKeys(t), policies, filepath.Join(t.TempDir(), "ledger.db"))
-	return func(*stack) string { return cfg }
+	return func(s *stack) string {
+		admin := "admin: {debug: {enabled: true}}\n" // serve's address: its flag
+		if s.Adapter == module {
+			admin = fmt.Sprintf("admin: {listen: %q, debug: {enabled: true}}\n", strings.TrimPrefix(s.AdminURL, "http://"))
+		}
+		return cfg + admin
+	}
 }
 
 var acmeKey = map[string]string{"authorization": "Bearer sk-acme-0001"}

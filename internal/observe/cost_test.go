@@ -1,4 +1,4 @@
-package extproc
+package observe
 
 import (
 	"context"
@@ -17,11 +17,11 @@ import (
 // are "other", as unknown models and pools are.
 func TestCostMetric(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
-	inst, err := newInstruments(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("t"), "USD")
+	inst, err := NewInstruments(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)).Meter("t"), "USD")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ms := &meters{m: inst, models: newLabelSet([]string{"mini"}), pools: newLabelSet([]string{"p"}), tenants: newLabelSet(nil)}
+	ms := NewMeters(inst, []string{"mini"}, []string{"p"}, nil)
 	stamp := func(tenant, model string, amount int64) *request.Stamp {
 		return &request.Stamp{Tenant: tenant, Model: model, Pool: "p", Status: 200, Decision: "allow", Complete: true,
 			API: openai.APIChat, Cost: request.Cost{Amount: amount, Currency: "USD", Price: "model"}}

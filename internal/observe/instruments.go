@@ -1,12 +1,12 @@
-package extproc
+package observe
 
 import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// instruments are the metrics the gate and the meter record (GenAI
+// Instruments are the metrics the gate and the meter record (GenAI
 // semantic-convention names, seconds and tokens; then infergate's own).
-type instruments struct {
+type Instruments struct {
 	TTFT           metric.Float64Histogram // gen_ai.server.time_to_first_token
 	TimePerToken   metric.Float64Histogram // gen_ai.server.time_per_output_token
 	TokenUsage     metric.Int64Histogram   // gen_ai.client.token.usage
@@ -34,10 +34,10 @@ var (
 	gatewayBuckets  = []float64{0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}
 )
 
-// newInstruments registers the instruments on meter; currency is the
+// NewInstruments registers the Instruments on meter; currency is the
 // prices' (its code names the cost's unit).
-func newInstruments(meter metric.Meter, currency string) (*instruments, error) {
-	m := &instruments{}
+func NewInstruments(meter metric.Meter, currency string) (*Instruments, error) {
+	m := &Instruments{}
 	var err error
 	var errs []error
 	f64 := func(name, unit, desc string, buckets []float64) metric.Float64Histogram {
