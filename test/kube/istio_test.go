@@ -75,7 +75,9 @@ func istioBinDir(t testing.TB) string {
 // metered once (the sidecar skips it on the gateway's proven identity);
 // a request straight to the sidecar meets the gate there; without a key
 // both refuse; a stream passes byte-exact and incrementally through both
-// proxies; with infergate down the gateway fails closed.
+// proxies; the SLA controller's weights, written into the gateway's
+// VirtualService, reach the gateway's route through istiod and move a
+// model between two pools; with infergate down the gateway fails closed.
 //
 // Upstream Envoy lacks three Istio-only extensions, turned off in istiod:
 // metadata exchange, the ALPN filter and the istio.stats filter (no
