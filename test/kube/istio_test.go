@@ -2,9 +2,11 @@ package kube
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -14,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,7 +75,9 @@ func istioBinDir(t testing.TB) string {
 // metered once (the sidecar skips it on the gateway's proven identity);
 // a request straight to the sidecar meets the gate there; without a key
 // both refuse; a stream passes byte-exact and incrementally through both
-// proxies; with infergate down the gateway fails closed.
+// proxies; the SLA controller's weights, written into the gateway's
+// VirtualService, reach the gateway's route through istiod and move a
+// model between two pools; with infergate down the gateway fails closed.
 //
 // Upstream Envoy lacks three Istio-only extensions, turned off in istiod:
 // metadata exchange, the ALPN filter and the istio.stats filter (no
@@ -127,6 +132,25 @@ ports: [{name: http, port: %[3]d, protocol: TCP}]
 	vals := ciValues(t, "istio")
 	vals["apiKeys"] = ciValues(t, "envoygateway")["apiKeys"]
 	nested[map[string]any](vals, "istio", "sidecar")["portNumber"] = inbound
+	// The SLA controller: llama-3-70b's primary pool is vllm-a, its backup
+	// vllm-b (destinations of the VirtualService, by host); it writes the
+	// weights into that VirtualService through the API. A breached pool
+	// keeps the smallest probe weight, 1.
+	cfg, _ := vals["config"].(map[string]any)
+	if cfg == nil {
+		cfg = map[string]any{}
+		vals["config"] = cfg
+	}
+	cfg["virtualModels"] = []any{map[string]any{
+		"name": slaModel,
+		"pools": []any{
+			map[string]any{"cluster": poolHost("vllm-a"), "priority": 0},
+			map[string]any{"cluster": poolHost("vllm-b"), "priority": 1},
+		},
+		"sla":    map[string]any{"ttftP95": "150ms"},
+		"tuning": map[string]any{"window": "2s", "minSamples": 6, "interval": "250ms", "step": 50, "cooldown": "60s", "probeWeight": 1},
+	}}
+	cfg["weightSink"] = map[string]any{"type": "virtualService", "virtualService": map[string]any{"namespace": istioNS, "name": "llm"}}
 	rel, err := c.helmInstall(t, llmNS, relName, vals)
 	if err != nil {
 		t.Fatalf("helm install (istio variant): %v", err)
@@ -135,11 +159,24 @@ ports: [{name: http, port: %[3]d, protocol: TCP}]
 	for _, name := range []string{relName + "-gateway", relName + "-sidecar"} {
 		find(t, objs, "EnvoyFilter", name)
 	}
-	ig := startInfergateFromRelease(t, c, objs)
-	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 
 	// The gateway on loopback, routing llm.example.com to the model
-	// server; the model server's inbound listener without iptables.
+	// server, and llama-3-70b by the SLA controller's weights to two pools
+	// (ServiceEntries of mocks on loopback, plain HTTP: no sidecar); the
+	// model server's inbound listener without iptables.
+	pools := map[string]*mockPool{"vllm-a": startLoopbackMock(t), "vllm-b": startLoopbackMock(t)}
+	for name, m := range pools {
+		applyYAML(t, c, fmt.Sprintf(`apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  hosts: [%[3]s]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 8000, name: http, protocol: HTTP, targetPort: %[4]d}]
+  endpoints: [{address: 127.0.0.1}]
+`, name, modelsNS, poolHost(name), m.port))
+	}
 	gwPort := freePort(t)
 	applyYAML(t, c, fmt.Sprintf(`apiVersion: networking.istio.io/v1
 kind: Gateway
@@ -158,6 +195,12 @@ spec:
   hosts: [%[4]s]
   gateways: [%[1]s]
   http:
+  - match: [{headers: {x-infergate-model: {exact: %[10]s}}}]
+    route:
+    - destination: {host: %[11]s, port: {number: 8000}}
+      weight: 100
+    - destination: {host: %[12]s, port: {number: 8000}}
+      weight: 0
   - route:
     - destination: {host: vllm.%[5]s.svc.cluster.local, port: {number: 8000}}
 ---
@@ -173,7 +216,9 @@ spec:
     defaultEndpoint: 127.0.0.1:%[8]d
   egress:
   - hosts: ["%[9]s/*"]
-`, istioGateway, istioNS, gwPort, llmHost, modelsNS, inbound, podIP, mock.port, llmNS))
+`, istioGateway, istioNS, gwPort, llmHost, modelsNS, inbound, podIP, mock.port, llmNS, slaModel, poolHost("vllm-a"), poolHost("vllm-b")))
+	ig := startInfergateFromRelease(t, c, objs)
+	applyEndpoints(t, c, relName, map[string]int{"grpc-extproc": ig.extproc, "http-admin": ig.admin, "grpc-xds": ig.xds})
 
 	gw := startPilotAgent(t, c, bins, ist, meshProxy{kind: "router", ns: istioNS, name: "istio-ingressgateway-0", sa: gatewaySA, ip: "127.0.0.1",
 		labels: map[string]string{"istio": "ingressgateway"}})
@@ -278,6 +323,84 @@ spec:
 		if st.Decision != "allow" || st.CompletionTokens != 8 || !st.Complete {
 			t.Errorf("stamp %+v, want allow, 8 completion tokens, complete", st)
 		}
+	})
+
+	// The SLA controller's weights, as Istio users route: vllm-a slows past
+	// its SLA; the controller, reading the gateway meter's observations
+	// (Istio's cluster named back to the destination's host), writes the
+	// VirtualService through the API; istiod turns it into the gateway's
+	// route, and traffic follows.
+	t.Run("SLAWeightsThroughTheVirtualService", func(t *testing.T) {
+		a, b := poolHost("vllm-a"), poolHost("vllm-b")
+		if w := virtualServiceWeights(t, c); w[a] != 100 || w[b] != 0 {
+			t.Fatalf("the VirtualService's weights before: %v, want all on %s", w, a)
+		}
+		if w := gatewayRouteWeights(t, gw, slaModel); w[a] != 100 || len(w) != 1 {
+			t.Fatalf("the gateway's route for %s before: %v, want all on %s", slaModel, w, a)
+		}
+		if na, nb := slaBatch(t, gwURL, pools, 10); na != 10 || nb != 0 {
+			t.Fatalf("before the slowdown: vllm-a %d, vllm-b %d of 10, want all on vllm-a", na, nb)
+		}
+		// Load: streams whose first token vllm-a now takes 400 ms to send.
+		pools["vllm-a"].control(t, `{"ttft_ms": 400}`)
+		loadCtx, stop := context.WithCancel(t.Context())
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				for loadCtx.Err() == nil {
+					resp, err := chat(gwURL, slaModel, 2, true, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-itl-ms": "5"})
+					if err == nil {
+						drain(resp)
+						if resp.StatusCode != http.StatusOK && loadCtx.Err() == nil {
+							t.Errorf("under load: %d", resp.StatusCode)
+							return
+						}
+					}
+					// Paced: the premium tier allows 600 requests a minute.
+					select {
+					case <-loadCtx.Done():
+					case <-time.After(60 * time.Millisecond):
+					}
+				}
+			})
+		}
+		defer func() { stop(); wg.Wait() }()
+		// The deadlines are guards: what moves the weights is the meter's
+		// observations of vllm-a's first tokens.
+		var w map[string]int64
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			w = virtualServiceWeights(t, c)
+			return w[a] <= 1 && w[b] >= 99
+		}, "the controller to move "+slaModel+"'s weight to vllm-b in the VirtualService")
+		stop()
+		wg.Wait()
+		if !writtenByController(t, c) {
+			t.Error("the VirtualService's managedFields show no update by infergate-controller (the release's service account)")
+		}
+		var route map[string]int64
+		testutil.Eventually(t, 30*time.Second, func() bool {
+			route = gatewayRouteWeights(t, gw, slaModel)
+			return maps.Equal(route, w)
+		}, "istiod to give the gateway the VirtualService's new weights")
+		t.Logf("the gateway's route for %s: %v", slaModel, route)
+		// vllm-a keeps its probe weight: 4 or more of 20 there is a
+		// 1-in-20,000 chance.
+		if na, nb := slaBatch(t, gwURL, pools, 20); na > 3 || na+nb != 20 {
+			t.Errorf("after the move: vllm-a %d, vllm-b %d of 20, want (nearly) all on vllm-b", na, nb)
+		}
+		// The meter names the pool as the configuration does: Istio's
+		// cluster (outbound|8000||host) back to the destination's host.
+		byPool := map[string]int{}
+		for _, line := range strings.Split(ig.requests.String(), "\n") {
+			var l logLine
+			if json.Unmarshal([]byte(line), &l) == nil && l.Model == slaModel {
+				byPool[l.Pool]++
+			}
+		}
+		if byPool[a] == 0 || byPool[b] == 0 || len(byPool) != 2 {
+			t.Errorf("request log lines of %s by pool: %v, want both pools by host", slaModel, byPool)
+		}
+		t.Logf("request log lines of %s by pool: %v", slaModel, byPool)
 	})
 
 	t.Run("FailClosed", func(t *testing.T) {
@@ -530,4 +653,125 @@ func startLoopbackMock(t *testing.T) *mockPool {
 		return exec.Command(benchBin(t), "mock", "--listen", m.addr, "--ttft", "50ms", "--itl", "10ms"), "http://" + m.addr + "/healthz"
 	})
 	return m
+}
+
+// slaModel is the virtual model the SLA controller routes in the mesh.
+const slaModel = "llama-3-70b"
+
+// poolHost is the host of a pool's ServiceEntry.
+func poolHost(name string) string { return name + "." + modelsNS + ".svc.cluster.local" }
+
+// virtualServiceWeights is the weights of slaModel's route in the gateway's
+// VirtualService, by destination host.
+func virtualServiceWeights(t *testing.T, c *cluster) map[string]int64 {
+	t.Helper()
+	obj, err := c.dyn.Resource(virtualServices).Namespace(istioNS).Get(t.Context(), "llm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, h := range nested[[]any](obj.Object, "spec", "http") {
+		h := h.(map[string]any)
+		for _, m := range nested[[]any](h, "match") {
+			if nested[string](m.(map[string]any), "headers", "x-infergate-model", "exact") != slaModel {
+				continue
+			}
+			for _, d := range nested[[]any](h, "route") {
+				d := d.(map[string]any)
+				out[nested[string](d, "destination", "host")] = num(d["weight"])
+			}
+		}
+	}
+	return out
+}
+
+// writtenByController reports whether the controller, as the release's
+// service account, has updated the gateway's VirtualService.
+func writtenByController(t *testing.T, c *cluster) bool {
+	t.Helper()
+	obj, err := c.dyn.Resource(virtualServices).Namespace(istioNS).Get(t.Context(), "llm", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range obj.GetManagedFields() {
+		if f.Manager == "infergate-controller" && f.Operation == metav1.ManagedFieldsOperationUpdate {
+			return true
+		}
+	}
+	return false
+}
+
+// gatewayRouteWeights is the weights, by host, of the route istiod gave
+// the gateway for model (matching x-infergate-model exactly), read from
+// Envoy's config_dump: a weighted_clusters route, or one cluster (Istio
+// drops destinations of weight 0) at 100.
+func gatewayRouteWeights(t *testing.T, admin, model string) map[string]int64 {
+	t.Helper()
+	type weighted struct {
+		Name   string `json:"name"`
+		Weight int64  `json:"weight"`
+	}
+	type headerMatch struct {
+		Name        string `json:"name"`
+		StringMatch struct {
+			Exact string `json:"exact"`
+		} `json:"string_match"`
+	}
+	var dump struct {
+		Configs []struct {
+			RouteConfig struct {
+				VirtualHosts []struct {
+					Routes []struct {
+						Match struct {
+							Headers []headerMatch `json:"headers"`
+						} `json:"match"`
+						Route struct {
+							Cluster          string `json:"cluster"`
+							WeightedClusters struct {
+								Clusters []weighted `json:"clusters"`
+							} `json:"weighted_clusters"`
+						} `json:"route"`
+					} `json:"routes"`
+				} `json:"virtual_hosts"`
+			} `json:"route_config"`
+		} `json:"configs"`
+	}
+	if err := json.Unmarshal([]byte(get(t, admin+"/config_dump?resource=dynamic_route_configs")), &dump); err != nil {
+		t.Fatalf("config_dump: %v", err)
+	}
+	host := func(c string) string { f := strings.Split(c, "|"); return f[len(f)-1] }
+	for _, rc := range dump.Configs {
+		for _, vh := range rc.RouteConfig.VirtualHosts {
+			for _, r := range vh.Routes {
+				if !slices.ContainsFunc(r.Match.Headers, func(h headerMatch) bool {
+					return h.Name == "x-infergate-model" && h.StringMatch.Exact == model
+				}) {
+					continue
+				}
+				out := map[string]int64{}
+				if r.Route.Cluster != "" {
+					out[host(r.Route.Cluster)] = 100
+				}
+				for _, c := range r.Route.WeightedClusters.Clusters {
+					out[host(c.Name)] = c.Weight
+				}
+				return out
+			}
+		}
+	}
+	return nil
+}
+
+// slaBatch sends n non-streamed requests for slaModel through the gateway,
+// one after the other, and counts which pool served them.
+func slaBatch(t *testing.T, gw string, pools map[string]*mockPool, n int) (a, b int) {
+	t.Helper()
+	a0, b0 := pools["vllm-a"].served(t), pools["vllm-b"].served(t)
+	for range n {
+		code, body := postModel(t, gw, slaModel, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-ttft-ms": "1"})
+		if code != http.StatusOK {
+			t.Fatalf("%s through the gateway: %d %s", slaModel, code, body)
+		}
+	}
+	return pools["vllm-a"].served(t) - a0, pools["vllm-b"].served(t) - b0
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -274,8 +275,20 @@ func (v *VirtualService) Load(ctx context.Context) error {
 	return err
 }
 
-// Resolve returns pool unchanged: Istio's cluster names carry the host.
-func (v *VirtualService) Resolve(pool string) string { return pool }
+// Resolve names the pool of an Istio cluster (outbound|port|subset|host,
+// what Envoy reports): its subset when it has one, else its host, as a
+// destination is named in the configuration. Other names are returned
+// unchanged.
+func (v *VirtualService) Resolve(pool string) string {
+	f := strings.Split(pool, "|")
+	if len(f) != 4 || f[0] != "outbound" || f[3] == "" {
+		return pool
+	}
+	if f[2] != "" {
+		return f[2]
+	}
+	return f[3]
+}
 
 // Apply sets each virtual model's destination weights.
 func (v *VirtualService) Apply(ctx context.Context, weights map[string]map[string]uint32) error {

@@ -194,6 +194,18 @@ func TestVirtualServiceThroughTheAPI(t *testing.T) {
 	if err := vs.Apply(t.Context(), map[string]map[string]uint32{"llama": {"vllm-c": 100}}); err == nil || api.puts != 1 {
 		t.Errorf("an unknown destination applied (%v, %d writes)", err, api.puts)
 	}
+	// Envoy reports Istio's cluster; the controller knows the destination.
+	for seen, pool := range map[string]string{
+		"outbound|8000||vllm-a.ai.svc.cluster.local":     "vllm-a.ai.svc.cluster.local",
+		"outbound|8000|fast|vllm-a.ai.svc.cluster.local": "fast",
+		"inbound|8000||":              "inbound|8000||",
+		"vllm-a.ai.svc.cluster.local": "vllm-a.ai.svc.cluster.local",
+		"outbound|8000||":             "outbound|8000||",
+	} {
+		if got := vs.Resolve(seen); got != pool {
+			t.Errorf("Resolve(%q) = %q, want %q", seen, got, pool)
+		}
+	}
 	missing := &VirtualService{Kube: vs.Kube, Namespace: "ai", Name: "other"}
 	if err := missing.Load(t.Context()); !apierrors.IsNotFound(err) || !strings.Contains(err.Error(), "virtualservice ai/other") {
 		t.Errorf("missing: %v", err)
