@@ -110,6 +110,9 @@ type benchFlags struct {
 	datasetItems []loadgen.DatasetEntry
 }
 
+// joinWait bounds how long --join waits for the gateway's last records.
+const joinWait = 5 * time.Second
+
 func parseBenchFlags(args []string, stderr io.Writer) (*benchFlags, error) {
 	fs := flagset.NewFor("infergate-bench", "bench", benchSummary, stderr)
 	f := &benchFlags{headers: map[string]string{}, tolerances: loadgen.Tolerances{Default: 0.10}}
@@ -404,12 +407,26 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer, version
 		rep.Compare = &c
 	}
 	if f.join != "" && runErr == nil {
-		recs, err := loadgen.FetchRecords(ctx, http.DefaultClient, f.join)
-		if err != nil {
-			return fmt.Errorf("bench: --join: %w", err)
-		}
+		// The gateway records a request once it has settled it, just
+		// after its client saw the end: the last records may come a
+		// little later, so the join is read again until every request
+		// has its record, for joinWait at most.
 		i := loadgen.GatewayTarget(rec.Samples)
-		rep.Join = loadgen.Join(f.join, rec.Samples[i], recs)
+		for deadline := time.Now().Add(joinWait); ; {
+			recs, err := loadgen.FetchRecords(ctx, http.DefaultClient, f.join)
+			if err != nil {
+				return fmt.Errorf("bench: --join: %w", err)
+			}
+			rep.Join = loadgen.Join(f.join, rec.Samples[i], recs)
+			if rep.Join.Joined >= rep.Join.Requests || time.Now().After(deadline) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 		rep.Join.Target = rec.Targets[i].Name
 	}
 	if base != nil && runErr == nil {

@@ -123,8 +123,9 @@ func TestHostileModelNamesCostNothing(t *testing.T) {
 			t.Fatalf("a normal request during the attack: status %d", resp.StatusCode)
 		}
 		served++
-		if got := stream(t, url, normal.body, map[string]string{"authorization": "Bearer sk-acme-0001"}); !bytes.Equal(got.Body, want.Body) {
-			t.Fatalf("a normal stream during the attack arrived altered")
+		if got := stream(t, url, normal.body, map[string]string{"authorization": "Bearer sk-acme-0001"}); got.Status != 200 || !bytes.Equal(got.Body, want.Body) {
+			t.Fatalf("a normal stream during the attack arrived altered: status %d (request %s)\n got: %q\nwant: %q",
+				got.Status, got.RequestID, got.Body, want.Body)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

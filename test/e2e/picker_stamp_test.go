@@ -91,16 +91,26 @@ func TestStampNamesThePickersEndpoint(t *testing.T) {
 	s := startStackFor(t, "", func(*stack) string { return testConfig }, 1)
 	s.Envoy = startEnvoy(t, "envoy/demo.yaml", []string{s.Gateway.ExtProcAddr}, s.Gateway.XDSAddr, s.PoolA.Addr, s.PoolB.Addr,
 		withPicker(l.Addr().String()))
-	r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 3, true, ""), nil)
-	if r.Status != 200 {
-		t.Fatalf("status %d: %s", r.Status, r.Body)
+	// The picker's stage is measured unless a stall of infergate's
+	// overlapped it (then it is 0, and the stamp may still be ok): some
+	// request of a few has it, whatever the machine's load.
+	measured := false
+	for i := 0; i < 20 && !measured; i++ {
+		r := stream(t, s.Envoy.URL+"/v1/chat/completions", chatBody("pool-a", 3, true, ""), nil)
+		if r.Status != 200 {
+			t.Fatalf("status %d: %s", r.Status, r.Body)
+		}
+		st := s.Gateway.stamp(t, r.Header.Get("x-request-id"))
+		if st.Endpoint != "10.1.2.3:8000" {
+			t.Errorf("stamp endpoint %q, want the picker's 10.1.2.3:8000 (stamp %+v)", st.Endpoint, st)
+		}
+		if st.Pickerms < 0 || st.Pickerms > st.Gatewayms {
+			t.Errorf("picker_ms %v, gateway_ms %v: want the picker's stage within the gateway's", st.Pickerms, st.Gatewayms)
+		}
+		measured = st.Timing == "ok" && st.Pickerms > 0
+		t.Logf("timing %s, picker_ms %.3f, gateway_ms %.3f, gate_ms %.3f", st.Timing, st.Pickerms, st.Gatewayms, st.Gatems)
 	}
-	st := s.Gateway.stamp(t, r.Header.Get("x-request-id"))
-	if st.Endpoint != "10.1.2.3:8000" {
-		t.Errorf("stamp endpoint %q, want the picker's 10.1.2.3:8000 (stamp %+v)", st.Endpoint, st)
+	if !measured {
+		t.Error("no stamp of 20 measured the picker's stage")
 	}
-	if st.Timing == "ok" && !(st.Pickerms > 0 && st.Pickerms <= st.Gatewayms) {
-		t.Errorf("picker_ms %v, gateway_ms %v: want the picker's stage, within the gateway's", st.Pickerms, st.Gatewayms)
-	}
-	t.Logf("timing %s, picker_ms %.3f, gateway_ms %.3f, gate_ms %.3f", st.Timing, st.Pickerms, st.Gatewayms, st.Gatems)
 }
