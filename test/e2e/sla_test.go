@@ -369,7 +369,10 @@ func TestSLASplitMode(t *testing.T) {
 	if a, b := weights(t, ctrl.AdminURL); b < 98 {
 		t.Errorf("restarted controller at pool-a %v / pool-b %v: it must resume the saved weights", a, b)
 	}
-	testutil.Eventually(t, 5*time.Second, func() bool {
+	// Envoy retries its xDS stream with a jittered backoff that grows
+	// while the controller is down (base 0.5 s, capped at 30 s): a guard,
+	// not a deadline.
+	testutil.Eventually(t, 45*time.Second, func() bool {
 		return strings.Contains(get(t, s.Envoy.AdminURL+"/stats?filter=rds.infergate.control_plane.connected_state"), "connected_state: 1")
 	}, "Envoy to reconnect to the restarted controller")
 	reconnected := s.PoolA.Served() + s.PoolB.Served()
