@@ -72,6 +72,14 @@ func newModule(cfg *config.Config, logger *slog.Logger) (*module.Options, error)
 		return nil, errors.New("virtualModels through the module need ratelimit.backend: redis: the module publishes its " +
 			"observations to the shared feed, which the SLA controller (infergate controller, or serve) reads")
 	}
+	if cfg.Auth.JWT.Enabled {
+		// jwt_authn leaves the claims as one Struct (payload_in_metadata);
+		// the pinned SDK's ABI (v0.1.0) reads a metadata key's string,
+		// number or bool only, so the claims cannot reach the module. Refused
+		// at start rather than every JWT caller denied at request time.
+		return nil, errors.New("auth.jwt through the module: Envoy's dynamic-module ABI (v0.1.0) reads no metadata Struct, " +
+			"and jwt_authn's payload is one; use the ext_proc path (infergate serve) for JWT callers, or API keys (auth.keys)")
+	}
 	if err := CheckDebugToken(cfg.Admin); err != nil {
 		return nil, err
 	}
