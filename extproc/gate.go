@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -196,27 +195,6 @@ func bodyResponse(common *extprocv3.CommonResponse) *extprocv3.ProcessingRespons
 
 // spoofed lists the client's x-infergate-* headers: only the gate sets those.
 func (g *gateRequest) spoofed() []string { return gate.Spoofed(g.headers) }
-
-// GateHeaders are the request headers the shipped gate filters forward to
-// the gate (forward_rules in envoy/snippet.yaml; a test keeps them equal):
-// what the gate reads (the route's, the body's type, the request id, the
-// credential) and the policy input's by default (auth.policyHeaders), with
-// every header named request.ReservedHeaderPrefix* under either spelling (a
-// client's are removed). A header outside them never reaches the gate.
-var GateHeaders = []string{":method", ":path", "content-type", "x-request-id", "authorization", "x-api-key", "user-agent"}
-
-// UnforwardedHeaders returns the headers of names that the shipped gate
-// filters do not forward (see GateHeaders).
-func UnforwardedHeaders(names []string) []string {
-	var out []string
-	for _, n := range names {
-		n = strings.ToLower(n)
-		if !slices.Contains(GateHeaders, n) && !gate.Reserved(n) && !slices.Contains(out, n) {
-			out = append(out, n)
-		}
-	}
-	return out
-}
 
 // MaxModelBytes bounds the model name a request may carry (gate.MaxModelBytes).
 const MaxModelBytes = gate.MaxModelBytes

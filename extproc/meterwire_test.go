@@ -323,10 +323,3 @@ func TestMeterPoolOrderAttribute(t *testing.T) {
 		t.Errorf("pools %v, pool %q", st.PoolsTried, st.Pool)
 	}
 }
-
-func TestUnforwardedHeaders(t *testing.T) {
-	got := UnforwardedHeaders([]string{"user-agent", "X-Request-Id", "x-team", "X-Team", "x-infergate-tier", "x_infergate_x", "x-tier"})
-	if !slices.Equal(got, []string{"x-team", "x-tier"}) {
-		t.Errorf("%v", got)
-	}
-}

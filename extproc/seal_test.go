@@ -12,14 +12,14 @@ import (
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/wasmmeter"
 	"github.com/infergate/infergate/xds/controller"
-	"github.com/infergate/infergate/xds/routing"
+	"github.com/infergate/infergate/xds/feed"
 )
 
 // observations counts what a stamp would feed the SLA controller.
 type observations struct{ n int }
 
 func (o *observations) Record(_ context.Context, st *request.Stamp) {
-	routing.Observations(st, func(controller.Observation) { o.n++ })
+	feed.Observations(st, func(controller.Observation) { o.n++ })
 }
 
 // Only a sealed gate field that verifies, once, says who called: a field

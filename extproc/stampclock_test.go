@@ -18,7 +18,7 @@ import (
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/wasmmeter"
 	"github.com/infergate/infergate/xds/controller"
-	"github.com/infergate/infergate/xds/routing"
+	"github.com/infergate/infergate/xds/feed"
 )
 
 // scriptedStream is a meter stream whose messages infergate reads at the
@@ -107,7 +107,7 @@ func TestMeterStalledReader(t *testing.T) {
 			// The controller counts the status; it weighs only the
 			// times the meter vouched for.
 			var obs []controller.Observation
-			routing.Observations(st, func(o controller.Observation) { obs = append(obs, o) })
+			feed.Observations(st, func(o controller.Observation) { obs = append(obs, o) })
 			if len(obs) != 1 || obs[0].Untimed != (st.Timing == request.TimingLateRead) ||
 				obs[0].Untimed && obs[0].TTFT != 0 || !st.Timing.StreamTimed() && obs[0].ITLP95 != 0 {
 				t.Errorf("controller observations %+v from a %q stamp", obs, st.Timing)

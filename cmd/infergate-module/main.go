@@ -11,13 +11,13 @@ import (
 	_ "github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/abi" // the C ABI Envoy calls
 	"github.com/envoyproxy/envoy/source/extensions/dynamic_modules/sdk/go/shared"
 
-	"github.com/infergate/infergate/internal/cli"
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/module"
 )
 
 func init() {
 	sdk.RegisterHttpFilterConfigFactories(map[string]shared.HttpFilterConfigFactory{
-		module.FilterName: module.NewConfigFactory(cli.ModuleOptions),
+		module.FilterName: module.NewConfigFactory(compose.ModuleOptions),
 	})
 }
 

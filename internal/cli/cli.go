@@ -8,12 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"runtime"
 	"runtime/debug"
 	"strings"
 
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/identity"
@@ -88,16 +88,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return ErrUsage
 }
 
-func newLogger(w io.Writer, c config.Log) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(c.Level))
-	opts := &slog.HandlerOptions{Level: level}
-	if c.Format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
-	}
-	return slog.New(slog.NewJSONHandler(w, opts))
-}
-
 func runServe(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
 	summary := "Run infergate whole, in one process: the ext_proc gRPC service (the gate and the meter),\nthe SLA controller with its xDS server, and the admin HTTP port."
 	if name == "extproc" {
@@ -128,7 +118,7 @@ func runServe(ctx context.Context, name string, args []string, stdout, stderr io
 		// (and, later, to a separate controller).
 		cfg.VirtualModels = nil
 	}
-	logger := newLogger(stderr, cfg.Log)
+	logger := compose.NewLogger(stderr, cfg.Log)
 	tuneGC()
 	svc, err := NewService(cfg, logger, stdout)
 	if err != nil {
@@ -186,7 +176,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%s: policies compile and pass their tests\n", cfg.Policy.Dir)
 	}
 	// serve would refuse to start on it: say so before a rollout does.
-	if err := checkDebugToken(cfg.Admin); err != nil {
+	if err := compose.CheckDebugToken(cfg.Admin); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", *path)

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/telemetry"
@@ -47,7 +48,7 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	if cfg.RateLimit.Backend != "redis" {
 		return nil, errors.New("controller: observations come from the shared Redis; set ratelimit.backend: redis")
 	}
-	if err := checkDebugToken(cfg.Admin); err != nil {
+	if err := compose.CheckDebugToken(cfg.Admin); err != nil {
 		return nil, err
 	}
 	certs, err := serverCerts(cfg.XDS.TLS, logger)
@@ -61,7 +62,7 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 	if err := observeCertReloads(metrics.Meter(), nil, certs); err != nil {
 		return nil, err
 	}
-	rdb, err := redisClient(cfg.RateLimit.Redis)
+	rdb, err := compose.RedisClient(cfg.RateLimit.Redis)
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +85,7 @@ func NewControllerService(cfg *config.Config, logger *slog.Logger) (*ControllerS
 func (c *ControllerService) Serve(ctx context.Context, adminLis, xdsLis net.Listener) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", c.metrics.Handler())
-	debugPages(mux, c.cfg.Admin, func(debug *http.ServeMux) {
+	compose.DebugPages(mux, c.cfg.Admin, func(debug *http.ServeMux) {
 		debug.HandleFunc("GET /debug/controller", c.routing.DebugHandler)
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -147,7 +148,7 @@ serves the virtual-model routes to Envoy; run as many as you like.`, stderr)
 	if err != nil {
 		return err
 	}
-	logger := newLogger(stderr, cfg.Log)
+	logger := compose.NewLogger(stderr, cfg.Log)
 	svc, err := NewControllerService(cfg, logger)
 	if err != nil {
 		return err

@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -421,15 +420,6 @@ func fetchKeyStatus(ctx context.Context, url, tokenFile string) ([]identity.KeyS
 		return nil, fmt.Errorf("%s/debug/keys: %w", url, err)
 	}
 	return st, nil
-}
-
-// keysHandler serves GET /debug/keys: the loaded keys (never a key nor a
-// hash), their expiry, revocation and this replica's last use of each.
-func keysHandler(keys *identity.KeySet) http.HandlerFunc {
-	return func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(keys.Load().Status())
-	}
 }
 
 // stringAlias is a second name of a string flag.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/internal/identity"
 )
 
@@ -153,7 +154,7 @@ func TestKeysList(t *testing.T) {
 		if _, err := set.Load().Authenticate(key, t0.Add(used)); err != nil {
 			t.Fatal(err)
 		}
-		srv := httptest.NewServer(keysHandler(&set))
+		srv := httptest.NewServer(compose.KeysHandler(&set))
 		t.Cleanup(srv.Close)
 		admins = append(admins, "--admin", srv.URL)
 	}

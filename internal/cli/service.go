@@ -26,10 +26,12 @@ import (
 
 	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/admission"
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/poolmodels"
 	"github.com/infergate/infergate/internal/ratelimit"
+	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/requestlog"
 	"github.com/infergate/infergate/internal/telemetry"
 	"github.com/infergate/infergate/internal/tlsreload"
@@ -58,7 +60,7 @@ type Service struct {
 	metrics   *telemetry.Metrics
 	grpc      *grpc.Server
 	ready     atomic.Bool
-	adm       *admissionParts
+	adm       *compose.Admission
 	routing   *routing.Service // nil without virtual models
 	publisher *feed.Publisher  // observations to the shared Redis; nil without Redis
 	recent    *requestlog.Ring // nil when admin.recentRequests is 0
@@ -106,39 +108,43 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 	if err != nil {
 		return nil, err
 	}
-	obs, err := newObservers(ctx, cfg, metrics, requests)
+	obs, err := compose.NewObservers(ctx, cfg, metrics, requests, Version)
 	if err != nil {
 		return nil, err
 	}
-	adm, err := newAdmission(ctx, cfg, logger, metrics, o.budgetClock)
+	adm, err := compose.NewAdmission(ctx, cfg, logger, metrics, o.budgetClock)
 	if err != nil {
 		return nil, err
 	}
 	var store redis.UniversalClient
-	if adm.redis != nil {
-		store = adm.redis
+	if adm.Redis != nil {
+		store = adm.Redis
 	}
 	rt, err := newRouting(ctx, cfg, logger, metrics.Meter(), store)
 	if err != nil {
-		adm.close()
+		adm.Close()
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: obs.recent, tracing: obs.tracing, listen: net.Listen}
+	s := &Service{cfg: cfg, log: logger, metrics: metrics, adm: adm, routing: rt, recent: obs.Recent, tracing: obs.Tracing, listen: net.Listen}
 	if s.gatewayExt, err = newGatewayExtension(cfg, logger); err != nil {
-		adm.close()
+		adm.Close()
 		return nil, err
 	}
-	if err := checkDebugToken(cfg.Admin); err != nil {
-		adm.close()
+	if err := compose.CheckDebugToken(cfg.Admin); err != nil {
+		adm.Close()
 		return nil, err
 	}
 	// Replicas share Redis: every one publishes its observations and
 	// every controller reads them all, so they decide alike.
-	obs.observeSLA(adm, rt, logger)
-	s.publisher = obs.publisher
+	var local request.Sink
+	if rt != nil {
+		local = rt
+	}
+	obs.ObserveSLA(adm, local, logger)
+	s.publisher = obs.Publisher
 	var poolModels func() []string
 	if pm := cfg.PoolModels; len(pm.Pools) > 0 {
-		s.models = newPoolModels(pm, logger)
+		s.models = compose.NewPoolModels(pm, logger)
 		poolModels = s.models.Models
 	}
 	srv, err := extproc.New(extproc.Options{
@@ -152,34 +158,34 @@ func NewService(cfg *config.Config, logger *slog.Logger, requests io.Writer, opt
 		Prices:            cfg.Prices.Table(),
 		Logger:            logger,
 		Meter:             metrics.Meter(),
-		Sinks:             obs.sinks,
-		Policy:            adm.controller,
+		Sinks:             obs.Sinks,
+		Policy:            adm.Controller,
 		Catalog:           cfg.Catalog(),
 		PoolModels:        poolModels,
-		Tracer:            obs.tracing.Tracer(),
+		Tracer:            obs.Tracing.Tracer(),
 		PoolName:          rt.PoolName,
-		Sealer:            adm.fields,
+		Sealer:            adm.Fields,
 
 		MaxGateStreamsPerPeer:        int(cfg.ExtProc.MaxGateStreamsPerPeer),
 		MaxWaitingBodiesPerPrincipal: int(cfg.ExtProc.MaxWaitingBodiesPerPrincipal),
 		BodyTimeout:                  cfg.Gate.BodyTimeout,
 	})
 	if err != nil {
-		adm.close()
+		adm.Close()
 		return nil, err
 	}
 	if s.certs, err = extprocCerts(cfg, logger); err != nil {
-		adm.close()
+		adm.Close()
 		return nil, err
 	}
 	if s.needsXDSListener() {
 		if s.xdsCerts, err = serverCerts(cfg.XDS.TLS, logger); err != nil {
-			adm.close()
+			adm.Close()
 			return nil, fmt.Errorf("xds.tls: %w", err)
 		}
 	}
 	if err := observeCertReloads(metrics.Meter(), s.certs, s.xdsCerts); err != nil {
-		adm.close()
+		adm.Close()
 		return nil, err
 	}
 	s.grpc = grpc.NewServer(
@@ -243,7 +249,7 @@ func observeCertReloads(meter metric.Meter, extproc, xds *tlsreload.Server) erro
 	if extproc == nil && xds == nil {
 		return nil
 	}
-	_, err := meter.Int64ObservableCounter("infergate.reload.errors", metric.WithDescription(reloadErrorsHelp),
+	_, err := meter.Int64ObservableCounter("infergate.reload.errors", metric.WithDescription(compose.ReloadErrorsHelp),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if extproc != nil {
 				o.Observe(extproc.Refused(), reloadTLS)
@@ -272,7 +278,7 @@ var (
 // health is nil, or why the last reload of keys, policies or the ext_proc
 // certificates was refused (the last good version keeps serving).
 func (s *Service) health() error {
-	err := s.adm.health()
+	err := s.adm.Health()
 	if s.certs != nil {
 		err = errors.Join(err, s.certs.Health())
 	}
@@ -285,18 +291,9 @@ func (s *Service) health() error {
 // AdminHandler serves /metrics, /healthz and /readyz, and the /debug
 // pages admin.debug and admin.pprof turn on.
 func (s *Service) AdminHandler() http.Handler {
-	return admin{cfg: s.cfg.Admin, tracing: s.cfg.Tracing, metrics: s.metrics, adm: s.adm, recent: s.recent, routing: s.routing,
-		health: s.health, ready: func() bool { return s.ready.Load() && s.modelsPrimed() }}.handler()
-}
-
-// newPoolModels lists what the pools of pm serve.
-func newPoolModels(pm config.PoolModels, logger *slog.Logger) *poolmodels.Lister {
-	pools := make([]poolmodels.Pool, len(pm.Pools))
-	for i, p := range pm.Pools {
-		pools[i] = poolmodels.Pool{Name: p.Name, URL: p.URL, APIKeyFile: p.APIKeyFile}
-	}
-	return poolmodels.New(poolmodels.Options{Pools: pools, Interval: pm.Interval, KeepFor: pm.KeepFor,
-		Timeout: pm.Timeout, Logger: logger})
+	return compose.Admin{Config: s.cfg.Admin, Tracing: s.cfg.Tracing, Metrics: s.metrics, Adm: s.adm, Recent: s.recent,
+		Controller: s.routing.DebugHandler, // safe on a nil Service: no virtual model
+		Health:     s.health, Ready: func() bool { return s.ready.Load() && s.modelsPrimed() }}.Handler()
 }
 
 // modelsPrimed reports whether the pools' model lists have had their
@@ -363,7 +360,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 		}
 		return nil
 	})
-	g.Go(func() error { s.adm.run(watchCtx); return nil })
+	g.Go(func() error { s.adm.Run(watchCtx); return nil })
 	g.Go(func() error { s.extproc.WatchStalls(watchCtx); return nil })
 	if s.models != nil {
 		g.Go(func() error { s.models.Run(watchCtx); return nil })
@@ -378,9 +375,9 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	}
 	if s.routing != nil {
 		g.Go(func() error { return s.routing.Run(routingCtx, xdsLis, s.gatewayExt...) })
-		if s.adm.redis != nil {
+		if s.adm.Redis != nil {
 			g.Go(func() error {
-				feed.Subscribe(routingCtx, s.adm.redis, feed.DefaultStream, s.routing.Observe, s.log)
+				feed.Subscribe(routingCtx, s.adm.Redis, feed.DefaultStream, s.routing.Observe, s.log)
 				return nil
 			})
 		}
@@ -411,7 +408,7 @@ func (s *Service) Serve(ctx context.Context, extprocLis, adminLis, xdsLis net.Li
 	err := g.Wait()
 	_ = s.metrics.Shutdown(shutdownCtx)
 	_ = s.tracing.Shutdown(shutdownCtx)
-	s.adm.close()
+	s.adm.Close()
 	s.log.Info("infergate stopped")
 	if err != nil {
 		return fmt.Errorf("server stopped: %w", err)

@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/internal/config"
 	"github.com/infergate/infergate/internal/flagset"
 	"github.com/infergate/infergate/internal/price"
@@ -113,7 +114,7 @@ func getAdmin(ctx context.Context, url, tokenFile string, limit int64, hint stri
 		return nil, err
 	}
 	if tokenFile != "" {
-		token, err := readToken(tokenFile)
+		token, err := compose.ReadToken(tokenFile)
 		if err != nil {
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/infergate/infergate/internal/compose"
 	"github.com/infergate/infergate/internal/price"
 	"github.com/infergate/infergate/internal/ratelimit"
 	"github.com/infergate/infergate/internal/request"
@@ -31,7 +32,7 @@ func TestSpendCommand(t *testing.T) {
 		ratelimit.Cost{Requests: 1, InputTokens: 1000, OutputTokens: 500}, true)
 	token := filepath.Join(t.TempDir(), "token")
 	os.WriteFile(token, []byte("s3cret\n"), 0o600)
-	srv := httptest.NewServer(bearer(token, spend.Handler(l)))
+	srv := httptest.NewServer(compose.Bearer(token, spend.Handler(l)))
 	defer srv.Close()
 
 	var out bytes.Buffer

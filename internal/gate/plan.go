@@ -121,7 +121,7 @@ func PlanOf(r Rules, adm *request.Admission, removed []string, v request.Verdict
 // pickerIdentity adds to the request's header mutation what an Endpoint
 // Picker is told (request.PickerHeaders): a client's Inference Extension
 // headers are removed, always, present or not (the gate is not sent them:
-// see GateHeaders); when the policy names a fairness id or an objective,
+// see ForwardedHeaders); when the policy names a fairness id or an objective,
 // both are set, the fairness id defaulting to the tenant's
 // (request.TenantFairnessID). Without, nothing is set: a hosted pool is
 // not told the tenant, and a picker queues the request in its default

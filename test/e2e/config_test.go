@@ -11,8 +11,8 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/request"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 )
@@ -51,7 +51,7 @@ func TestSnippetMatchesTestedBootstrap(t *testing.T) {
 	}
 }
 
-// The gate filter forwards the headers extproc.GateHeaders lists (what the
+// The gate filter forwards the headers gate.ForwardedHeaders lists (what the
 // gate reads, the default policy headers) and every x-infergate-* under
 // either spelling; infergate warns about policy headers outside them.
 func TestSnippetForwardsGateHeaders(t *testing.T) {
@@ -76,15 +76,15 @@ func TestSnippetForwardsGateHeaders(t *testing.T) {
 		}
 		exact, prefix = appendNonEmpty(exact, p["exact"]), appendNonEmpty(prefix, p["prefix"])
 	}
-	if snippet.HTTPFilters[0].Name != "infergate.gate" || !slices.Equal(exact, extproc.GateHeaders) ||
+	if snippet.HTTPFilters[0].Name != "infergate.gate" || !slices.Equal(exact, gate.ForwardedHeaders) ||
 		!slices.Equal(prefix, []string{request.ReservedHeaderPrefix, strings.ReplaceAll(request.ReservedHeaderPrefix, "-", "_")}) {
-		t.Errorf("the gate forwards %v and prefixes %v; want %v and x-infergate-, x_infergate_", exact, prefix, extproc.GateHeaders)
+		t.Errorf("the gate forwards %v and prefixes %v; want %v and x-infergate-, x_infergate_", exact, prefix, gate.ForwardedHeaders)
 	}
 	def, err := config.Parse(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if extra := extproc.UnforwardedHeaders(def.Auth.PolicyHeaders); len(extra) > 0 {
+	if extra := gate.UnforwardedHeaders(def.Auth.PolicyHeaders); len(extra) > 0 {
 		t.Errorf("the default policy headers %v are not forwarded to the gate", extra)
 	}
 }

@@ -36,11 +36,15 @@ var rules = []rule{
 	{why: "the Envoy adapter is configured through its own Options, not the configuration file's types",
 		from: []string{"extproc"}, to: []string{"internal/config", "internal/cli", "xds/..."}},
 	{why: "only the composition root reads the configuration file's types: the domain packages take options of their own",
-		from: []string{"..."}, to: []string{"internal/config"}, allowFrom: []string{"internal/cli", "cmd/...", "internal/config/..."}},
+		from: []string{"..."}, to: []string{"internal/config"}, allowFrom: []string{"internal/cli", "internal/compose", "cmd/...", "internal/config/..."}},
 	{why: "nothing imports the command line but main",
-		from: []string{"..."}, to: []string{"internal/cli"}, allowFrom: []string{"cmd/infergate", "cmd/infergate-module"}},
+		from: []string{"..."}, to: []string{"internal/cli"}, allowFrom: []string{"cmd/infergate"}},
+	{why: "the parts both composition roots build alike are imported by those roots only",
+		from: []string{"..."}, to: []string{"internal/compose"}, allowFrom: []string{"internal/cli", "cmd/infergate-module"}},
+	{why: "what the module links stays lean: no ext_proc adapter, no command line, no control plane but the feed it publishes to",
+		from: []string{"internal/compose"}, to: []string{"extproc", "internal/cli", "xds/..."}, allowTo: []string{"xds/feed"}},
 	{why: "the dynamic-module adapter is imported only by the composition root",
-		from: []string{"..."}, to: []string{"module"}, allowFrom: []string{"internal/cli", "cmd/infergate-module"}},
+		from: []string{"..."}, to: []string{"module"}, allowFrom: []string{"internal/compose", "cmd/infergate-module"}},
 	{why: "the dynamic-module adapter is configured through its own Options, and is not the ext_proc adapter",
 		from: []string{"module"}, to: []string{"internal/config", "internal/cli", "xds/...", "extproc"}},
 	{why: "the product does not depend on the lab (bench/, a module and binary of its own: infergate-bench)",
@@ -179,6 +183,26 @@ func TestCoresHaveNoTransport(t *testing.T) {
 	}
 }
 
+// The dynamic module is linked into Envoy's process: it carries no
+// ext_proc or xDS server, no Kubernetes client and no command line, not
+// even through what it imports (an 85 MB library when it did).
+func TestModuleLinksNoServer(t *testing.T) {
+	cmd := exec.Command("go", "list", "-deps", module+"/cmd/infergate-module")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps cmd/infergate-module: %v", err)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		for _, bad := range []string{"github.com/envoyproxy/go-control-plane", "k8s.io/client-go", module + "/extproc", module + "/internal/cli",
+			module + "/xds/server", module + "/xds/routing", module + "/xds/weightsink", module + "/xds/gatewayext", module + "/xds/poolpods"} {
+			if d == bad || strings.HasPrefix(d, bad+"/") {
+				t.Errorf("cmd/infergate-module depends on %s", d)
+			}
+		}
+	}
+}
+
 // The rules catch what they are for.
 func TestRulesCatchUpwardImports(t *testing.T) {
 	for _, bad := range [][2]string{
@@ -196,6 +220,10 @@ func TestRulesCatchUpwardImports(t *testing.T) {
 		{"xds/routing", "internal/config"},
 		{"bench/command", "internal/config"},
 		{"bench/command", "internal/testutil"},
+		{"cmd/infergate-module", "internal/cli"},
+		{"internal/compose", "extproc"},
+		{"internal/compose", "xds/routing"},
+		{"internal/cli", "module"},
 	} {
 		if v := violations(map[string][]string{bad[0]: {bad[1]}}); len(v) == 0 {
 			t.Errorf("%s importing %s is not caught", bad[0], bad[1])
@@ -212,6 +240,11 @@ func TestRulesCatchUpwardImports(t *testing.T) {
 		{"cmd/infergate", "internal/config"},
 		{"internal/config/configdoc", "internal/config"},
 		{"bench/overhead", "internal/testutil"},
+		{"internal/compose", "internal/config"},
+		{"internal/compose", "xds/feed"},
+		{"internal/compose", "module"},
+		{"cmd/infergate-module", "internal/compose"},
+		{"internal/cli", "internal/compose"},
 	} {
 		if v := violations(map[string][]string{ok[0]: {ok[1]}}); len(v) > 0 {
 			t.Errorf("%s importing %s is refused: %v", ok[0], ok[1], v)

@@ -274,7 +274,7 @@ func (r *Service) save(ctx context.Context) {
 // an observation. Its pools are already named as configured (the meter
 // resolved them with PoolName).
 func (r *Service) Record(_ context.Context, st *request.Stamp) {
-	Observations(st, r.ctrl.Observe)
+	feed.Observations(st, r.ctrl.Observe)
 }
 
 // Observe takes an observation from another process (the shared feed),
@@ -293,38 +293,6 @@ func (r *Service) PoolName(p string) string {
 	}
 	return r.sink.Resolve(p)
 }
-
-// Observations turns a stamp into what the controller judges pools by: the
-// serving pool's latency and status, and a failure for each pool an
-// earlier attempt failed on.
-func Observations(st *request.Stamp, observe func(controller.Observation)) {
-	if st.Decision == "deny" || st.Unverified || st.Pool == "" {
-		return // a forged or replayed stamp moves no weight
-	}
-	now := time.Now()
-	for _, p := range st.PoolsTried[:max(len(st.PoolsTried)-1, 0)] {
-		observe(controller.Observation{At: now, VirtualModel: st.Model, Pool: p,
-			PromptTokens: st.PromptTokens, Status: controller.FailedAttempt})
-	}
-	// Times the meter could not vouch for move no weight; the status does.
-	o := controller.Observation{At: now, VirtualModel: st.Model, Pool: st.Pool,
-		PromptTokens: st.PromptTokens, TTFT: st.TTFT, Status: st.Status, Untimed: !st.Timing.FirstTokenTimed()}
-	if st.Timing.StreamTimed() {
-		o.ITLP95 = st.ITLP95
-	}
-	if o.Untimed {
-		o.TTFT = 0
-	}
-	observe(o)
-}
-
-// PublishSink sends every stamp's observations to the shared Redis feed,
-// for the controllers of every replica.
-func PublishSink(p *feed.Publisher) request.Sink { return publishSink{p} }
-
-type publishSink struct{ p *feed.Publisher }
-
-func (s publishSink) Record(_ context.Context, st *request.Stamp) { Observations(st, s.p.Publish) }
 
 // push publishes the current weights as routes; unchanged routes publish
 // nothing new.

@@ -1,4 +1,4 @@
-package cli
+package compose
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func TestRedisClientModes(t *testing.T) {
 	if err := os.WriteFile(pw, []byte("secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c, err := redisClient(config.Redis{Mode: "standalone", Address: "redis:6379", DB: 3, PasswordFile: pw, Timeout: time.Second})
+	c, err := RedisClient(config.Redis{Mode: "standalone", Address: "redis:6379", DB: 3, PasswordFile: pw, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func TestRedisClientModes(t *testing.T) {
 	if s, ok := c.(*redis.Client); !ok || s.Options().Addr != "redis:6379" || s.Options().DB != 3 || s.Options().Password != "secret" {
 		t.Errorf("standalone: %T %+v", c, c)
 	}
-	c, err = redisClient(config.Redis{Mode: "cluster", Addresses: []string{"a:1", "b:2"}, PasswordFile: pw, Timeout: time.Second})
+	c, err = RedisClient(config.Redis{Mode: "cluster", Addresses: []string{"a:1", "b:2"}, PasswordFile: pw, Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +41,7 @@ func TestRedisClientModes(t *testing.T) {
 	if o := cc.Options(); len(o.Addrs) != 2 || o.Password != "secret" || o.ReadTimeout != time.Second || o.DialerRetries != 1 {
 		t.Errorf("cluster options %+v", o)
 	}
-	if _, err := redisClient(config.Redis{Mode: "cluster", PasswordFile: filepath.Join(t.TempDir(), "nope")}); err == nil {
+	if _, err := RedisClient(config.Redis{Mode: "cluster", PasswordFile: filepath.Join(t.TempDir(), "nope")}); err == nil {
 		t.Error("a missing password file is not an error")
 	}
 }

@@ -1,4 +1,4 @@
-package cli
+package compose
 
 import (
 	"context"
@@ -16,9 +16,9 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/infergate/infergate/extproc"
 	"github.com/infergate/infergate/internal/admission"
 	"github.com/infergate/infergate/internal/config"
+	"github.com/infergate/infergate/internal/gate"
 	"github.com/infergate/infergate/internal/identity"
 	"github.com/infergate/infergate/internal/ledgerfile"
 	"github.com/infergate/infergate/internal/policy"
@@ -29,18 +29,18 @@ import (
 	"github.com/infergate/infergate/internal/watch"
 )
 
-// admissionParts are the gate's policy and what it holds open.
-type admissionParts struct {
-	controller *admission.Controller
+// Admission are the gate's policy and what it holds open.
+type Admission struct {
+	Controller *admission.Controller
 	policy     *policy.Watcher
 	keysErr    atomic.Pointer[error]
 	keysFailed atomic.Int64 // refused reloads of the key file
 	// redis is a *redis.Client, or a *redis.ClusterClient (mode: cluster).
-	redis redis.UniversalClient
+	Redis redis.UniversalClient
 	// ledger is the embedded ledger's open file (backend embedded).
 	ledger *ledgerfile.DB
 	// spend is the spend ledger, where the budgets are counted.
-	spend *spend.Ledger
+	Spend *spend.Ledger
 	// watchKeys polls the API key file until its context is done (nil
 	// without one).
 	watchKeys func(context.Context)
@@ -48,18 +48,18 @@ type admissionParts struct {
 	// from the store until run's context is done; fields seals the
 	// gate→meter field with them (extproc.Options.Sealer).
 	seals  *seal.Keyring
-	fields seal.Fields
+	Fields seal.Fields
 }
 
-// newAdmission loads keys and policies and connects the limiter; run
+// NewAdmission loads keys and policies and connects the limiter; run
 // watches them for changes.
 // clock reads the budget windows (nil: time.Now).
-func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *telemetry.Metrics, clock ratelimit.Clock) (*admissionParts, error) {
+func NewAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *telemetry.Metrics, clock ratelimit.Clock) (*Admission, error) {
 	am, err := admission.NewMetrics(m.Meter())
 	if err != nil {
 		return nil, err
 	}
-	p := &admissionParts{controller: &admission.Controller{
+	p := &Admission{Controller: &admission.Controller{
 		JWT:     admission.JWT(cfg.Auth.JWT), // the same fields: a conversion that stops compiling when they part
 		Shadow:  cfg.Policy.Shadow,
 		Headers: cfg.Auth.PolicyHeaders,
@@ -67,8 +67,8 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		Metrics: am,
 		Checks:  map[string]*admission.Check{},
 	}}
-	c := p.controller
-	if extra := extproc.UnforwardedHeaders(cfg.Auth.PolicyHeaders); len(extra) > 0 {
+	c := p.Controller
+	if extra := gate.UnforwardedHeaders(cfg.Auth.PolicyHeaders); len(extra) > 0 {
 		// Envoy sends the gate only the headers its forward_rules name.
 		log.Warn("auth.policyHeaders names headers the shipped gate filter does not forward: add them to its "+
 			"forward_rules.allowed_headers (the Helm chart does), or no policy sees them", "headers", extra)
@@ -142,7 +142,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		}
 		log.Info("budgets, seals and spend are kept in the embedded ledger", "path", path)
 	case "redis":
-		if p.redis, err = redisClient(cfg.RateLimit.Redis); err != nil {
+		if p.Redis, err = RedisClient(cfg.RateLimit.Redis); err != nil {
 			return nil, err
 		}
 		log.Info("budgets, seals and spend are kept in Redis; their durability is Redis' own (appendonly, see docs/reliability.md)")
@@ -150,17 +150,17 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		if cfg.RateLimit.OnBackendError == "local" {
 			mode = ratelimit.FailLocal
 		}
-		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.redis, clock, ratelimit.RedisOptions{HashTag: cfg.RateLimit.Redis.HashTag}), mode,
+		c.Limiter = ratelimit.WithFallback(ratelimit.NewRedis(p.Redis, clock, ratelimit.RedisOptions{HashTag: cfg.RateLimit.Redis.HashTag}), mode,
 			ratelimit.NewMemory(clock), func(err error) { log.Error("rate limit backend error", "err", err) })
 	}
-	p.spend = newSpend(cfg, p.redis, p.ledger, c.Keys, log, clock)
-	c.Spend = p.spend
-	if p.seals, c.Settled, err = newSeals(ctx, cfg, p.redis, p.ledger, log, time.Now); err != nil {
-		p.close()
+	p.Spend = newSpend(cfg, p.Redis, p.ledger, c.Keys, log, clock)
+	c.Spend = p.Spend
+	if p.seals, c.Settled, err = newSeals(ctx, cfg, p.Redis, p.ledger, log, time.Now); err != nil {
+		p.Close()
 		return nil, err
 	}
 	c.Seals, c.LongestStream = p.seals, cfg.Reservations.LongestStream
-	p.fields = seal.Fields{Ring: p.seals, Once: c.Settled, Longest: cfg.Reservations.LongestStream}
+	p.Fields = seal.Fields{Ring: p.seals, Once: c.Settled, Longest: cfg.Reservations.LongestStream}
 	if _, err := m.Meter().Int64ObservableCounter("infergate.reservation.key_mismatch",
 		metric.WithDescription("Seals naming a key this replica does not hold (cause unknown_key: replicas disagree on the keys, or a forgery), "+
 			"and keys found replaced in Redis (cause replaced: lost, e.g. a FLUSHALL, and created again)."),
@@ -172,7 +172,7 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 		return nil, err
 	}
 	if _, err := m.Meter().Int64ObservableCounter("infergate.reload.errors",
-		metric.WithDescription(reloadErrorsHelp),
+		metric.WithDescription(ReloadErrorsHelp),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			if p.policy != nil {
 				_, failed := p.policy.Reloads()
@@ -189,7 +189,8 @@ func newAdmission(ctx context.Context, cfg *config.Config, log *slog.Logger, m *
 	return p, nil
 }
 
-const reloadErrorsHelp = "Reloads refused (the last good version keeps serving), by source: policy, keys, reservation_keys or extproc_tls."
+// ReloadErrorsHelp describes infergate.reload.errors, counted by serve too (the ext_proc and xDS certificates).
+const ReloadErrorsHelp = "Reloads refused (the last good version keeps serving), by source: policy, keys, reservation_keys or extproc_tls."
 
 var (
 	reloadPolicy = metric.WithAttributes(attribute.String("source", "policy"))
@@ -208,7 +209,7 @@ var (
 // key, observations, weights): one server (mode standalone) or a Redis
 // Cluster (mode cluster), which every user takes as a
 // redis.UniversalClient.
-func redisClient(r config.Redis) (redis.UniversalClient, error) {
+func RedisClient(r config.Redis) (redis.UniversalClient, error) {
 	return redisClientWith(r, clusterStateReload, nil)
 }
 
@@ -427,7 +428,7 @@ func newSeals(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient
 }
 
 // health is nil, or why the last reload of keys or policies was refused.
-func (p *admissionParts) health() error {
+func (p *Admission) Health() error {
 	var errs []error
 	if p.policy != nil {
 		errs = append(errs, p.policy.Health())
@@ -439,7 +440,7 @@ func (p *admissionParts) health() error {
 }
 
 // run watches the key file and the policy directory until ctx is done.
-func (p *admissionParts) run(ctx context.Context) {
+func (p *Admission) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	if p.watchKeys != nil {
 		wg.Go(func() { p.watchKeys(ctx) })
@@ -453,9 +454,9 @@ func (p *admissionParts) run(ctx context.Context) {
 
 // close releases the limiter's Redis connection or ledger file: after
 // everything that settles reservations has stopped.
-func (p *admissionParts) close() {
-	if p.redis != nil {
-		p.redis.Close()
+func (p *Admission) Close() {
+	if p.Redis != nil {
+		p.Redis.Close()
 	}
 	if p.ledger != nil {
 		p.ledger.Close()

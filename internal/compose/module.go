@@ -1,4 +1,4 @@
-package cli
+package compose
 
 import (
 	"cmp"
@@ -49,7 +49,7 @@ func ModuleOptions(filterConfig []byte) (*module.Options, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := newLogger(os.Stderr, cfg.Log)
+	logger := NewLogger(os.Stderr, cfg.Log)
 	o, err := newModule(cfg, logger)
 	if err != nil {
 		return nil, err
@@ -72,40 +72,48 @@ func newModule(cfg *config.Config, logger *slog.Logger) (*module.Options, error)
 		return nil, errors.New("virtualModels through the module need ratelimit.backend: redis: the module publishes its " +
 			"observations to the shared feed, which the SLA controller (infergate controller, or serve) reads")
 	}
-	if err := checkDebugToken(cfg.Admin); err != nil {
+	if cfg.Auth.JWT.Enabled {
+		// jwt_authn leaves the claims as one Struct (payload_in_metadata);
+		// the pinned SDK's ABI (v0.1.0) reads a metadata key's string,
+		// number or bool only, so the claims cannot reach the module. Refused
+		// at start rather than every JWT caller denied at request time.
+		return nil, errors.New("auth.jwt through the module: Envoy's dynamic-module ABI (v0.1.0) reads no metadata Struct, " +
+			"and jwt_authn's payload is one; use the ext_proc path (infergate serve) for JWT callers, or API keys (auth.keys)")
+	}
+	if err := CheckDebugToken(cfg.Admin); err != nil {
 		return nil, err
 	}
 	metrics, err := telemetry.New()
 	if err != nil {
 		return nil, err
 	}
-	obs, err := newObservers(ctx, cfg, metrics, os.Stdout)
+	obs, err := NewObservers(ctx, cfg, metrics, os.Stdout, BuildVersion("dev"))
 	if err != nil {
 		return nil, err
 	}
-	adm, err := newAdmission(ctx, cfg, logger, metrics, nil)
+	adm, err := NewAdmission(ctx, cfg, logger, metrics, nil)
 	if err != nil {
 		return nil, err
 	}
-	obs.observeSLA(adm, nil, logger)
+	obs.ObserveSLA(adm, nil, logger)
 	currency := cmp.Or(cfg.Prices.Table().Currency, "USD")
 	inst, err := observe.NewInstruments(metrics.Meter(), currency)
 	if err != nil {
-		adm.close()
+		adm.Close()
 		return nil, err
 	}
 	stalls := meter.NewStallWatch()
-	go adm.run(ctx) // reloads of keys and policies, the seals' keys: as long as Envoy runs
+	go adm.Run(ctx) // reloads of keys and policies, the seals' keys: as long as Envoy runs
 	go stalls.Run(ctx, time.Now)
-	if obs.publisher != nil {
-		go obs.publisher.Run(ctx)
+	if obs.Publisher != nil {
+		go obs.Publisher.Run(ctx)
 	}
-	handler := admin{cfg: cfg.Admin, tracing: cfg.Tracing, metrics: metrics, adm: adm, recent: obs.recent,
-		health: adm.health, ready: func() bool { return true }}.handler()
+	handler := Admin{Config: cfg.Admin, Tracing: cfg.Tracing, Metrics: metrics, Adm: adm, Recent: obs.Recent,
+		Health: adm.Health, Ready: func() bool { return true }}.Handler()
 	go serveAdmin(ctx, cfg.Admin.Listen, handler, logger)
 	catalog := gate.Catalog{Models: cfg.Catalog(), CompletionPaths: cfg.Gate.Paths}
 	if pm := cfg.PoolModels; len(pm.Pools) > 0 {
-		models := newPoolModels(pm, logger)
+		models := NewPoolModels(pm, logger)
 		go models.Run(ctx)
 		catalog.PoolModels = models.Models
 	}
@@ -114,10 +122,10 @@ func newModule(cfg *config.Config, logger *slog.Logger) (*module.Options, error)
 		Rules: gate.Rules{KeepUsageOption: !*cfg.Gate.InjectUsage, HonourUsageOptOut: cfg.Gate.HonourUsageOptOut,
 			ChatOutputLimit: cfg.Gate.ChatOutputLimit},
 		Catalog:        catalog,
-		Policy:         adm.controller,
-		Sinks:          obs.sinks,
+		Policy:         adm.Controller,
+		Sinks:          obs.Sinks,
 		Meters:         observe.NewMeters(inst, nil, nil, nil),
-		Tracer:         obs.tracing.Tracer(),
+		Tracer:         obs.Tracing.Tracer(),
 		Stalls:         stalls,
 		Prices:         cfg.Prices.Table(),
 		MaxTrackedGaps: cfg.Meter.MaxTrackedGaps,

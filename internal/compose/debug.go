@@ -1,4 +1,4 @@
-package cli
+package compose
 
 import (
 	"bytes"
@@ -14,11 +14,11 @@ import (
 	"github.com/infergate/infergate/internal/config"
 )
 
-// debugPages mounts under /debug/ what admin turns on: the pages pages
+// DebugPages mounts under /debug/ what admin turns on: the pages pages
 // registers with admin.debug.enabled, Go's profiler with admin.pprof; both
 // behind admin.debug.tokenFile when it is set. Nothing is mounted (404)
 // when neither is on.
-func debugPages(mux *http.ServeMux, admin config.Admin, pages func(*http.ServeMux)) {
+func DebugPages(mux *http.ServeMux, admin config.Admin, pages func(*http.ServeMux)) {
 	if !admin.ServesDebug() {
 		return
 	}
@@ -33,14 +33,14 @@ func debugPages(mux *http.ServeMux, admin config.Admin, pages func(*http.ServeMu
 		debug.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
 		debug.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
-	mux.Handle("/debug/", bearer(admin.Debug.TokenFile, debug))
+	mux.Handle("/debug/", Bearer(admin.Debug.TokenFile, debug))
 }
 
 // maxTokenBytes bounds the token file read on every /debug request.
 const maxTokenBytes = 4096
 
-// readToken reads the bearer token from file: trimmed, non-empty.
-func readToken(file string) ([]byte, error) {
+// ReadToken reads the bearer token from file: trimmed, non-empty.
+func ReadToken(file string) ([]byte, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, err
@@ -59,28 +59,28 @@ func readToken(file string) ([]byte, error) {
 	}
 }
 
-// checkDebugToken fails at start when admin.debug.tokenFile is set but
+// CheckDebugToken fails at start when admin.debug.tokenFile is set but
 // holds no token.
-func checkDebugToken(admin config.Admin) error {
+func CheckDebugToken(admin config.Admin) error {
 	if admin.Debug.TokenFile == "" || !admin.ServesDebug() {
 		return nil
 	}
-	if _, err := readToken(admin.Debug.TokenFile); err != nil {
+	if _, err := ReadToken(admin.Debug.TokenFile); err != nil {
 		return fmt.Errorf("admin.debug.tokenFile: %w", err)
 	}
 	return nil
 }
 
-// bearer serves h to requests with "Authorization: Bearer TOKEN", TOKEN the
+// Bearer serves h to requests with "Authorization: Bearer TOKEN", TOKEN the
 // file's content, read on every request (a rotated Secret applies at once);
 // others get 401, as does every request while the file holds no token.
 // Without a file, h is served as is.
-func bearer(tokenFile string, h http.Handler) http.Handler {
+func Bearer(tokenFile string, h http.Handler) http.Handler {
 	if tokenFile == "" {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		want, err := readToken(tokenFile)
+		want, err := ReadToken(tokenFile)
 		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="infergate debug"`)
@@ -94,7 +94,7 @@ func bearer(tokenFile string, h http.Handler) http.Handler {
 // adminIndex answers GET / on the admin port: what the port serves, with
 // links, so that a first look at it is not a 404. It lists the /debug
 // pages only when they are on (their content stays behind the token).
-func adminIndex(admin config.Admin, keys, requests bool) http.Handler {
+func adminIndex(admin config.Admin, controller, keys, requests bool) http.Handler {
 	type page struct{ path, what string }
 	pages := []page{
 		{"/metrics", "Prometheus metrics (OpenTelemetry GenAI names and infergate's own)"},
@@ -102,8 +102,10 @@ func adminIndex(admin config.Admin, keys, requests bool) http.Handler {
 		{"/readyz", "ready to decide"},
 	}
 	if admin.Debug.Enabled {
-		pages = append(pages, page{"/debug/spend", "spend by tenant, team, key and model"},
-			page{"/debug/controller", "the SLA controller: pools, observations, weights and why"})
+		pages = append(pages, page{"/debug/spend", "spend by tenant, team, key and model"})
+		if controller {
+			pages = append(pages, page{"/debug/controller", "the SLA controller: pools, observations, weights and why"})
+		}
 		if requests {
 			pages = append(pages, page{"/debug/requests", "the latest requests' stamps"})
 		}
