@@ -270,6 +270,9 @@ func streamsInLockstep(t *testing.T, base string, pods []*modelServer, reqBody s
 		}
 	}
 	req.Header.Set("x-mock-lockstep", id)
+	// The client asks no usage: the gateway removes the usage event the
+	// gate asked the pod for, and the pod acknowledges it itself.
+	req.Header.Set("x-mock-lockstep-unseen", "usage")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("lock-step stream: %v", err)
@@ -304,8 +307,8 @@ func streamsInLockstep(t *testing.T, base string, pods []*modelServer, reqBody s
 	if _, sent := pods[served].mock.LastRequest(); body.String() != referenceStream(t, sent) {
 		t.Errorf("the lock-step stream differs from the model server's\n got %q\nwant %q", body.String(), referenceStream(t, sent))
 	}
-	if n := len(pods[served].mock.Lockstep(id).Emitted()); events != n || n < 10 {
-		t.Errorf("the client read %d events, the pod wrote %d, want the same (at least 10)", events, n)
+	if n := len(pods[served].mock.Lockstep(id).Emitted()); events != n-1 || n < 10 {
+		t.Errorf("the client read %d events, the pod wrote %d, want all but the usage event (at least 10)", events, n)
 	}
 }
 
@@ -966,7 +969,25 @@ func referenceStream(t *testing.T, body []byte) string {
 	if rec.Code != http.StatusOK || !bytes.Contains(rec.Body.Bytes(), []byte("[DONE]")) {
 		t.Fatalf("reference stream of %s: %d %s", body, rec.Code, rec.Body)
 	}
-	return rec.Body.String()
+	return string(unasked(t, rec.Body.Bytes()))
+}
+
+// unasked is what a client that did not ask for usage gets of a pool's
+// stream answered with it (stream_options.include_usage, which the gate
+// asks for the meter): the gateway's usage filter removes the usage-only
+// event ("choices": []). It fails t if the pool sent none.
+func unasked(t *testing.T, stream []byte) []byte {
+	t.Helper()
+	var out []byte
+	for _, e := range strings.SplitAfter(string(stream), "\n\n") {
+		if !strings.Contains(e, `"choices":[]`) {
+			out = append(out, e...)
+		}
+	}
+	if len(out) == len(stream) {
+		t.Fatalf("the pool sent no usage event:\n%s", stream)
+	}
+	return out
 }
 
 // Every header the pinned picker reads or trusts (pkg/epp/metadata of the
@@ -1018,7 +1039,7 @@ func TestInferencePoolConfigStripsThePickersHeaders(t *testing.T) {
 			}
 		}
 	}
-	if want := []string{"strip-inference-headers", "infergate.gate", "inference-pool.epp", "infergate.meter", "envoy.filters.http.router"}; !slices.Equal(names, want) {
+	if want := []string{"strip-inference-headers", "infergate.gate", "inference-pool.epp", "infergate.usage", "infergate.meter", "envoy.filters.http.router"}; !slices.Equal(names, want) {
 		t.Errorf("filters %v, want %v", names, want)
 	}
 	for _, m := range read {
