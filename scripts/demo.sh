@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The infergate demo: real Envoy + infergate + two mock GPU pools, a short
-# streaming load through the gateway and directly, and a side-by-side report.
+# streaming load through the gateway and directly, and a side-by-side report;
+# then ext_proc and the dynamic module (make module) side by side.
 # Non-interactive; stops everything it started. Used by `make demo` and
 # `make bench` (DEMO_REQUESTS / DEMO_CONCURRENCY make the load bigger).
 set -euo pipefail
@@ -167,6 +168,27 @@ bin/infergate-bench bench --target direct=http://127.0.0.1:$POOL_A_PORT --target
   --join http://127.0.0.1:$INFERGATE_ADMIN --json "$WORK/bench.json" --html "$WORK/bench.html"
 note "HTML report: $WORK/bench.html (DEMO_KEEP=1 make demo keeps it)"
 note "every request's waterfall while it runs: http://127.0.0.1:$INFERGATE_ADMIN/debug/requests"
+
+say "The same gate and meter inside Envoy: the dynamic module, side by side with ext_proc"
+note "building bin/libinfergate.so (make module) and a second Envoy that loads it: no infergate process on its path"
+make --no-print-directory module >"$WORK/module-build.log" 2>&1 || { tail -n 20 "$WORK/module-build.log" >&2; exit 1; }
+MODULE_PORT=$(free_port) MODULE_ENVOY_ADMIN=$(free_port) MODULE_ADMIN=$(free_port)
+# The module reads the configuration serve runs now, with its own ledger
+# file (one process per file) and its own admin port, served from Envoy.
+sed -e "s|$WORK/ledger.db|$WORK/module-ledger.db|" -e "s|^admin: {|admin: {listen: \"127.0.0.1:$MODULE_ADMIN\", |" \
+  "$WORK/debug.yaml" >"$WORK/module.yaml"
+LISTEN_PORT=$MODULE_PORT ADMIN_PORT=$MODULE_ENVOY_ADMIN INFERGATE_CONFIG=$WORK/module.yaml \
+  scripts/render-envoy.sh envoy/snippet-module.yaml >"$WORK/envoy-module.yaml"
+GODEBUG=cgocheck=0 ENVOY_DYNAMIC_MODULES_SEARCH_PATH=$PWD/bin \
+  "$ENVOY_BIN" -c "$WORK/envoy-module.yaml" --disable-hot-restart -l warning >"$WORK/module-requests.log" 2>"$WORK/envoy-module.log" & PIDS+=($!)
+wait_for "http://127.0.0.1:$MODULE_ENVOY_ADMIN/ready" "envoy with the module"
+wait_for "http://127.0.0.1:$MODULE_ADMIN/readyz" "the module's admin port"
+note "ext_proc = Envoy + infergate serve (above); module = Envoy with infergate inside, http://127.0.0.1:$MODULE_PORT"
+note "each request goes to both, back to back in alternating order: the paired difference is what the module saves"
+bin/infergate-bench bench --target ext_proc=http://127.0.0.1:$LISTEN_PORT --target module=http://127.0.0.1:$MODULE_PORT \
+  --model pool-a --concurrency "$CONCURRENCY" --requests "$REQUESTS" --warmup 8 --output-tokens "$MAX_TOKENS" \
+  --json "$WORK/bench-module.json"
+note "the module's /metrics and /debug/requests: http://127.0.0.1:$MODULE_ADMIN (its request log is Envoy's standard output)"
 
 say "The stamp infergate recorded for the first request ($RID)"
 sleep 0.2 # the meter stamps when the stream ends; give the log line a moment
