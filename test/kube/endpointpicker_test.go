@@ -631,10 +631,18 @@ func sum(v []int64) int64 {
 // the pod.
 func (c *cluster) createReadyPod(t testing.TB, name, ip string) {
 	t.Helper()
-	pods := c.kube.CoreV1().Pods(poolNS)
+	c.createPod(t, poolNS, name, ip, "", map[string]string{"app": "vllm"})
+}
+
+// createPod stores a pod running as service account sa (the default when
+// empty), with labels, and the status a kubelet would have given it:
+// Running, Ready, at ip.
+func (c *cluster) createPod(t testing.TB, ns, name, ip, sa string, labels map[string]string) {
+	t.Helper()
+	pods := c.kube.CoreV1().Pods(ns)
 	pod, err := pods.Create(t.Context(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": "vllm"}},
-		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+		Spec:       corev1.PodSpec{ServiceAccountName: sa, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -202,28 +202,8 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	if a, h := batch(t, gw, mocks, 20); w0["vllm-a100"] <= w0["vllm-h100"] || a < 10 || a+h != 20 {
 		t.Fatalf("before the slowdown: weights %v, a batch of 20 went vllm-a100 %d, vllm-h100 %d; want mostly vllm-a100", w0, a, h)
 	}
-	loadCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() {
-			for loadCtx.Err() == nil {
-				resp, err := chat(gw, "llama-3-70b", 2, true, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-itl-ms": "5"})
-				if err == nil {
-					drain(resp)
-					if resp.StatusCode != 200 && loadCtx.Err() == nil {
-						t.Errorf("under load: %d", resp.StatusCode)
-						return
-					}
-				}
-				// Paced: the premium tier allows 600 requests a minute.
-				select {
-				case <-loadCtx.Done():
-				case <-time.After(60 * time.Millisecond):
-				}
-			}
-		})
-	}
-	defer func() { stop(); wg.Wait() }()
+	stop := paceLoad(t, ctx, gw, "llama-3-70b")
+	defer stop()
 	mocks["vllm-a100"].control(t, `{"ttft_ms": 400}`)
 	slowed := time.Now()
 	var weights map[string]int64
@@ -233,7 +213,6 @@ spec: {ports: [{name: http, port: %[3]d, targetPort: %[4]d, protocol: TCP}]}
 	}, "the controller to move llama-3-70b's weight to vllm-h100 in the HTTPRoute")
 	moved := time.Now()
 	stop()
-	wg.Wait()
 	t.Logf("HTTPRoute weights %v -> %v, %v after vllm-a100 slowed down", w0, weights, moved.Sub(slowed).Round(time.Millisecond))
 	// The write was the controller's, as the release's service account
 	// (its token): the chart's RBAC allowed it.
@@ -918,6 +897,34 @@ type streamed struct {
 }
 
 // streamK POSTs body and records how the bytes arrived.
+// paceLoad streams model through base from two clients with the test's
+// premium key until the returned stop is called (it waits for them), a
+// request every 60 ms each (the premium tier allows 600 a minute). A
+// non-200 answer while the load runs fails t.
+func paceLoad(t *testing.T, ctx context.Context, base, model string) (stop func()) {
+	loadCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for loadCtx.Err() == nil {
+				resp, err := chat(base, model, 2, true, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-itl-ms": "5"})
+				if err == nil {
+					drain(resp)
+					if resp.StatusCode != http.StatusOK && loadCtx.Err() == nil {
+						t.Errorf("under load: %d", resp.StatusCode)
+						return
+					}
+				}
+				select {
+				case <-loadCtx.Done():
+				case <-time.After(60 * time.Millisecond):
+				}
+			}
+		})
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
 func streamChat(t *testing.T, base, body string, hdr map[string]string) streamed {
 	t.Helper()
 	return streamChatEach(t, base, body, hdr, nil)

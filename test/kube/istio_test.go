@@ -2,7 +2,6 @@ package kube
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -16,14 +15,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/infergate/infergate/internal/testutil"
 	"github.com/infergate/infergate/internal/testutil/envoytest"
 	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -337,28 +334,8 @@ spec:
 		}
 		// Load: streams whose first token vllm-a now takes 400 ms to send.
 		pools["vllm-a"].control(t, `{"ttft_ms": 400}`)
-		loadCtx, stop := context.WithCancel(t.Context())
-		var wg sync.WaitGroup
-		for range 2 {
-			wg.Go(func() {
-				for loadCtx.Err() == nil {
-					resp, err := chat(gwURL, slaModel, 2, true, map[string]string{"authorization": "Bearer " + apiKey, "x-mock-itl-ms": "5"})
-					if err == nil {
-						drain(resp)
-						if resp.StatusCode != http.StatusOK && loadCtx.Err() == nil {
-							t.Errorf("under load: %d", resp.StatusCode)
-							return
-						}
-					}
-					// Paced: the premium tier allows 600 requests a minute.
-					select {
-					case <-loadCtx.Done():
-					case <-time.After(60 * time.Millisecond):
-					}
-				}
-			})
-		}
-		defer func() { stop(); wg.Wait() }()
+		stop := paceLoad(t, t.Context(), gwURL, slaModel)
+		defer stop()
 		// The deadlines are guards: what moves the weights is the meter's
 		// observations of vllm-a's first tokens.
 		var w map[string]int64
@@ -367,7 +344,6 @@ spec:
 			return w[a] <= 1 && w[b] >= 99
 		}, "the controller to move "+slaModel+"'s weight to vllm-b in the VirtualService")
 		stop()
-		wg.Wait()
 		if !writtenByController(t, c) {
 			t.Error("the VirtualService's managedFields show no update by infergate-controller (the release's service account)")
 		}
@@ -619,21 +595,7 @@ func startPilotAgent(t *testing.T, c *cluster, bins string, ist istiod, p meshPr
 // starts is its sidecar).
 func (c *cluster) createMeshPod(t *testing.T, ns, name, ip, sa string, labels map[string]string) {
 	t.Helper()
-	pods := c.kube.CoreV1().Pods(ns)
-	pod, err := pods.Create(t.Context(), &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
-		Spec:       corev1.PodSpec{ServiceAccountName: sa, Containers: []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod.Status = corev1.PodStatus{
-		Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
-		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()}},
-	}
-	if _, err := pods.UpdateStatus(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("pod %s status: %v", name, err)
-	}
+	c.createPod(t, ns, name, ip, sa, labels)
 }
 
 // startLoopbackMock is `infergate-bench mock` on loopback, where a Sidecar's
